@@ -1,0 +1,28 @@
+# Quick start: `make demo` (set up, fetch the default pair, run it) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install build test demo bench clean
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+install: $(STAMP)
+
+# The C++ n-gram matcher, built in place next to the sources.
+build: $(STAMP)
+	$(PY) setup.py --quiet build_ext --inplace
+
+test: build
+	$(PY) -m pytest -q tests
+
+demo: build
+	$(PY) -m specrt.generate
+
+clean:
+	rm -rf build specrt/*.so $(VENV)

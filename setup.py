@@ -1,0 +1,26 @@
+"""Builds specrt and its one C++ extension, specrt._ngram (the prompt-lookup matcher).
+
+`make test` / `make demo` run `python setup.py build_ext --inplace`, so the extension sits
+next to the Python sources and no install step is needed to import it from the repo root.
+"""
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import find_packages, setup
+
+ext_modules = [
+    Pybind11Extension(
+        "specrt._ngram",
+        ["csrc/ngram.cpp", "csrc/bindings.cpp"],
+        cxx_std=17,
+        extra_compile_args=["-O3"],
+    ),
+]
+
+setup(
+    name="specrt",
+    version="0.1.0",
+    description="Speculative-decoding runtime for Qwen2-family language models",
+    packages=find_packages(include=["specrt", "specrt.*"]),
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": build_ext},
+    python_requires=">=3.10",
+)
