@@ -1,0 +1,69 @@
+"""A static, preallocated KV cache with per-row lengths and O(1) rollback.
+
+Allocated once per model for (max_batch_size, max_seq_len) and never reallocated, zeroed or
+copied while decoding. A row's valid prefix is `lengths[row]`; everything at or past it is
+stale and ignored by attention (masked), then overwritten by the next write. So rolling back
+rejected draft tokens is `truncate(lengths)`: it moves a number, nothing else.
+
+Lengths live twice: on the host (the source of truth for Python-side logic, so no device sync
+is needed to size a step) and as a device tensor (what kernels and CUDA graphs read).
+"""
+from __future__ import annotations
+
+import torch
+
+from specrt.errors import CapacityError
+
+
+class StaticKVCache:
+    def __init__(self, num_layers: int, max_batch_size: int, num_kv_heads: int,
+                 max_seq_len: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        shape = (num_layers, max_batch_size, num_kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
+        self._host_lengths = torch.zeros(max_batch_size, dtype=torch.int64)  # [B] host
+        self.lengths = torch.zeros(max_batch_size, dtype=torch.int64, device=device)  # [B]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def host_lengths(self) -> list[int]:
+        return self._host_lengths.tolist()
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer, [B, Hkv, S, D] views into the preallocated storage."""
+        return self.k[index], self.v[index]
+
+    # --- the only ways lengths change -------------------------------------------------------
+    def advance(self, counts: list[int]) -> None:
+        """Mark `counts[row]` more positions of each row valid (after a forward wrote them)."""
+        new = self._host_lengths[: len(counts)] + torch.tensor(counts, dtype=torch.int64)
+        if int(new.max()) > self.max_seq_len:
+            raise CapacityError(f"KV cache overflow: a row would hold {int(new.max())} tokens but "
+                                f"max_seq_len is {self.max_seq_len}; raise max_seq_len")
+        self._set(new)
+
+    def truncate(self, lengths: list[int]) -> None:
+        """Roll rows back to `lengths` (O(1): no data moves). Never grows a row."""
+        new = torch.tensor(lengths, dtype=torch.int64)
+        if bool((new > self._host_lengths[: len(lengths)]).any()) or bool((new < 0).any()):
+            raise ValueError(f"truncate can only shrink rows: have {self.host_lengths()}, "
+                             f"asked for {lengths}")
+        self._set(new)
+
+    def reset(self) -> None:
+        self._host_lengths.zero_()
+        self.lengths.zero_()
+
+    def _set(self, new: torch.Tensor) -> None:
+        n = new.shape[0]
+        self._host_lengths[:n] = new
+        self.lengths.copy_(self._host_lengths, non_blocking=True)
