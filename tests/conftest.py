@@ -12,3 +12,39 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+import pytest  # noqa: E402
+
+from tests.tiny import make_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Qwen2-style (q/k/v bias, untied head) with tokenizer, chat template and EOS."""
+    return make_model(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_noeos_dir(tmp_path_factory):
+    """Like tiny_dir but with no EOS, so generations always run to max_new_tokens."""
+    return make_model(tmp_path_factory.mktemp("tiny_qwen2_noeos"), "qwen2", seed=0, eos=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """Llama-style: no attention bias, tied embeddings."""
+    return make_model(tmp_path_factory.mktemp("tiny_llama"), "llama", seed=1, eos=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory, tiny_noeos_dir):
+    """A draft that agrees with tiny_noeos_dir most of the time: its weights plus noise."""
+    return make_model(tmp_path_factory.mktemp("tiny_draft"), "qwen2", seed=7, eos=False,
+                      noise_from=tiny_noeos_dir, noise=0.05)
+
+
+@pytest.fixture(scope="session")
+def tiny_bad_draft_dir(tmp_path_factory):
+    """A draft that shares the vocabulary but is otherwise unrelated (low acceptance)."""
+    return make_model(tmp_path_factory.mktemp("tiny_bad_draft"), "qwen2", seed=99, eos=False,
+                      hidden=32, layers=1)

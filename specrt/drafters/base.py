@@ -1,0 +1,49 @@
+"""What every drafter provides: K guesses per row, optionally with the distribution they came from.
+
+A drafter sees the committed history of each row (prompt + accepted output, token ids only),
+proposes up to K *draft tokens* per row, and is told afterwards how many of them were
+*accepted*, so it can roll its own state back. Drafters never see the target's logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import torch
+
+from specrt.config import SamplingParams
+
+NO_DRAFT = -1   # pads draft_tokens where a row proposes fewer than K tokens
+
+
+@dataclasses.dataclass
+class Proposal:
+    tokens: torch.Tensor              # [B, K] int64 draft tokens, NO_DRAFT-padded on the right
+    probs: torch.Tensor | None        # [B, K, V] warped q the drafts were sampled from; None when
+                                      # the drafter is deterministic (greedy or n-gram: one-hot q)
+    counts: list[int]                 # [B] real drafts per row (0 for inactive rows)
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclasses.dataclass
+class DraftContext:
+    histories: list[list[int]]        # [B] committed ids per row: prompt + output so far
+    active: list[bool]                # [B] rows still generating
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, batch_size: int) -> None:
+        """Forget everything: a new batch of requests starts."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
+        """Up to k draft tokens per active row, or None if no row has any."""
+
+    def accepted(self, num_accepted: list[int]) -> None:
+        """After verification: row b kept the first num_accepted[b] of its drafts."""

@@ -1,0 +1,78 @@
+"""Drafting with a small model that shares the target's tokenizer.
+
+The draft model keeps its own static KV cache. `seen[b]` counts the committed tokens of row b
+whose K/V are in that cache; each round it first catches up on the committed tokens it has not
+seen (the whole prompt on the first round, then usually the target's last token, or two tokens
+after a fully accepted round), then decodes K steps, feeding each guess to the next step.
+Rejected guesses are rolled back by truncating its cache to the accepted length: O(1).
+"""
+from __future__ import annotations
+
+import torch
+
+from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal
+from specrt.model import Transformer
+from specrt.sampling import choose
+
+
+class DraftModelDrafter:
+    name = "draft_model"
+
+    def __init__(self, model: Transformer, target_vocab_size: int, max_batch_size: int,
+                 max_seq_len: int):
+        self.model = model
+        # Checkpoints pad their embeddings differently; a guess must be a token both can read,
+        # and q must live on the target's vocabulary axis for the acceptance test.
+        self.target_vocab_size = target_vocab_size
+        self.common_vocab = min(model.cfg.vocab_size, target_vocab_size)
+        self.cache = model.new_cache(max_batch_size, max_seq_len)
+        self.seen: list[int] = []
+        self._pending: list[int] = []   # committed tokens fed this round, per row
+        self._guesses: list[int] = []   # guesses fed back this round, per row (k - 1 or 0)
+
+    def begin(self, batch_size: int) -> None:
+        self.cache.reset()
+        self.seen = [0] * batch_size
+        self._pending = [0] * batch_size
+        self._guesses = [0] * batch_size
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
+        B = len(ctx.histories)
+        device = self.model.device
+        pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
+        width = max(len(p) for p in pending)
+        if width == 0:
+            return None
+        ids = torch.zeros(B, width, dtype=torch.int64)
+        for b, p in enumerate(pending):
+            ids[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        valid = [len(p) for p in pending]
+        step_valid = [1 if a else 0 for a in ctx.active]
+
+        tokens = torch.full((B, k), NO_DRAFT, dtype=torch.int64, device=device)
+        probs = [] if not ctx.params.greedy else None
+        logits = self.model.forward(ids.to(device), self.cache, num_valid=valid, last_only=True)
+        for i in range(k):
+            guess, q = choose(logits[:, 0, : self.common_vocab], ctx.params, ctx.generator)
+            tokens[:, i] = guess                                             # [B]
+            if probs is not None:                                            # q [B, V_common]
+                probs.append(torch.nn.functional.pad(
+                    q, (0, self.target_vocab_size - self.common_vocab)))
+            if i + 1 < k:   # the last guess is never fed: nothing would read its K/V
+                logits = self.model.forward(guess[:, None], self.cache, num_valid=step_valid)
+        self._pending = valid
+        self._guesses = [k - 1 if a else 0 for a in ctx.active]
+        inactive = torch.tensor([not a for a in ctx.active], device=device)
+        tokens[inactive] = NO_DRAFT
+        return Proposal(tokens=tokens,
+                        probs=torch.stack(probs, dim=1) if probs is not None else None,
+                        counts=[k if a else 0 for a in ctx.active])
+
+    def accepted(self, num_accepted: list[int]) -> None:
+        # Cached K/V stay valid for the pending tokens plus the accepted guesses that were fed.
+        self.seen = [s + p + min(n, g) for s, p, g, n
+                     in zip(self.seen, self._pending, self._guesses, num_accepted)]
+        self.cache.truncate(self.seen)
+        self._pending = [0] * len(self.seen)
+        self._guesses = [0] * len(self.seen)

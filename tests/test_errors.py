@@ -1,0 +1,135 @@
+"""Bad input gets one SpecrtError that names the problem and the fix, never a raw traceback."""
+import json
+import shutil
+
+import pytest
+
+import specrt
+from specrt.errors import SpecrtError
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(d, **changes):
+    raw = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None and k in raw and k != "rope_scaling":
+            raw.pop(k)
+        else:
+            raw[k] = v
+    (d / "config.json").write_text(json.dumps(raw))
+
+
+def test_missing_model_dir(tmp_path):
+    with pytest.raises(SpecrtError, match="does not exist.*specrt.models fetch"):
+        specrt.LLM(tmp_path / "nope")
+
+
+def test_missing_config_json(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "config.json").unlink()
+    with pytest.raises(SpecrtError, match=r"config.json does not exist"):
+        specrt.LLM(d)
+
+
+def test_bad_config_json(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(SpecrtError, match="not valid JSON"):
+        specrt.LLM(d)
+
+
+def test_missing_weights(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(SpecrtError, match="no model weights"):
+        specrt.LLM(d)
+
+
+def test_corrupt_weights(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 3])
+    with pytest.raises(SpecrtError, match="corrupt or truncated"):
+        specrt.LLM(d)
+
+
+def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(tiny_dir, tmp_path / "m")
+    sd = load_file(d / "model.safetensors")
+    sd.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SpecrtError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
+        specrt.LLM(d)
+    sd["model.layers.1.mlp.up_proj.weight"] = sd["model.layers.1.mlp.down_proj.weight"].clone()
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SpecrtError, match="'model.layers.1.mlp.up_proj.weight'.*has shape"):
+        specrt.LLM(d)
+
+
+def test_unknown_architecture(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    _edit_config(d, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with pytest.raises(SpecrtError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        specrt.LLM(d)
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+     "rope_type 'linear'"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+])
+def test_unsupported_config_features(tiny_dir, tmp_path, changes, pattern):
+    d = _copy(tiny_dir, tmp_path / "m")
+    _edit_config(d, **changes)
+    with pytest.raises(SpecrtError, match=pattern):
+        specrt.LLM(d)
+
+
+def test_prompt_longer_than_cache(tiny_dir):
+    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    with pytest.raises(SpecrtError, match=r"= 40 exceeds max_seq_len \(32\)"):
+        llm.generate(list(range(1, 21)), max_new_tokens=20)
+    with pytest.raises(SpecrtError, match=r"K\+1"):
+        llm.generate(list(range(1, 21)), max_new_tokens=8,
+                     speculative={"method": "ngram", "num_speculative_tokens": 8})
+
+
+def test_empty_prompt(tiny_dir):
+    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    for empty in ("", []):
+        with pytest.raises(SpecrtError, match="prompt is empty"):
+            llm.generate(empty, max_new_tokens=4)
+
+
+def test_token_ids_outside_vocabulary(tiny_dir):
+    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    with pytest.raises(SpecrtError, match="outside the model's vocabulary"):
+        llm.generate([1, 100000], max_new_tokens=4)
+
+
+def test_too_many_prompts_for_batch(tiny_dir):
+    llm = specrt.LLM(tiny_dir, max_seq_len=32, max_batch_size=2)
+    with pytest.raises(SpecrtError, match="exceed max_batch_size=2"):
+        llm.generate([[1], [2], [3]], max_new_tokens=2)
+
+
+def test_bad_sampling_params(tiny_dir):
+    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    for kwargs, pattern in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+                            ({"top_k": -2}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")]:
+        with pytest.raises(SpecrtError, match=pattern):
+            llm.generate([1, 2], **kwargs)
+
+
+def test_bad_dtype_and_device(tiny_dir):
+    with pytest.raises(SpecrtError, match="unsupported dtype 'int8'"):
+        specrt.LLM(tiny_dir, dtype="int8")
+    with pytest.raises(SpecrtError, match="device"):
+        specrt.LLM(tiny_dir, device="tpu:0")

@@ -1,0 +1,106 @@
+"""The runtime against transformers' own Qwen2/Llama code, on tiny random checkpoints (fp32)."""
+import pytest
+import torch
+
+import specrt
+from specrt.model import Transformer
+from tests.tiny import hf_model, make_model
+
+
+@pytest.fixture(params=["qwen2", "llama"])
+def model_dir(request, tiny_noeos_dir, tiny_llama_dir):
+    return tiny_noeos_dir if request.param == "qwen2" else tiny_llama_dir
+
+
+def test_prefill_and_decode_logits_match_transformers(model_dir):
+    hf = hf_model(model_dir)
+    ours = Transformer.from_dir(model_dir, max_seq_len=128)
+    cache = ours.new_cache(1, 128)
+    ids = torch.tensor([[3, 17, 42, 99, 5, 250, 8]])
+    with torch.no_grad():
+        ref = hf(ids, use_cache=True)
+    got = ours.forward(ids, cache)
+    torch.testing.assert_close(got, ref.logits, atol=1e-4, rtol=1e-4)
+    past = ref.past_key_values
+    seq = ids
+    for step in range(6):
+        nxt = got[:, -1:].argmax(-1)
+        with torch.no_grad():
+            ref = hf(nxt, past_key_values=past, use_cache=True)
+        past = ref.past_key_values
+        got = ours.forward(nxt, cache)
+        torch.testing.assert_close(got, ref.logits, atol=1e-4, rtol=1e-4,
+                                   msg=lambda m: f"decode step {step}: {m}")
+        seq = torch.cat([seq, nxt], 1)
+    assert cache.host_lengths() == [seq.shape[1]]
+
+
+def test_64_greedy_tokens_equal_transformers_generate(model_dir):
+    hf = hf_model(model_dir)
+    llm = specrt.LLM(model_dir, max_seq_len=256)
+    for prompt in ([1, 2, 3, 4, 5], [200, 7, 19]):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        res = llm.generate(prompt, max_new_tokens=64)
+        assert res.token_ids == ref
+        assert res.stats["new_tokens"] == 64 and res.finish_reason == "length"
+
+
+def test_batch_rows_equal_single_runs(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3)
+    prompts = [[5, 6, 7], list(range(10, 31)), [250]]
+    batch = llm.generate(prompts, max_new_tokens=24)
+    assert [r.token_ids for r in batch] == [llm.generate(p, max_new_tokens=24).token_ids
+                                            for p in prompts]
+
+
+def test_rollback_then_forward_equals_fresh_prefix(tiny_noeos_dir):
+    model = Transformer.from_dir(tiny_noeos_dir, max_seq_len=64)
+    ids = torch.randint(0, 300, (1, 10), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(1, 64)
+    model.forward(ids, cache)
+    cache.truncate([6])                                   # roll back 4 tokens
+    nxt = torch.tensor([[77, 78]])
+    got = model.forward(nxt, cache)
+    fresh = model.new_cache(1, 64)
+    ref = model.forward(torch.cat([ids[:, :6], nxt], 1), fresh)[:, -2:]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    d = make_model(tmp_path / "sharded", "qwen2", seed=3, eos=False, tokenizer=False,
+                   max_shard_size="60KB")
+    assert (d / "model.safetensors.index.json").exists()
+    assert len(list(d.glob("model-*.safetensors"))) > 1
+    hf = hf_model(d)
+    ours = Transformer.from_dir(d, max_seq_len=32)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(ours.forward(ids, ours.new_cache(1, 32)),
+                               hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_load_and_generate(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, dtype="bfloat16", max_seq_len=64)
+    assert llm.target.embed.dtype == torch.bfloat16
+    assert llm.engine.cache.k.dtype == torch.bfloat16
+    ours = llm.target.forward(torch.tensor([[1, 2, 3]]), llm.target.new_cache(1, 64))
+    ref = hf_model(tiny_noeos_dir, torch.bfloat16)(torch.tensor([[1, 2, 3]])).logits.float()
+    torch.testing.assert_close(ours, ref, atol=0.1, rtol=0.05)
+    assert len(llm.generate([1, 2, 3], max_new_tokens=8).token_ids) == 8
+
+
+def test_classic_and_transformers5_config_dialects_agree(tiny_noeos_dir, tmp_path):
+    import json
+    import shutil
+
+    from specrt.config import ModelConfig
+
+    new = ModelConfig.from_dir(tiny_noeos_dir)
+    raw = json.loads((tiny_noeos_dir / "config.json").read_text())
+    theta = raw.pop("rope_parameters")["rope_theta"]
+    raw.pop("layer_types", None)
+    raw.update(rope_theta=theta, rope_scaling=None)
+    classic_dir = tmp_path / "classic"
+    shutil.copytree(tiny_noeos_dir, classic_dir)
+    (classic_dir / "config.json").write_text(json.dumps(raw))
+    assert ModelConfig.from_dir(classic_dir) == new
