@@ -1,0 +1,205 @@
+// Python bindings for the n-gram matcher (module specrt._ngram). Bindings only: the
+// algorithm lives in ngram.cpp. This file's job is to turn Python token containers into
+// validated int32/int64 spans without running Python code per token, and to raise the same
+// ValueError messages as the pure-Python fallback in specrt/drafters/ngram_index.py.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ngram.h"
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr auto kContiguous = py::array::c_style | py::array::forcecast;
+
+std::string token_range() {
+  return "token ids must be integers in [0, " + std::to_string(specrt::kMaxToken) + "]";
+}
+
+std::string type_name(py::handle obj) {
+  return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();
+}
+
+// Tokens from a Python object as one contiguous span, viewing the caller's buffer when it
+// already is contiguous int32/int64 (numpy arrays, CPU torch tensors) and copying otherwise.
+// Arrays are range-checked by the core, which does that for every caller.
+class TokenSpan {
+ public:
+  explicit TokenSpan(py::handle obj) {
+    if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
+      from_sequence(obj);
+    } else {
+      from_array(obj);
+    }
+  }
+
+  template <typename Fn>
+  auto visit(Fn&& fn) const {
+    return i32_ != nullptr ? fn(i32_, size_) : fn(i64_, size_);
+  }
+
+ private:
+  void from_sequence(py::handle seq) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+    owned_.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      py::handle item(items[i]);
+      // bool is an int subclass, but True as a token id is almost surely a bug upstream.
+      if (PyBool_Check(item.ptr())) throw bad_element(item, i);
+      py::object index;
+      if (PyLong_CheckExact(item.ptr())) {
+        index = py::reinterpret_borrow<py::object>(item);
+      } else {
+        // Accept whatever operator.index accepts (numpy integer scalars), reject floats.
+        PyObject* converted = PyNumber_Index(item.ptr());
+        if (converted == nullptr) {
+          PyErr_Clear();
+          throw bad_element(item, i);
+        }
+        index = py::reinterpret_steal<py::object>(converted);
+      }
+      // Range-checked here, not only in the core, so that errors come in sequence order
+      // whatever their kind, as in the Python fallback.
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+      if (overflow != 0 || value < 0 || value > specrt::kMaxToken) {
+        throw py::value_error(token_range() + ", got " + py::str(index).cast<std::string>() +
+                              " at index " + std::to_string(i));
+      }
+      owned_[static_cast<size_t>(i)] = value;
+    }
+    i64_ = owned_.data();
+    size_ = owned_.size();
+  }
+
+  void from_array(py::handle obj) {
+    py::array arr = py::isinstance<py::array>(obj)
+                        ? py::reinterpret_borrow<py::array>(obj)
+                        : py::array(py::module_::import("numpy").attr("asarray")(obj));
+    if (arr.ndim() != 1) {
+      throw py::value_error("tokens must be a list, tuple or 1-D array of token ids, got a " +
+                            std::to_string(arr.ndim()) + "-D " + type_name(obj));
+    }
+    const char kind = arr.dtype().kind();
+    if (kind != 'i' && kind != 'u') {
+      throw py::value_error(token_range() + ", got an array of dtype " +
+                            py::str(arr.dtype()).cast<std::string>());
+    }
+    if (kind == 'i' && arr.itemsize() == 4) {
+      auto a = py::array_t<int32_t, kContiguous>::ensure(arr);
+      i32_ = a.data();
+      size_ = static_cast<size_t>(a.size());
+      keepalive_ = std::move(a);
+    } else if (kind == 'u' && arr.itemsize() == 8) {
+      // The one integer dtype that does not fit int64: check before narrowing.
+      auto a = py::array_t<uint64_t, kContiguous>::ensure(arr);
+      owned_.resize(static_cast<size_t>(a.size()));
+      for (size_t i = 0; i < owned_.size(); ++i) {
+        const uint64_t v = a.data()[i];
+        if (v > static_cast<uint64_t>(specrt::kMaxToken)) {
+          throw py::value_error(token_range() + ", got " + std::to_string(v) + " at index " +
+                                std::to_string(i));
+        }
+        owned_[i] = static_cast<int64_t>(v);
+      }
+      i64_ = owned_.data();
+      size_ = owned_.size();
+    } else {
+      // int64 is viewed in place; narrower integer dtypes are widened (a copy).
+      auto a = py::array_t<int64_t, kContiguous>::ensure(arr);
+      i64_ = a.data();
+      size_ = static_cast<size_t>(a.size());
+      keepalive_ = std::move(a);
+    }
+  }
+
+  static py::value_error bad_element(py::handle item, Py_ssize_t i) {
+    return py::value_error(token_range() + ", got " + py::repr(item).cast<std::string>() +
+                           " of type " + type_name(item) + " at index " + std::to_string(i));
+  }
+
+  const int32_t* i32_ = nullptr;
+  const int64_t* i64_ = nullptr;
+  size_t size_ = 0;
+  std::vector<int64_t> owned_;
+  py::object keepalive_;
+};
+
+py::list to_list(const specrt::Token* data, size_t count) {
+  py::list out(count);
+  for (size_t i = 0; i < count; ++i) {
+    PyObject* value = PyLong_FromLong(data[i]);
+    if (value == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), value);
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ngram, m) {
+  m.doc() =
+      "Prompt-lookup n-gram matcher (C++ backend of specrt.drafters.ngram_index).\n\n"
+      "Token ids may be given as a list or tuple of ints, or a 1-D integer array (numpy,\n"
+      "CPU torch tensor, anything numpy.asarray accepts); they must lie in [0, 2**31 - 1].\n"
+      "Drafts come back as lists of int.";
+
+  py::class_<specrt::NgramIndex>(m, "NgramIndex", R"doc(
+Incremental prompt-lookup index over a growing token history.
+
+NgramIndex(min_n, max_n): for each n-gram length in [min_n, max_n] the index keeps the
+most recent earlier occurrence of the history's last n tokens, so propose(k) costs
+O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <= max_n.
+)doc")
+      .def(py::init<int, int>(), py::arg("min_n"), py::arg("max_n"))
+      .def(
+          "extend",
+          [](specrt::NgramIndex& self, py::handle tokens) {
+            TokenSpan(tokens).visit([&](const auto* data, size_t n) { self.extend(data, n); });
+          },
+          py::arg("tokens"),
+          "Append committed tokens (list/tuple of ints or 1-D integer array). Raises\n"
+          "ValueError, leaving the index unchanged, if any token is not an integer in\n"
+          "[0, 2**31 - 1].")
+      .def(
+          "propose",
+          [](const specrt::NgramIndex& self, int k) {
+            const auto [begin, end] = self.propose_range(k);
+            return to_list(self.tokens().data() + begin, end - begin);
+          },
+          py::arg("k"),
+          "Draft of up to k tokens: what followed the most recent earlier occurrence of the\n"
+          "longest matching suffix n-gram (n from max_n down to min_n); [] if none matches.\n"
+          "Raises ValueError if k < 1.")
+      .def("reset", &specrt::NgramIndex::reset, "Forget the whole history (and free its memory).")
+      .def("__len__", &specrt::NgramIndex::size, "Number of tokens in the history.")
+      .def_property_readonly("min_n", &specrt::NgramIndex::min_n)
+      .def_property_readonly("max_n", &specrt::NgramIndex::max_n)
+      .def("__repr__", [](const specrt::NgramIndex& self) {
+        return "NgramIndex(min_n=" + std::to_string(self.min_n()) +
+               ", max_n=" + std::to_string(self.max_n()) + ", len=" + std::to_string(self.size()) +
+               ")";
+      });
+
+  m.def(
+      "propose",
+      [](py::handle history, int k, int min_n, int max_n) {
+        // Same check order as the Python fallback: sizes first, then tokens.
+        specrt::check_k(k);
+        specrt::check_ngram_sizes(min_n, max_n);
+        const auto draft = TokenSpan(history).visit([&](const auto* data, size_t n) {
+          return specrt::propose(data, n, k, min_n, max_n);
+        });
+        return to_list(draft.data(), draft.size());
+      },
+      py::arg("history"), py::arg("k"), py::arg("min_n"), py::arg("max_n"),
+      "Stateless matcher: the draft NgramIndex(min_n, max_n) would propose after extend(history),\n"
+      "found by a direct backward scan (O(len(history) * max_n)). For one-off calls; use\n"
+      "NgramIndex in a decoding loop.");
+}
