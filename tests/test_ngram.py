@@ -1,0 +1,283 @@
+"""Tests of the prompt-lookup n-gram matcher: C++ (specrt._ngram) and pure-Python backends.
+
+The brute-force `reference` below is the specification. Both backends, stateless and
+incremental, must agree with it exactly; both must reject bad input with the same ValueError.
+
+The C++ tests call `_cpp()`, which FAILS (never skips) when the extension is not built: the
+test command always builds it, so a missing module is a build problem to see, not hide. The
+Python-fallback tests do not need the extension.
+"""
+import importlib.util
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from specrt.drafters import ngram_index
+from specrt.drafters.ngram_index import PyNgramIndex, py_propose
+
+
+def reference(history, k, min_n, max_n):
+    """The semantics, transcribed literally."""
+    for n in range(max_n, min_n - 1, -1):
+        if len(history) > n:
+            for i in range(len(history) - n - 1, -1, -1):
+                if history[i:i + n] == history[-n:]:
+                    return history[i + n:i + n + k]
+    return []
+
+
+def _cpp():
+    try:
+        from specrt import _ngram
+    except ImportError as e:
+        pytest.fail(f"specrt._ngram is not built ({e}); run `python setup.py build_ext --inplace`")
+    return _ngram
+
+
+def _backend(name):
+    """(index class, stateless propose) of one backend."""
+    if name == "cpp":
+        return _cpp().NgramIndex, _cpp().propose
+    return PyNgramIndex, py_propose
+
+
+BACKENDS = ["cpp", "python"]
+
+# Every (k, min_n, max_n) with all three in 1..8 and min_n <= max_n: 288 combinations.
+COMBOS = [(k, lo, hi) for k in range(1, 9) for lo in range(1, 9) for hi in range(lo, 9)]
+N_CASES = 20_000
+
+
+@pytest.fixture(scope="module")
+def differential_cases():
+    """20,000 seeded (history, k, min_n, max_n, expected) cases, expected from `reference`.
+
+    Small alphabets make matches frequent, so every branch (longest n wins, truncated draft,
+    no match) is exercised many times.
+    """
+    rng = np.random.default_rng(20240601)
+    cases = []
+    for i in range(N_CASES):
+        k, min_n, max_n = COMBOS[i % len(COMBOS)]
+        alphabet = int(rng.choice([1, 2, 3, 4, 8, 50]))
+        history = rng.integers(0, alphabet, size=int(rng.integers(0, 301))).tolist()
+        cases.append((history, k, min_n, max_n, reference(history, k, min_n, max_n)))
+    return cases
+
+
+# ---------------------------------------------------------------- hand-written cases
+
+HAND_WRITTEN = [
+    # (history, k, min_n, max_n, expected, why)
+    ([1, 2, 7, 1, 2, 9, 1, 2], 3, 1, 2, [9, 1, 2], "most recent earlier occurrence wins"),
+    ([5, 1, 2, 3, 2, 3, 1, 2, 3], 2, 1, 3, [2, 3], "longest n wins over a more recent shorter"),
+    ([4, 4], 5, 1, 1, [4], "draft truncated at the end of the history"),
+    ([1, 2, 3], 2, 1, 3, [], "the suffix occurrence itself does not count"),
+    ([], 2, 1, 3, [], "empty history"),
+    ([7], 2, 1, 1, [], "len(history) must exceed n"),
+    ([3, 3], 4, 1, 2, [3], "no earlier 2-gram, but a 1-gram match"),
+    ([1, 2, 9, 2], 4, 2, 3, [], "only a 1-gram matches and min_n is 2"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("history,k,min_n,max_n,expected,why", HAND_WRITTEN)
+def test_hand_written(backend, history, k, min_n, max_n, expected, why):
+    index_cls, propose = _backend(backend)
+    assert reference(history, k, min_n, max_n) == expected, why
+    assert propose(history, k, min_n, max_n) == expected, why
+    index = index_cls(min_n, max_n)
+    index.extend(history)
+    assert index.propose(k) == expected, why
+
+
+# ---------------------------------------------------------------- differential
+
+def test_differential_cpp(differential_cases):
+    ngram = _cpp()
+    for history, k, min_n, max_n, expected in differential_cases:
+        assert ngram.propose(history, k, min_n, max_n) == expected, (history, k, min_n, max_n)
+        index = ngram.NgramIndex(min_n, max_n)
+        index.extend(history)
+        assert index.propose(k) == expected, (history, k, min_n, max_n)
+
+
+def test_differential_python(differential_cases):
+    for history, k, min_n, max_n, expected in differential_cases:
+        assert py_propose(history, k, min_n, max_n) == expected, (history, k, min_n, max_n)
+        index = PyNgramIndex(min_n, max_n)
+        index.extend(history)
+        assert index.propose(k) == expected, (history, k, min_n, max_n)
+
+
+# ---------------------------------------------------------------- incremental index
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_incremental_matches_stateless(backend):
+    """After every extend (random chunk sizes, empty ones, array chunks, a reset midway)
+    the index proposes exactly what the reference does on the whole history."""
+    index_cls, propose = _backend(backend)
+    rng = random.Random(7)
+    for stream in range(150):
+        min_n = rng.randint(1, 5)
+        max_n = rng.randint(min_n, 6)
+        alphabet = rng.choice([1, 2, 3, 5, 20])
+        index = index_cls(min_n, max_n)
+        history = []
+        for step in range(rng.randint(1, 60)):
+            if rng.random() < 0.03:
+                index.reset()
+                history = []
+            chunk = [rng.randrange(alphabet) for _ in range(rng.choice([0, 0, 1, 1, 2, 3, 7]))]
+            index.extend(np.array(chunk, dtype=np.int32) if step % 3 == 0 else chunk)
+            history += chunk
+            assert len(index) == len(history)
+            for k in (1, 2, 5):
+                expected = reference(history, k, min_n, max_n)
+                assert index.propose(k) == expected, (stream, step, history, k, min_n, max_n)
+                assert propose(history, k, min_n, max_n) == expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reset_forgets_history(backend):
+    index_cls, _ = _backend(backend)
+    index = index_cls(1, 2)
+    index.extend([1, 2, 3, 1, 2])
+    assert index.propose(2) == [3, 1]
+    index.reset()
+    assert len(index) == 0 and index.propose(2) == []
+    index.extend([1, 2])  # [1, 2] occurred before the reset only
+    assert index.propose(2) == []
+
+
+# ---------------------------------------------------------------- input types
+
+def _inputs(tokens):
+    """The same token ids in every accepted container."""
+    wide = np.array(tokens, dtype=np.int64)
+    strided = np.repeat(wide, 2)[::2]  # non-contiguous view
+    assert not strided.flags.c_contiguous
+    return {
+        "list": list(tokens),
+        "tuple": tuple(tokens),
+        "list of numpy ints": [np.int64(t) for t in tokens],
+        "int32 numpy": wide.astype(np.int32),
+        "int64 numpy": wide,
+        "uint16 numpy": wide.astype(np.uint16),
+        "uint64 numpy": wide.astype(np.uint64),
+        "strided int64 numpy": strided,
+        "int32 torch": torch.tensor(tokens, dtype=torch.int32),
+        "int64 torch": torch.tensor(tokens, dtype=torch.int64),
+    }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_types_agree(backend):
+    index_cls, propose = _backend(backend)
+    rng = random.Random(3)
+    history = [rng.randrange(6) for _ in range(200)]
+    expected = reference(history, 4, 1, 3)
+    assert expected  # a 6-letter alphabet over 200 tokens always repeats a 3-gram
+    for name, tokens in _inputs(history).items():
+        assert propose(tokens, 4, 1, 3) == expected, name
+        index = index_cls(1, 3)
+        index.extend(tokens)
+        assert index.propose(4) == expected, name
+        assert all(type(t) is int for t in index.propose(4)), name
+
+
+# ---------------------------------------------------------------- bad input
+
+RANGE = "token ids must be integers in [0, 2147483647], got "
+
+SHAPE = "tokens must be a list, tuple or 1-D array of token ids, got "
+
+BAD_TOKENS = {
+    # id: (tokens, exact message, the same for both backends)
+    "negative": ([1, -1, 2], RANGE + "-1 at index 1"),
+    "above-int32": ([1, 2**31], RANGE + "2147483648 at index 1"),
+    "above-int64": ([2**80], RANGE + f"{2**80} at index 0"),
+    "float": ([1, 2.0], RANGE + "2.0 of type float at index 1"),
+    "bool": ([True, 1], RANGE + "True of type bool at index 0"),
+    "str": ([1, "2"], RANGE + "'2' of type str at index 1"),
+    "None": ([1, None], RANGE + "None of type NoneType at index 1"),
+    "negative-array": (np.array([3, -4]), RANGE + "-4 at index 1"),
+    "above-int32-array": (np.array([5, 2**40]), RANGE + "1099511627776 at index 1"),
+    "float-array": (np.array([1.0, 2.0]), RANGE + "an array of dtype float64"),
+    "bool-array": (np.array([True]), RANGE + "an array of dtype bool"),
+    "float-tensor": (torch.tensor([1.5]), RANGE + "an array of dtype float32"),
+    "2-D-array": (np.zeros((2, 2), dtype=np.int64), SHAPE + "a 2-D ndarray"),
+    "scalar": (7, SHAPE + "a 0-D int"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tokens,message", BAD_TOKENS.values(), ids=BAD_TOKENS.keys())
+def test_bad_tokens(backend, tokens, message):
+    index_cls, propose = _backend(backend)
+    index = index_cls(1, 2)
+    index.extend([1, 2, 1])
+    with pytest.raises(ValueError) as e:
+        index.extend(tokens)
+    assert str(e.value) == message
+    assert len(index) == 3 and index.propose(3) == [2, 1]  # nothing was appended
+    with pytest.raises(ValueError) as e:
+        propose(tokens, 2, 1, 2)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_sizes(backend):
+    index_cls, propose = _backend(backend)
+    index = index_cls(1, 2)
+    for k in (0, -3):
+        with pytest.raises(ValueError, match=rf"^k must be >= 1, got {k}$"):
+            index.propose(k)
+        with pytest.raises(ValueError, match=rf"^k must be >= 1, got {k}$"):
+            propose([1, 2], k, 1, 2)
+    cases = [((0, 2), "min_n must be >= 1, got 0"),
+             ((-1, -2), "min_n must be >= 1, got -1"),
+             ((3, 2), "min_n must be <= max_n, got min_n=3, max_n=2")]
+    for (min_n, max_n), message in cases:
+        with pytest.raises(ValueError) as e:
+            index_cls(min_n, max_n)
+        assert str(e.value) == message
+        with pytest.raises(ValueError) as e:
+            propose([1, 2], 2, min_n, max_n)
+        assert str(e.value) == message
+    # Sizes are checked before tokens, in both backends.
+    with pytest.raises(ValueError, match="^k must be"):
+        propose([-1], 0, 1, 2)
+    # Not an integer at all: TypeError, as for any Python integer argument.
+    with pytest.raises(TypeError):
+        index.propose(2.5)
+    with pytest.raises(TypeError):
+        index_cls(1.0, 2)
+
+
+# ---------------------------------------------------------------- backend selection
+
+def test_backend_is_cpp_when_built():
+    _cpp()
+    assert ngram_index.BACKEND == "cpp"
+    assert ngram_index.NgramIndex is _cpp().NgramIndex
+    assert ngram_index.propose is _cpp().propose
+
+
+def test_fallback_when_extension_missing(monkeypatch):
+    """Without specrt._ngram the module still imports, warns once, and picks Python."""
+    import specrt
+
+    monkeypatch.setitem(sys.modules, "specrt._ngram", None)  # makes the import fail
+    monkeypatch.delattr(specrt, "_ngram", raising=False)
+    spec = importlib.util.spec_from_file_location("ngram_index_no_cpp", ngram_index.__file__)
+    module = importlib.util.module_from_spec(spec)
+    with pytest.warns(RuntimeWarning, match="pure-Python fallback"):
+        spec.loader.exec_module(module)
+    assert module.BACKEND == "python"
+    assert module.NgramIndex is module.PyNgramIndex
+    assert module.propose is module.py_propose
+
