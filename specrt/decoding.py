@@ -59,7 +59,7 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
         out = tokens[:, None].tolist()
         drafted = [0] * B
     else:
-        drafts = proposal.tokens                                            # [B, K]
+        drafts = proposal.tokens.to(device)                                 # [B, K]
         ids = torch.cat([last.to(device), drafts.clamp(min=0)], dim=1)      # [B, K + 1]
         logits = target.forward(ids, cache, num_valid=[(k + 1) * a for a in active])
         if params.greedy:

@@ -24,7 +24,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% endif %}")
 
 
-def save_tokenizer(out_dir: Path, vocab_size: int = 320) -> dict[str, int]:
+def save_tokenizer(out_dir: Path, vocab_size: int = 320, corpus=None) -> dict[str, int]:
     """A byte-level BPE trained on CORPUS (deterministic), saved with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -35,7 +35,7 @@ def save_tokenizer(out_dir: Path, vocab_size: int = 320) -> dict[str, int]:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.train_from_iterator((corpus or CORPUS) * 4, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>",
                                    additional_special_tokens=["<|im_start|>"])
@@ -48,7 +48,7 @@ def make_model(out_dir: Path, kind: str = "qwen2", vocab_size: int = 320, hidden
                layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0,
                tokenizer: bool = True, eos: bool = True, max_shard_size=None,
                dtype=torch.float32, noise_from: Path | None = None, noise: float = 0.0,
-               scale_logits: float = 1.0) -> Path:
+               scale_logits: float = 1.0, corpus=None) -> Path:
     """Save a random Qwen2 (q/k/v bias, untied head) or Llama-style (no bias, tied) model.
 
     noise_from: start from that model's weights plus Gaussian noise of relative size `noise`
@@ -58,7 +58,7 @@ def make_model(out_dir: Path, kind: str = "qwen2", vocab_size: int = 320, hidden
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    specials = save_tokenizer(out_dir, vocab_size) if tokenizer else {}
+    specials = save_tokenizer(out_dir, vocab_size, corpus) if tokenizer else {}
     eos_id = specials.get("<|im_end|>", vocab_size - 1) if eos else None
     common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                   num_hidden_layers=layers, num_attention_heads=heads,

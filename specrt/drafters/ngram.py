@@ -1,0 +1,56 @@
+"""Prompt-lookup drafting (vLLM's "ngram" method): guess that the text repeats itself.
+
+For each row, find the most recent earlier occurrence of the last n committed tokens (n from
+prompt_lookup_max down to prompt_lookup_min) in prompt + output, and propose the K tokens that
+followed it. No model runs; the C++ index (specrt._ngram) makes a lookup O(max_n + K)
+whatever the history length. Its drafts are deterministic, so for sampling q is one-hot.
+"""
+from __future__ import annotations
+
+import torch
+
+from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal
+from specrt.drafters.ngram_index import BACKEND, NgramIndex
+
+__all__ = ["BACKEND", "NgramDrafter"]
+
+
+class NgramDrafter:
+    name = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 3):
+        self.min_n, self.max_n = min_n, max_n
+        self.indexes: list[NgramIndex] = []
+
+    def begin(self, batch_size: int) -> None:
+        for index in self.indexes[:batch_size]:
+            index.reset()
+        while len(self.indexes) < batch_size:
+            self.indexes.append(NgramIndex(self.min_n, self.max_n))
+
+    def lookup(self, ctx: DraftContext, k: int) -> list[list[int]]:
+        """The raw matches per row (empty for inactive rows or no match). Free to compute:
+        the adaptive planner calls this to decide whether to draft with a model instead."""
+        out = []
+        for index, history, active in zip(self.indexes, ctx.histories, ctx.active):
+            if len(index) < len(history):
+                index.extend(history[len(index):])
+            out.append(index.propose(k) if active else [])
+        return out
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
+        return proposal_from_lists(self.lookup(ctx, k), k)
+
+    def accepted(self, num_accepted: list[int]) -> None:
+        pass   # the index only ever sees committed tokens: nothing to roll back
+
+
+def proposal_from_lists(drafts: list[list[int]], k: int) -> Proposal | None:
+    """Pack per-row draft lists (possibly shorter than k, or empty) into a one-hot Proposal."""
+    if not any(drafts):
+        return None
+    width = max(len(d) for d in drafts)
+    tokens = torch.full((len(drafts), width), NO_DRAFT, dtype=torch.int64)
+    for b, d in enumerate(drafts):
+        tokens[b, : len(d)] = torch.tensor(d, dtype=torch.int64)
+    return Proposal(tokens=tokens, probs=None, counts=[len(d) for d in drafts])

@@ -1,0 +1,138 @@
+"""Speculative sampling reproduces the (warped) target distribution exactly: statistical tests
+with fixed seeds, batched over tensors."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specrt
+from specrt.config import SamplingParams
+from specrt.kernels import rejection_sample
+from specrt.kernels.reference import draw_randomness
+from specrt.model import Transformer
+from specrt.sampling import sample, warp
+from tests.tiny import make_model
+
+# The seed study's five-word example: the target prefers "the", the draft prefers "a".
+WORDS = ["the", "a", "cat", "dog", "sat"]
+P = torch.tensor([0.40, 0.15, 0.20, 0.15, 0.10])
+Q = torch.tensor([0.17, 0.43, 0.20, 0.10, 0.10])
+
+
+def test_seed_study_pair_overlaps_by_072():
+    assert torch.minimum(P, Q).sum().item() == pytest.approx(0.72)
+
+
+def test_warp_top_k_and_top_p():
+    logits = torch.log(P)[None]
+    k2 = warp(logits, SamplingParams(temperature=1.0, top_k=2))
+    torch.testing.assert_close(k2[0], torch.tensor([0.4, 0, 0.2, 0, 0]) / 0.6)
+    p7 = warp(logits, SamplingParams(temperature=1.0, top_p=0.7))   # smallest set with >= 0.7
+    torch.testing.assert_close(p7[0], torch.tensor([0.4, 0.15, 0.2, 0, 0]) / 0.75)
+    hot = warp(logits, SamplingParams(temperature=0.5))
+    torch.testing.assert_close(hot[0], P ** 2 / (P ** 2).sum())
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.8, top_k=3),
+    SamplingParams(temperature=1.2, top_p=0.8),
+], ids=["plain", "top_k", "top_p"])
+def test_million_draws_match_warped_target(params):
+    """1,000,000 accept/resample draws through the engine's code path: the draft samples from
+    warped q, acceptance uses warped p and q, and the output frequencies equal warped p."""
+    n = 1_000_000
+    gen = torch.Generator().manual_seed(1234)
+    p = warp(torch.log(P)[None], params)[0]           # what plain sampling would draw from
+    q = warp(torch.log(Q)[None], params)[0]
+    drafts = sample(q.expand(n, 5), gen)[:, None]       # [n, 1] draft tokens from q
+    target_probs = p.expand(n, 2, 5)                    # [n, K + 1, V]
+    draft_probs = q.expand(n, 1, 5)                     # [n, K, V]
+    uniforms, noise = draw_randomness(n, 1, 5, gen, "cpu")
+    num_accepted, out = rejection_sample(target_probs, draft_probs, drafts, uniforms, noise)
+    first = out[:, 0]
+    freq = torch.bincount(first, minlength=5).double() / n
+    assert (freq - p.double()).abs().max().item() < 0.002, (freq, p)
+    rate = num_accepted.double().mean().item()
+    assert rate == pytest.approx(torch.minimum(p, q).sum().item(), abs=0.002)
+
+
+def test_one_hot_drafts_match_target():
+    """n-gram drafts have no q: accept x with probability p(x), else draw from p without x."""
+    n = 1_000_000
+    gen = torch.Generator().manual_seed(99)
+    drafts = torch.full((n, 1), 1, dtype=torch.int64)   # always guesses "a"
+    uniforms, noise = draw_randomness(n, 1, 5, gen, "cpu")
+    num_accepted, out = rejection_sample(P.expand(n, 2, 5), None, drafts, uniforms, noise)
+    freq = torch.bincount(out[:, 0], minlength=5).double() / n
+    assert (freq - P.double()).abs().max().item() < 0.002
+    assert num_accepted.double().mean().item() == pytest.approx(0.15, abs=0.002)
+
+
+# --- end to end: the first three sampled tokens of a tiny model ---------------------------------
+VOCAB = 12
+PROMPT = [1, 2, 3, 1, 2]
+BATCH = 2500
+ROUNDS = 8            # 20,000 samples per method
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small_vocab")
+    kw = dict(vocab_size=VOCAB, hidden=32, tokenizer=False, eos=False, scale_logits=6.0)
+    return make_model(root / "t", "qwen2", seed=3, **kw), make_model(root / "d", "qwen2",
+                                                                      seed=4, **kw)
+
+
+def _exact_joint(model_dir, params) -> np.ndarray:
+    """P(t1, t2, t3 | PROMPT) under the warped target, by enumerating all prefixes."""
+    model = Transformer.from_dir(model_dir, max_seq_len=16)
+    joint = np.ones((VOCAB,) * 3)
+    for depth in range(3):
+        prefixes = list(itertools.product(range(VOCAB), repeat=depth))
+        ids = torch.tensor([PROMPT + list(pre) for pre in prefixes])
+        logits = model.forward(ids, model.new_cache(len(prefixes), 16), last_only=True)[:, 0]
+        probs = warp(logits, params).double().numpy()
+        for pre, row in zip(prefixes, probs):
+            # multiply the slice joint[pre] by this position's distribution, broadcast over
+            # the positions after it
+            joint[pre] *= row.reshape((VOCAB,) + (1,) * (2 - depth))
+    return joint
+
+
+def _samples(llm, params, spec) -> np.ndarray:
+    counts = np.zeros((VOCAB,) * 3)
+    for r in range(ROUNDS):
+        results = llm.generate([PROMPT] * BATCH, max_new_tokens=3, temperature=params.temperature,
+                               top_k=params.top_k, top_p=params.top_p, seed=1000 + r,
+                               speculative=spec)
+        for res in results:
+            counts[tuple(res.token_ids)] += 1
+    return counts
+
+
+def _binned(expected_p, *counts, min_expected=5.0):
+    """Cells with enough expected mass stay; the rest are pooled into one."""
+    n = counts[0].sum()
+    big = expected_p * n >= min_expected
+    return [np.append(c[big], c[~big].sum()) for c in counts], np.append(
+        expected_p[big], expected_p[~big].sum())
+
+
+@pytest.mark.parametrize("method, k", [("draft_model", 1), ("draft_model", 4), ("ngram", 2)])
+def test_first_three_tokens_distribution_matches_plain(small_pair, method, k):
+    target, draft = small_pair
+    params = SamplingParams(temperature=1.0, top_k=8)
+    llm = specrt.LLM(target, draft=draft, max_seq_len=16, max_batch_size=BATCH)
+    spec_counts = _samples(llm, params, {"method": method, "num_speculative_tokens": k})
+    plain_counts = _samples(llm, params, None)
+    exact = _exact_joint(target, params)
+    (s, p), e = _binned(exact, spec_counts, plain_counts)
+    n = s.sum()
+    assert n == BATCH * ROUNDS
+    # speculative vs the exact target distribution, and vs plain sampling (two-sample test)
+    assert stats.chisquare(s, e * n).pvalue > 1e-3
+    assert stats.chi2_contingency(np.stack([s, p])).pvalue > 1e-3
+    assert stats.chisquare(p, e * n).pvalue > 1e-3

@@ -1,0 +1,154 @@
+"""Speculative decoding is exact: greedy output equals plain greedy output token for token."""
+import pytest
+
+import specrt
+from specrt.errors import SpecrtError
+
+PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3], [9, 9, 9, 9, 9, 9]]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_noeos_dir, tiny_draft_dir):
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def plain(llm):
+    return {tuple(p): llm.generate(p, max_new_tokens=40).token_ids for p in PROMPTS}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_draft_model_greedy_equals_plain_batch_1(llm, plain, k):
+    spec = {"method": "draft_model", "num_speculative_tokens": k}
+    accepted = 0
+    for p in PROMPTS:
+        res = llm.generate(p, max_new_tokens=40, speculative=spec)
+        assert res.token_ids == plain[tuple(p)], f"K={k} prompt={p}"
+        accepted += res.stats["num_accepted_tokens"]
+        assert res.stats["target_passes"] < 40 or k == 1
+    assert accepted > 0      # the noisy-copy draft agrees often: long accepted runs happen
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_draft_model_greedy_equals_plain_batch_3(llm, plain, k):
+    spec = {"method": "draft_model", "num_speculative_tokens": k}
+    for prompts in (PROMPTS[:3], PROMPTS[1:]):
+        results = llm.generate(prompts, max_new_tokens=40, speculative=spec)
+        assert [r.token_ids for r in results] == [plain[tuple(p)] for p in prompts]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_unrelated_draft_still_exact(tiny_noeos_dir, tiny_bad_draft_dir, plain, k):
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_bad_draft_dir, max_seq_len=256, max_batch_size=3)
+    results = llm.generate(PROMPTS[:3], max_new_tokens=40,
+                           speculative={"method": "draft_model", "num_speculative_tokens": k})
+    assert [r.token_ids for r in results] == [plain[tuple(p)] for p in PROMPTS[:3]]
+    assert any(r.stats["num_accepted_tokens"] < r.stats["num_draft_tokens"] for r in results)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_ngram_greedy_equals_plain(llm, plain, k):
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 2}
+    for p in PROMPTS:
+        assert llm.generate(p, max_new_tokens=40, speculative=spec).token_ids == plain[tuple(p)]
+    results = llm.generate(PROMPTS[:3], max_new_tokens=40, speculative=spec)
+    assert [r.token_ids for r in results] == [plain[tuple(p)] for p in PROMPTS[:3]]
+
+
+def test_eos_and_budget_cut_rounds(tiny_dir, tmp_path):
+    """A round that commits several tokens stops at EOS (kept) and at max_new_tokens."""
+    from tests.tiny import make_model
+
+    draft = make_model(tmp_path / "d", "qwen2", seed=0)      # identical weights: always right
+    llm = specrt.LLM(tiny_dir, draft=draft, max_seq_len=256)
+    eos = llm.eos_ids
+    for p in PROMPTS:
+        ref = llm.generate(p, max_new_tokens=33)
+        spec = llm.generate(p, max_new_tokens=33,
+                            speculative={"method": "draft_model", "num_speculative_tokens": 8})
+        assert spec.token_ids == ref.token_ids
+        assert spec.finish_reason == ref.finish_reason
+        assert len(spec.token_ids) <= 33
+        if spec.finish_reason == "eos":
+            assert spec.token_ids[-1] in eos and not set(spec.token_ids[:-1]) & eos
+
+
+def test_metrics_are_consistent(llm):
+    res = llm.generate(PROMPTS[1], max_new_tokens=40,
+                       speculative={"method": "draft_model", "num_speculative_tokens": 4})
+    s = res.stats
+    assert len(s["accepted_per_position"]) == 4
+    assert sum(s["accepted_per_position"]) == s["num_accepted_tokens"]
+    # acceptance at position i requires acceptance at every earlier position
+    assert s["accepted_per_position"] == sorted(s["accepted_per_position"], reverse=True)
+    assert s["num_draft_tokens"] == 4 * s["num_drafts"]
+    assert s["acceptance_rate"] == pytest.approx(s["num_accepted_tokens"] / s["num_draft_tokens"])
+    assert s["mean_acceptance_length"] == pytest.approx(
+        1 + s["num_accepted_tokens"] / s["num_drafts"])
+    # every target pass commits accepted + 1 tokens (the budget may cut the last round)
+    assert s["new_tokens"] <= s["target_passes"] + s["num_accepted_tokens"]
+    assert s["new_tokens"] > s["target_passes"]
+    for key in ("draft_seconds", "verify_seconds", "other_seconds", "prefill_seconds"):
+        assert s[key] >= 0
+    assert s["draft_seconds"] + s["verify_seconds"] <= s["seconds"]
+
+
+def test_same_seed_same_sampled_output(llm):
+    kw = dict(max_new_tokens=30, temperature=0.9, top_k=50, top_p=0.95,
+              speculative={"method": "draft_model", "num_speculative_tokens": 3})
+    a = llm.generate(PROMPTS[0], seed=11, **kw).token_ids
+    b = llm.generate(PROMPTS[0], seed=11, **kw).token_ids
+    c = llm.generate(PROMPTS[0], seed=12, **kw).token_ids
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("spec, pattern", [
+    ({"method": "medusa"}, "draft_model, ngram, auto"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": "4"}, "num_speculative_tokens"),
+    ({"method": "ngram", "speculative_tokens": 4}, "allowed: method, model"),
+    ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_min"),
+    ("{not json", "not valid JSON"),
+])
+def test_bad_speculative_config(llm, spec, pattern):
+    with pytest.raises(SpecrtError, match=pattern):
+        llm.generate([1, 2, 3], max_new_tokens=4, speculative=spec)
+
+
+def test_draft_model_method_without_draft(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64)
+    with pytest.raises(SpecrtError, match="needs a draft model"):
+        llm.generate([1, 2], max_new_tokens=4, speculative={"method": "draft_model"})
+
+
+def test_draft_from_speculative_config_model_key(tiny_noeos_dir, tiny_draft_dir, plain):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256)
+    res = llm.generate(PROMPTS[0], max_new_tokens=40,
+                       speculative={"method": "draft_model", "model": str(tiny_draft_dir),
+                                    "num_speculative_tokens": 3})
+    assert res.token_ids == plain[tuple(PROMPTS[0])]
+    assert res.stats["num_drafts"] > 0
+
+
+def test_mismatched_draft_vocabulary_is_refused(tiny_noeos_dir, tmp_path):
+    from tests.tiny import make_model
+
+    other = make_model(tmp_path / "other", "qwen2", eos=False,
+                       corpus=["zebra quartz jukebox " * 3, "xylophone wizard " * 5])
+    with pytest.raises(SpecrtError, match="different vocabularies"):
+        specrt.LLM(tiny_noeos_dir, draft=other)
+
+
+def test_draft_with_padded_embedding_is_allowed(tiny_noeos_dir, tmp_path, plain):
+    """Checkpoints pad embeddings differently; only the tokenizer has to agree."""
+    from tests.tiny import make_model, save_tokenizer
+
+    padded = make_model(tmp_path / "padded", "qwen2", vocab_size=384, eos=False,
+                        tokenizer=False)
+    save_tokenizer(padded, 320)
+    llm = specrt.LLM(tiny_noeos_dir, draft=padded, max_seq_len=256)
+    res = llm.generate(PROMPTS[0], max_new_tokens=40,
+                       speculative={"method": "draft_model", "num_speculative_tokens": 2})
+    assert res.token_ids == plain[tuple(PROMPTS[0])]
