@@ -1,0 +1,125 @@
+"""The text-level API services embed: text prompts, chat template, stop strings, streaming,
+sharing one LLM between threads."""
+import threading
+
+import pytest
+
+import specrt
+from specrt.tokenizer import TextStream
+
+SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_noeos_dir, tiny_draft_dir):
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2)
+
+
+def test_text_prompt_and_chat_template(llm):
+    chat_ids = llm.encode("def add(a, b):", chat=True)
+    assert llm.tokenizer._tok.decode(chat_ids) == (
+        "<|im_start|>user\ndef add(a, b):<|im_end|>\n<|im_start|>assistant\n")
+    assert llm.tokenizer.decode(llm.encode("def add(a, b):")) == "def add(a, b):"
+    res = llm.generate("def add(a, b):", max_new_tokens=12, chat=True)
+    assert res.token_ids == llm.generate(chat_ids, max_new_tokens=12).token_ids
+    assert res.text == llm.tokenizer.decode(res.token_ids)
+
+
+def test_stream_yields_the_same_text_in_multi_token_chunks(llm):
+    prompt = "The quick brown fox"
+    full = llm.generate(prompt, max_new_tokens=40, speculative=SPEC)
+    chunks = list(llm.stream(prompt, max_new_tokens=40, speculative=SPEC))
+    assert "".join(chunks) == full.text
+    assert len(chunks) < 40          # rounds commit several tokens at once
+
+
+def _first_text_with_a_stop_candidate(llm):
+    res = llm.generate("for i in range", max_new_tokens=40)
+    text = res.text
+    assert len(text) > 12
+    return text
+
+
+@pytest.mark.parametrize("spec", [None, SPEC])
+def test_stop_string_cuts_text_and_ids(llm, spec):
+    text = _first_text_with_a_stop_candidate(llm)
+    stop = text[6:9]                                  # occurs in the answer; cut there
+    cut = text.find(stop)
+    res = llm.generate("for i in range", max_new_tokens=40, stop=[stop], speculative=spec)
+    assert res.text == text[:cut]
+    assert res.finish_reason == "stop"
+    assert stop not in res.text
+    streamed = "".join(llm.stream("for i in range", max_new_tokens=40, stop=stop,
+                                  speculative=spec))
+    assert streamed == text[:cut]
+
+
+def test_stop_string_spanning_two_rounds_is_never_shown():
+    class FakeTok:  # each token is one character
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+
+    ts = TextStream(FakeTok(), ["STOP"])
+    shown = ts.push([ord(c) for c in "hello ST"])   # "ST" may begin the stop string: held back
+    assert shown == "hello "
+    shown += ts.push([ord(c) for c in "OP and more"])
+    assert shown == "hello " and ts.stopped and ts.text == "hello "
+    ts2 = TextStream(FakeTok(), ["STOP"])
+    out = ts2.push([ord(c) for c in "a ST"]) + ts2.push([ord(c) for c in "ep"], final=True)
+    assert out == "a STep" and not ts2.stopped       # a false alarm is released
+
+
+def test_incomplete_utf8_is_held_back():
+    class ByteTok:  # ids are bytes
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    ts = TextStream(ByteTok(), None)
+    euro = list("€".encode())
+    assert ts.push([ord("a")] + euro[:2]) == "a"
+    assert ts.push(euro[2:]) == "€"
+
+
+def test_abandoned_stream_leaves_the_next_call_clean(llm):
+    ref = llm.generate("Once upon a time", max_new_tokens=30, speculative=SPEC)
+    stream = llm.stream("Once upon a time", max_new_tokens=30, speculative=SPEC)
+    next(stream)
+    stream.close()                         # abandon mid-way
+    again = llm.generate("Once upon a time", max_new_tokens=30, speculative=SPEC)
+    assert again.token_ids == ref.token_ids
+    stream = llm.stream("A refrigerator", max_new_tokens=30)
+    next(stream)
+    del stream                             # dropped without close: the lock is released too
+    assert llm.generate("Once upon a time", max_new_tokens=30).token_ids == ref.token_ids
+
+
+def test_threads_share_one_llm(llm):
+    prompts = ["def add", "The quick", "for i in", "Once upon", "A refrigerator"]
+    specs = [None, SPEC, {"method": "ngram", "num_speculative_tokens": 2}]
+    expected = {(p, i): llm.generate(p, max_new_tokens=16, speculative=specs[i % 3]).token_ids
+                for i, p in enumerate(prompts)}
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            for i, p in enumerate(prompts):
+                results[(t, p, i)] = llm.generate(p, max_new_tokens=16,
+                                                  speculative=specs[i % 3]).token_ids
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert len(results) == 20
+    for (t, p, i), ids in results.items():
+        assert ids == expected[(p, i)]
+
+
+def test_batch_of_text_prompts_returns_list(llm):
+    res = llm.generate(["def add", "The quick"], max_new_tokens=8)
+    assert isinstance(res, list) and len(res) == 2
+    assert res[1].token_ids == llm.generate("The quick", max_new_tokens=8).token_ids

@@ -1,0 +1,64 @@
+"""`python -m specrt.generate` end to end on a tiny model, in a subprocess like a user runs it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, check=True):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "specrt.generate", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_json_output_matches_the_api(tiny_noeos_dir):
+    import specrt
+
+    proc = run_cli("--model", tiny_noeos_dir, "--prompt-ids", "5,6,7", "--max-new-tokens", 12,
+                   "--dtype", "float32", "--no-spec", "--json")
+    out = json.loads(proc.stdout)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64)
+    assert out["token_ids"] == llm.generate([5, 6, 7], max_new_tokens=12).token_ids
+    assert out["stats"]["new_tokens"] == 12
+    assert "12 new tokens" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_streams_text_and_traces_rounds(tiny_noeos_dir, tiny_draft_dir):
+    spec = json.dumps({"method": "draft_model", "num_speculative_tokens": 3})
+    proc = run_cli("--model", tiny_noeos_dir, "--draft", tiny_draft_dir, "--prompt", "def add",
+                   "--max-new-tokens", 16, "--dtype", "float32", "--speculative-config", spec,
+                   "--trace")
+    rounds = [line for line in proc.stderr.splitlines() if line.startswith("round ")]
+    assert rounds and all("| draft_model:3 |" in r and "kept" in r for r in rounds)
+    assert "draft_model K=3" in proc.stderr and "acceptance" in proc.stderr
+    api = json.loads(run_cli("--model", tiny_noeos_dir, "--draft", tiny_draft_dir, "--prompt",
+                             "def add", "--max-new-tokens", 16, "--dtype", "float32",
+                             "--no-spec", "--json").stdout)
+    assert proc.stdout.rstrip("\n") == api["text"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--speculative-config", '{"method": "medusa"}'], "draft_model, ngram, auto"),
+    (["--speculative-config", '{"num_speculative_tokens": 0}'], "num_speculative_tokens"),
+    (["--prompt-ids", "1,x"], "--prompt-ids must be comma-separated integers"),
+    (["--max-seq-len", "8", "--prompt-ids", "1,2,3"], "exceeds max_seq_len"),
+])
+def test_bad_input_is_one_clear_line(tiny_noeos_dir, args, message):
+    proc = run_cli("--model", tiny_noeos_dir, "--dtype", "float32", *args, check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_model_dir_names_the_fetch_command(tmp_path):
+    proc = run_cli("--model", tmp_path / "missing", check=False)
+    assert proc.returncode == 2 and "python -m specrt.models fetch" in proc.stderr
+    assert "Traceback" not in proc.stderr
