@@ -1,0 +1,10 @@
+"""Speculative-decoding kernels: Triton on CUDA, PyTorch references elsewhere.
+
+Import the ops from here; `dispatch.py` picks the backend per call (override with
+SPECRT_KERNELS=triton|reference). `draw_randomness` draws the uniforms and noise that
+`rejection_sample` consumes, the same way on every backend.
+"""
+from specrt.kernels.dispatch import backend_for, greedy_accept, rejection_sample, verify_attention
+from specrt.kernels.reference import draw_randomness
+
+__all__ = ["verify_attention", "greedy_accept", "rejection_sample", "backend_for", "draw_randomness"]

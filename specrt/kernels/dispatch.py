@@ -1,0 +1,76 @@
+"""Backend selection for the speculative-decoding kernels.
+
+Each op runs the Triton kernel when its inputs are CUDA tensors and the PyTorch reference
+otherwise. `SPECRT_KERNELS=triton|reference` forces one backend; it is read at every call
+so tests can monkeypatch it. Forcing `triton` on CPU tensors runs the kernels under the
+Triton interpreter, which needs TRITON_INTERPRET=1 set before the first import of a kernel
+module (tests/conftest.py does this when CUDA is absent).
+
+The kernel modules are imported here, before `__init__` re-exports the dispatched ops:
+`specrt.kernels.verify_attention` is both a submodule and an op, and importing a submodule
+for the first time rebinds the package attribute of that name, so a lazy import would
+shadow the op with the module. Use importlib.import_module("specrt.kernels.<name>") to
+reach a kernel module explicitly.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from specrt.kernels import reference
+
+_attention = importlib.import_module("specrt.kernels.verify_attention")
+_acceptance = importlib.import_module("specrt.kernels.acceptance")
+
+__all__ = ["backend_for", "verify_attention", "greedy_accept", "rejection_sample"]
+
+ENV_VAR = "SPECRT_KERNELS"
+BACKENDS = ("triton", "reference")
+
+
+def backend_for(tensor: torch.Tensor) -> str:
+    """'triton' or 'reference': the backend the ops below use for inputs like `tensor`."""
+    forced = os.environ.get(ENV_VAR, "").strip()
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"{ENV_VAR} must be one of {BACKENDS} (or unset), got {forced!r}")
+        return forced
+    return "triton" if tensor.is_cuda else "reference"
+
+
+def verify_attention(
+    q: torch.Tensor,  # [B, T, Hq, D]
+    k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    v_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    lens: torch.Tensor,  # [B] int32, valid positions per row including the T new ones
+    scale: float | None = None,
+) -> torch.Tensor:  # [B, T, Hq, D]
+    """Causal GQA attention of T new tokens per row against the cache (see reference.py)."""
+    if backend_for(q) == "triton":
+        return _attention.verify_attention(q, k_cache, v_cache, lens, scale)
+    return reference.verify_attention(q, k_cache, v_cache, lens, scale)
+
+
+def greedy_accept(
+    target_logits: torch.Tensor,  # [B, K + 1, V]
+    draft_tokens: torch.Tensor,  # [B, K], -1 = no draft
+) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
+    """Greedy verification of the drafts against the target's argmax (see reference.py)."""
+    if backend_for(target_logits) == "triton":
+        return _acceptance.greedy_accept(target_logits, draft_tokens)
+    return reference.greedy_accept(target_logits, draft_tokens)
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,  # [B, K + 1, V]
+    draft_probs: torch.Tensor | None,  # [B, K, V], or None for one-hot drafts
+    draft_tokens: torch.Tensor,  # [B, K], -1 = no draft
+    uniforms: torch.Tensor,  # [B, K]
+    noise: torch.Tensor,  # [B, V]
+) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
+    """Exact speculative sampling with caller-drawn randomness (see reference.py)."""
+    if backend_for(target_probs) == "triton":
+        return _acceptance.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, noise)
+    return reference.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, noise)

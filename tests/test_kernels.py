@@ -1,0 +1,434 @@
+"""Kernel-vs-reference tests for specrt.kernels, plus hand-built and statistical checks.
+
+On CPU the Triton kernels run under the interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), which is slow: shapes are small and the parametrizations cover each
+value of each axis rather than their product. The interpreter's bf16 arithmetic is wrong,
+so bf16 cases run on CUDA only. On a GPU the same tests run the compiled kernels.
+"""
+import importlib
+
+import pytest
+import torch
+
+import specrt.kernels as kernels
+from specrt.kernels import reference
+
+dispatch = importlib.import_module("specrt.kernels.dispatch")
+attention_kernel = importlib.import_module("specrt.kernels.verify_attention")
+acceptance_kernel = importlib.import_module("specrt.kernels.acceptance")
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_cuda_bf16 = pytest.mark.skipif(
+    not CUDA, reason="bf16 arithmetic is wrong under the Triton interpreter; bf16 runs on CUDA only"
+)
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
+SMALL_SPLIT = {"split_size": 256, "block_v": 128}  # several V-splits and blocks at V ~ 1000
+# Equal maxima in the same lane of different blocks, in different lanes and in different
+# V-splits, for both the default (8192 / 1024) and SMALL_SPLIT tilings: the answer is 2.
+TIE_V, TIES = 2100, [2050, 1026, 700, 300, 131, 130, 2]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_attention
+
+
+def _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed, strided_q=False):
+    g = _gen(seed)
+    if strided_q:  # q as a view into a fused projection: non-trivial head/token strides
+        q = torch.randn(B, T, Hq, 2 * D, generator=g, device=DEVICE).to(dtype)[..., :D]
+    else:
+        q = torch.randn(B, T, Hq, D, generator=g, device=DEVICE).to(dtype)
+    k = torch.randn(B, Hkv, S, D, generator=g, device=DEVICE).to(dtype)
+    v = torch.randn(B, Hkv, S, D, generator=g, device=DEVICE).to(dtype)
+    lens = torch.randint(T, S + 1, (B,), generator=g, device=DEVICE, dtype=torch.int32)
+    lens[0] = T  # a row whose whole history is the T new tokens
+    # Stale slots past lens (rolled-back drafts) hold large values that must be ignored.
+    stale = torch.arange(S, device=DEVICE).view(1, 1, S, 1) >= lens.view(B, 1, 1, 1)
+    k.masked_fill_(stale, 300.0)
+    v.masked_fill_(stale, -300.0)
+    return q, k, v, lens
+
+
+# (B, T, Hq, Hkv, D, S_max, dtype, num_splits, scale, strided_q)
+ATTENTION_CASES = [
+    (1, 1, 2, 2, 64, 64, torch.float32, 1, None, False),
+    (3, 1, 6, 2, 64, 80, torch.float16, 3, None, False),
+    (3, 2, 6, 2, 64, 80, torch.float32, 1, None, True),
+    (1, 2, 2, 2, 64, 96, torch.float16, 2, 0.3, False),
+    (3, 5, 6, 2, 64, 100, torch.float32, 4, None, False),
+    (3, 5, 2, 2, 64, 72, torch.float16, 1, None, True),
+    (3, 9, 6, 2, 64, 100, torch.float16, 3, None, False),
+    (1, 9, 2, 2, 64, 64, torch.float32, 2, None, False),
+    (2, 17, 8, 1, 64, 80, torch.float32, 2, None, False),  # T * G = 136: two M tiles
+    (2, 5, 6, 2, 128, 72, torch.float16, 2, None, False),  # D = 128
+]
+
+
+@pytest.mark.parametrize("B,T,Hq,Hkv,D,S,dtype,num_splits,scale,strided_q", ATTENTION_CASES)
+def test_verify_attention_matches_reference(B, T, Hq, Hkv, D, S, dtype, num_splits, scale, strided_q):
+    q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed=B * 100 + T, strided_q=strided_q)
+    out = attention_kernel.verify_attention(q, k, v, lens, scale, num_splits=num_splits)
+    ref = reference.verify_attention(q, k, v, lens, scale)
+    assert out.shape == (B, T, Hq, D) and out.dtype == dtype
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def test_verify_attention_reference_matches_per_query_softmax():
+    """The reference itself against a literal per-row, per-head loop (the spec)."""
+    B, T, Hq, Hkv, D, S = 2, 3, 4, 2, 64, 20
+    q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, torch.float32, seed=7)
+    out = reference.verify_attention(q, k, v, lens)
+    for b in range(B):
+        for t in range(T):
+            pos = int(lens[b]) - T + t
+            for h in range(Hq):
+                kv = h // (Hq // Hkv)
+                w = torch.softmax(k[b, kv, : pos + 1] @ q[b, t, h] / D**0.5, dim=0)
+                torch.testing.assert_close(out[b, t, h], w @ v[b, kv, : pos + 1], atol=1e-5, rtol=1e-5)
+
+
+def test_verify_attention_decode_equals_last_row_of_verify():
+    """T = 1 decode at position p equals row t of a T-token verify whose position is p."""
+    B, T, Hq, Hkv, D, S = 2, 5, 6, 2, 64, 64
+    q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, torch.float32, seed=3)
+    full = attention_kernel.verify_attention(q, k, v, lens)
+    last = attention_kernel.verify_attention(q[:, -1:].contiguous(), k, v, lens)
+    torch.testing.assert_close(last[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda_bf16
+@pytest.mark.parametrize("T", [1, 5, 17])
+def test_verify_attention_bf16(T):
+    q, k, v, lens = _attention_inputs(3, T, 12, 2, 128, 300, torch.bfloat16, seed=T)
+    out = attention_kernel.verify_attention(q, k, v, lens)
+    ref = reference.verify_attention(q, k, v, lens)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# greedy_accept
+
+BACKENDS = [
+    pytest.param(reference.greedy_accept, id="reference"),
+    pytest.param(acceptance_kernel.greedy_accept, id="triton"),
+    pytest.param(lambda lg, d: acceptance_kernel.greedy_accept(lg, d, **SMALL_SPLIT), id="triton-splitv"),
+]
+
+
+def _logits_with_argmax(argmax_tokens, V):  # [B, K + 1] -> logits whose argmax is that
+    B, K1 = argmax_tokens.shape
+    logits = torch.randn(B, K1, V, generator=_gen(11), device=DEVICE)
+    logits.scatter_(2, argmax_tokens.to(DEVICE).view(B, K1, 1), 10.0)
+    return logits
+
+
+def _tokens(rows):
+    return torch.tensor(rows, dtype=torch.int64, device=DEVICE)
+
+
+@pytest.mark.parametrize("greedy", BACKENDS)
+def test_greedy_hand_built(greedy):
+    V = 1000
+    target = _tokens([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]])
+    drafts = _tokens([
+        [5, 6, 7],  # all accepted -> bonus 8
+        [9, 6, 7],  # first rejected -> recovered 5
+        [5, 6, 999],  # middle/last rejected -> recovered 7
+        [5, -1, -1],  # padding: stops at the first -1 and emits the target's token
+        [-1, 6, 7],  # padding first: nothing accepted even though later drafts match
+    ])
+    n, out = greedy(_logits_with_argmax(target, V), drafts)
+    assert n.dtype == torch.int32 and out.dtype == torch.int64
+    assert n.tolist() == [3, 0, 2, 1, 0]
+    assert out.tolist() == [
+        [5, 6, 7, 8],
+        [5, -1, -1, -1],
+        [5, 6, 7, -1],
+        [5, 6, -1, -1],
+        [5, -1, -1, -1],
+    ]
+
+
+@pytest.mark.parametrize("greedy", BACKENDS)
+def test_greedy_k1(greedy):
+    target = _tokens([[3, 4], [3, 4]])
+    n, out = greedy(_logits_with_argmax(target, 777), _tokens([[3], [2]]))
+    assert n.tolist() == [1, 0]
+    assert out.tolist() == [[3, 4], [3, -1]]
+
+
+@pytest.mark.parametrize("greedy", BACKENDS)
+def test_greedy_ties_go_to_lowest_index(greedy):
+    V = TIE_V
+    logits = torch.zeros(3, 3, V, device=DEVICE)
+    logits[:, 0, TIES] = 2.0  # -> 2
+    logits[:, 1] = -1.0  # all equal -> 0
+    logits[:, 2, [V - 1, V - 2]] = float("inf")  # tie at the end of the vocab -> V - 2
+    logits[2, 0] = float("-inf")  # all -inf -> 0, like torch.argmax
+    n, out = greedy(logits, _tokens([[2, 0], [2, 1], [0, 5]]))
+    assert torch.equal(out[:, 0], logits[:, 0].argmax(-1))
+    assert n.tolist() == [2, 1, 1]
+    assert out.tolist() == [[2, 0, V - 2], [2, 0, -1], [0, 0, -1]]
+
+
+@pytest.mark.parametrize(
+    "B,K,V,dtype,splits",
+    [
+        (1, 1, 1000, torch.float32, {}),
+        (3, 4, 1000, torch.float16, SMALL_SPLIT),
+        (3, 8, 777, torch.float32, SMALL_SPLIT),
+        (1, 16, 1000, torch.float16, {}),
+    ],
+)
+def test_greedy_matches_reference(B, K, V, dtype, splits):
+    g = _gen(B * 31 + K)
+    logits = torch.randn(B, K + 1, V, generator=g, device=DEVICE).to(dtype)
+    drafts = logits[:, :K].argmax(-1)
+    # Corrupt some positions and pad some tails so rows stop at different places.
+    corrupt = torch.rand(B, K, generator=g, device=DEVICE) < 0.2
+    drafts = torch.where(corrupt, (drafts + 1) % V, drafts)
+    drafts[0, K // 2 + 1:] = -1
+    n, out = acceptance_kernel.greedy_accept(logits, drafts, **splits)
+    n_ref, out_ref = reference.greedy_accept(logits, drafts)
+    assert torch.equal(n, n_ref) and torch.equal(out, out_ref)
+
+
+@needs_cuda_bf16
+def test_greedy_bf16():
+    logits = torch.randn(8, 9, 151936, generator=_gen(0), device=DEVICE).to(torch.bfloat16)
+    drafts = logits[:, :8].argmax(-1)
+    drafts[::2, 3] = -1
+    n, out = acceptance_kernel.greedy_accept(logits, drafts)
+    n_ref, out_ref = reference.greedy_accept(logits, drafts)
+    assert torch.equal(n, n_ref) and torch.equal(out, out_ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# rejection_sample
+
+REJECTION_BACKENDS = [
+    pytest.param(reference.rejection_sample, id="reference"),
+    pytest.param(acceptance_kernel.rejection_sample, id="triton"),
+    pytest.param(lambda *a: acceptance_kernel.rejection_sample(*a, **SMALL_SPLIT), id="triton-splitv"),
+]
+
+
+def _probs(shape, seed, sharpness=2.0):
+    logits = torch.randn(*shape, generator=_gen(seed), device=DEVICE) * sharpness
+    return torch.softmax(logits, dim=-1)
+
+
+def _sample(probs, seed):  # [..., V] -> [...] int64
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=_gen(seed)).view(probs.shape[:-1])
+
+
+@pytest.mark.parametrize(
+    "B,K,V,dtype,one_hot,splits",
+    [
+        (1, 1, 1000, torch.float32, False, {}),
+        (3, 4, 1000, torch.float16, False, SMALL_SPLIT),
+        (3, 7, 777, torch.float32, True, SMALL_SPLIT),
+        (3, 4, 1000, torch.float16, True, {}),
+        (8, 16, 1000, torch.float32, False, SMALL_SPLIT),
+    ],
+)
+def test_rejection_matches_reference_exactly(B, K, V, dtype, one_hot, splits):
+    seed = B * 1000 + K
+    base = torch.randn(B, K + 1, V, generator=_gen(seed), device=DEVICE) * 2
+    target = torch.softmax(base, -1)
+    # A draft close to the target so that acceptance lengths vary across rows.
+    draft = torch.softmax(base[:, :K] + 0.7 * torch.randn(B, K, V, generator=_gen(seed + 1), device=DEVICE), -1)
+    drafts = _sample(draft, seed + 2)
+    drafts[-1, K - 1] = -1  # a padded last position
+    target, draft = target.to(dtype), draft.to(dtype)
+    u, noise = reference.draw_randomness(B, K, V, _gen(seed + 3), DEVICE)
+    draft_arg = None if one_hot else draft
+    n, out = acceptance_kernel.rejection_sample(target, draft_arg, drafts, u, noise, **splits)
+    n_ref, out_ref = reference.rejection_sample(target, draft_arg, drafts, u, noise)
+    assert torch.equal(n, n_ref), (n, n_ref)
+    assert torch.equal(out, out_ref), (out, out_ref)
+
+
+@pytest.mark.parametrize("sample", REJECTION_BACKENDS)
+def test_rejection_q_equals_p_always_accepts(sample):
+    B, K, V = 16, 3, 1000
+    p = _probs((B, K + 1, V), seed=1)
+    drafts = _sample(p[:, :K], seed=2)
+    u, noise = reference.draw_randomness(B, K, V, _gen(3), DEVICE)
+    n, out = sample(p, p[:, :K].contiguous(), drafts, u, noise)
+    assert n.tolist() == [K] * B
+    assert torch.equal(out[:, :K], drafts)
+    assert torch.equal(out[:, K], (p[:, K] / noise).argmax(-1))  # the bonus token
+
+
+@pytest.mark.parametrize("sample", REJECTION_BACKENDS)
+@pytest.mark.parametrize("one_hot", [False, True], ids=["probs", "one-hot"])
+def test_rejection_zero_target_prob_always_rejects(sample, one_hot):
+    B, K, V = 64, 2, 1000
+    x = 123
+    p = _probs((B, K + 1, V), seed=4)
+    p[:, 0, x] = 0.0
+    q = _probs((B, K, V), seed=5)
+    drafts = torch.full((B, K), x, dtype=torch.int64, device=DEVICE)
+    u, noise = reference.draw_randomness(B, K, V, _gen(6), DEVICE)
+    n, out = sample(p, None if one_hot else q, drafts, u, noise)
+    assert n.tolist() == [0] * B
+    assert (out[:, 0] != x).all() and (out[:, 1:] == -1).all()
+
+
+@pytest.mark.parametrize("sample", REJECTION_BACKENDS)
+def test_rejection_one_hot_accepts_iff_u_below_p(sample):
+    B, K, V = 64, 1, 1000
+    x = 7
+    p = _probs((B, K + 1, V), seed=8)
+    p[:, 0, x] = 0.0
+    p[:, 0] *= 0.7 / p[:, 0].sum(-1, keepdim=True)
+    p[:, 0, x] = 0.3
+    drafts = torch.full((B, K), x, dtype=torch.int64, device=DEVICE)
+    u, noise = reference.draw_randomness(B, K, V, _gen(9), DEVICE)
+    n, out = sample(p, None, drafts, u, noise)
+    assert torch.equal(n.bool(), u[:, 0] < p[:, 0, x])
+    rejected = n == 0
+    assert rejected.any() and (~rejected).any()
+    assert (out[rejected, 0] != x).all()  # the residual is p with x zeroed
+
+
+@pytest.mark.parametrize("sample", REJECTION_BACKENDS)
+def test_rejection_padding_and_residual_fallback(sample):
+    B, K, V = 3, 3, 1000
+    p = _probs((B, K + 1, V), seed=10)
+    q = p[:, :K].clone()
+    drafts = _sample(q, seed=11)
+    drafts[0, 1] = -1  # padding: rejected, recovered from the full p (q treated as 0)
+    u, noise = reference.draw_randomness(B, K, V, _gen(12), DEVICE)
+    u[1, 0] = 1.0  # force a rejection where p == q: residual all zero -> argmax p / noise
+    n, out = sample(p, q, drafts, u, noise)
+    assert n.tolist() == [1, 0, K]
+    assert out[0, 1] == (p[0, 1] / noise[0]).argmax()
+    assert out[1, 0] == (p[1, 0] / noise[1]).argmax()
+    assert out[2, K] == (p[2, K] / noise[2]).argmax()
+
+
+@pytest.mark.parametrize("sample", REJECTION_BACKENDS)
+def test_rejection_ties_go_to_lowest_index(sample):
+    B, K, V = 2, 1, TIE_V
+    p = torch.zeros(B, K + 1, V, device=DEVICE)
+    p[:, :, TIES] = 1.0 / len(TIES)
+    drafts = _tokens([[5], [130]])  # row 0: p(x) = 0 -> rejected; row 1: accepted -> bonus
+    u = torch.full((B, K), 0.1, device=DEVICE)
+    noise = torch.ones(B, V, device=DEVICE)
+    n, out = sample(p, None, drafts, u, noise)
+    assert n.tolist() == [0, 1]
+    assert out.tolist() == [[2, -1], [130, 2]]
+    # q == p and u = 1: rejected with an all-zero residual -> fallback argmax p / noise.
+    n, out = sample(p, p[:, :K].contiguous(), drafts, torch.ones(B, K, device=DEVICE), noise)
+    assert n.tolist() == [0, 0]
+    assert out.tolist() == [[2, -1], [2, -1]]
+
+
+@needs_cuda_bf16
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejection_bf16(one_hot):
+    B, K, V = 8, 8, 151936
+    target = _probs((B, K + 1, V), seed=13).to(torch.bfloat16)
+    draft = _probs((B, K, V), seed=14).to(torch.bfloat16)
+    drafts = _sample(draft.float(), seed=15)
+    u, noise = reference.draw_randomness(B, K, V, _gen(16), DEVICE)
+    draft_arg = None if one_hot else draft
+    n, out = acceptance_kernel.rejection_sample(target, draft_arg, drafts, u, noise)
+    n_ref, out_ref = reference.rejection_sample(target, draft_arg, drafts, u, noise)
+    assert torch.equal(n, n_ref) and torch.equal(out, out_ref)
+
+
+def test_rejection_sampling_reproduces_target_distribution(monkeypatch):
+    """The seed study: target prefers 'the', draft prefers 'a', sum(min(p, q)) = 0.72.
+
+    1,000,000 batched K = 1 draws through the dispatcher: the emitted word must follow p
+    (within 0.002 per word) and the acceptance rate must be 0.72 (within 0.002).
+    """
+    monkeypatch.setenv("SPECRT_KERNELS", "reference")
+    words = ["the", "a", "cat", "sat", "mat"]
+    p = torch.tensor([0.40, 0.10, 0.20, 0.15, 0.15], dtype=torch.float64)
+    q = torch.tensor([0.12, 0.38, 0.20, 0.15, 0.15], dtype=torch.float64)
+    assert abs(torch.minimum(p, q).sum().item() - 0.72) < 1e-12
+    assert words[int(p.argmax())] == "the" and words[int(q.argmax())] == "a"
+
+    N, V = 1_000_000, len(words)
+    g = torch.Generator(device=DEVICE).manual_seed(2024)
+    p32, q32 = p.float().to(DEVICE), q.float().to(DEVICE)
+    drafts = torch.multinomial(q32, N, replacement=True, generator=g).view(N, 1)
+    uniforms, noise = kernels.draw_randomness(N, 1, V, g, DEVICE)
+    n, out = kernels.rejection_sample(p32.expand(N, 2, V), q32.expand(N, 1, V), drafts, uniforms, noise)
+
+    assert abs(n.double().mean().item() - 0.72) < 0.002
+    freq = torch.bincount(out[:, 0], minlength=V).double().cpu() / N
+    assert (freq - p).abs().max().item() < 0.002, dict(zip(words, freq.tolist()))
+
+
+def test_draw_randomness_is_seeded_and_positive():
+    a = reference.draw_randomness(4, 3, 1000, _gen(0), DEVICE)
+    b = reference.draw_randomness(4, 3, 1000, _gen(0), DEVICE)
+    assert a[0].shape == (4, 3) and a[1].shape == (4, 1000)
+    assert a[0].dtype == a[1].dtype == torch.float32
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert (a[1] > 0).all() and ((a[0] >= 0) & (a[0] < 1)).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+
+
+def test_backend_for_default_and_override(monkeypatch):
+    t = torch.zeros(1)
+    monkeypatch.delenv("SPECRT_KERNELS", raising=False)
+    assert kernels.backend_for(t) == "reference"
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    assert kernels.backend_for(t) == "triton"
+    monkeypatch.setenv("SPECRT_KERNELS", "reference")
+    assert kernels.backend_for(t) == "reference"
+    if CUDA:
+        monkeypatch.delenv("SPECRT_KERNELS")
+        assert kernels.backend_for(t.cuda()) == "triton"
+
+
+def test_backend_override_rejects_unknown_values(monkeypatch):
+    monkeypatch.setenv("SPECRT_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="triton.*reference"):
+        kernels.backend_for(torch.zeros(1))
+    with pytest.raises(ValueError, match="SPECRT_KERNELS"):
+        kernels.greedy_accept(torch.zeros(1, 2, 10), torch.zeros(1, 1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("forced", ["triton", "reference"])
+def test_dispatch_routes_to_the_forced_backend(monkeypatch, forced):
+    q, k, v, lens = _attention_inputs(1, 2, 2, 2, 64, 32, torch.float32, seed=0)
+    expected = reference.verify_attention(q, k, v, lens)
+    probs = _probs((2, 3, 100), seed=1)
+    drafts = probs[:, :2].argmax(-1)
+    u, noise = reference.draw_randomness(2, 2, 100, _gen(2), DEVICE)
+
+    calls = []
+    for module, backend in ((dispatch._attention, "triton"), (dispatch._acceptance, "triton"),
+                            (dispatch.reference, "reference")):
+        for name in ("verify_attention", "greedy_accept", "rejection_sample"):
+            if not hasattr(module, name):
+                continue
+
+            def spy(*args, _fn=getattr(module, name), _tag=(backend, name)):
+                calls.append(_tag)
+                return _fn(*args)
+
+            monkeypatch.setattr(module, name, spy)
+    monkeypatch.setenv("SPECRT_KERNELS", forced)
+
+    torch.testing.assert_close(kernels.verify_attention(q, k, v, lens), expected, atol=1e-4, rtol=1e-4)
+    kernels.greedy_accept(probs, drafts)
+    kernels.rejection_sample(probs, None, drafts, u, noise)
+    assert calls == [(forced, "verify_attention"), (forced, "greedy_accept"), (forced, "rejection_sample")]
