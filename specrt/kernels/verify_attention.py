@@ -55,7 +55,7 @@ def _verify_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_IEEE: tl.constexpr,  # fp32 inputs: exact fp32 dots, not TF32
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -97,7 +97,11 @@ def _verify_attention_kernel(
         col_valid = cols < end
         kt = tl.load(k_base + offs_d[:, None] + cols[None, :].to(tl.int64) * stride_ks,
                      mask=col_valid[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+        if DOT_IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * qk_scale
         visible = col_valid[None, :] & (cols[None, :] <= qpos[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -108,7 +112,11 @@ def _verify_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vs + offs_d[None, :],
                     mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if DOT_IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     if SPLIT:
@@ -222,7 +230,6 @@ def verify_attention(
         num_splits = _default_num_splits(q, B * Hkv * m_tiles, S_max)
     assert num_splits >= 1
     qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * _LOG2E
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
     num_warps = 8 if BLOCK_M * D >= 128 * 128 else 4
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -243,7 +250,7 @@ def verify_attention(
         out.stride(0), out.stride(1), out.stride(2),
         T, Hkv, num_splits, qk_scale,
         GROUP=G, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=split,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=2,
+        DOT_IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=2,
     )
     if split:
         COMBINE_M = 16
