@@ -65,9 +65,8 @@ def verify_attention(
 
     qpos = lens.to(torch.long).view(B, 1) - T + torch.arange(T, device=q.device)  # [B, T]
     kpos = torch.arange(S, device=q.device)
-    visible = kpos.view(1, 1, S) <= qpos.view(B, T, 1)  # [B, T, S]
-    visible = visible.view(B, 1, 1, T, S).expand(B, Hkv, G, T, S).reshape(B, Hkv, G * T, S)
-    scores = scores.masked_fill(~visible, float("-inf"))
+    hidden = (kpos.view(1, 1, S) > qpos.view(B, T, 1)).view(B, 1, 1, T, S)  # future keys
+    scores = scores.view(B, Hkv, G, T, S).masked_fill_(hidden, float("-inf")).view(B, Hkv, G * T, S)
     out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hkv, G*T, D]
     out = out.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq, D)
     return out.to(q.dtype)

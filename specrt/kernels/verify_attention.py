@@ -20,8 +20,9 @@ unnormalized partial (acc, running max m, running sum l); a second kernel merges
 
 The chunk size is derived from lens[b] inside the kernel, so no host sync is needed and
 the launch depends only on static shapes (CUDA-graph friendly). T is a runtime argument;
-BLOCK_M = next_pow2(T * G) (16..128) is the only compile-time dependence on T, so at most
-four variants are compiled per (G, D, dtype). Rows with T * G > 128 use several M tiles.
+BLOCK_M = next_pow2(T * G) clamped to 16..128 is the only compile-time dependence on T
+(four values at most), so T = 1..17 needs no per-T recompile. T * G > 128 uses several
+M tiles (each re-reads K/V).
 
 Invalid input (lens[b] < T or lens[b] > S_max) is not checked here on CUDA: it would need
 a host sync. The reference checks it on CPU tensors.
