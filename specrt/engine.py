@@ -196,12 +196,13 @@ class Engine:
     # --- generation -------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
                  params: SamplingParams, spec: SpecConfig | None = None,
-                 eos_ids=()) -> Generation:
+                 eos_ids=(), planner: Planner | None = None) -> Generation:
         """Start a generation over `prompts` (lists of token ids). Iterate the result for its
-        RoundEvents; `outputs` and `stats_dict(row)` hold the results."""
+        RoundEvents; `outputs` and `stats_dict(row)` hold the results. `planner` overrides
+        the one `spec` describes (custom drafters plug in here)."""
         self.check_request(prompts, max_new_tokens, spec)
         return Generation(self, [list(p) for p in prompts], max_new_tokens, params,
-                          self.planner_for(spec), set(eos_ids))
+                          planner or self.planner_for(spec), set(eos_ids))
 
     def check_request(self, prompts: list[list[int]], max_new_tokens: int,
                       spec: SpecConfig | None) -> None:

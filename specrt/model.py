@@ -105,6 +105,7 @@ class Transformer:
             ))
         self.dtype = self.embed.dtype
         self.device = self.embed.device
+        self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
         self.cos, self.sin = rope_tables(cfg, max_seq_len, self.dtype, self.device)
 
     @classmethod
@@ -112,7 +113,9 @@ class Transformer:
                  max_seq_len: int = 4096) -> "Transformer":
         cfg = ModelConfig.from_dir(model_dir)
         weights = load_state_dict(model_dir, cfg, parse_dtype(dtype), device)
-        return cls(cfg, weights, max_seq_len)
+        model = cls(cfg, weights, max_seq_len)
+        model.source = str(Path(model_dir).resolve())
+        return model
 
     def new_cache(self, max_batch_size: int, max_seq_len: int) -> StaticKVCache:
         return StaticKVCache(self.cfg.num_layers, max_batch_size, self.cfg.num_kv_heads,

@@ -102,15 +102,17 @@ def _exact_joint(model_dir, params) -> np.ndarray:
     return joint
 
 
-def _samples(llm, params, spec) -> np.ndarray:
+def _samples(llm, params, spec) -> tuple[np.ndarray, int]:
     counts = np.zeros((VOCAB,) * 3)
+    drafted = 0
     for r in range(ROUNDS):
         results = llm.generate([PROMPT] * BATCH, max_new_tokens=3, temperature=params.temperature,
                                top_k=params.top_k, top_p=params.top_p, seed=1000 + r,
                                speculative=spec)
         for res in results:
             counts[tuple(res.token_ids)] += 1
-    return counts
+            drafted += res.stats["num_draft_tokens"]
+    return counts, drafted
 
 
 def _binned(expected_p, *counts, min_expected=5.0):
@@ -121,13 +123,15 @@ def _binned(expected_p, *counts, min_expected=5.0):
         expected_p[big], expected_p[~big].sum())
 
 
-@pytest.mark.parametrize("method, k", [("draft_model", 1), ("draft_model", 4), ("ngram", 2)])
+@pytest.mark.parametrize("method, k", [("draft_model", 1), ("draft_model", 4), ("ngram", 2),
+                                       ("auto", 4)])
 def test_first_three_tokens_distribution_matches_plain(small_pair, method, k):
     target, draft = small_pair
     params = SamplingParams(temperature=1.0, top_k=8)
     llm = specrt.LLM(target, draft=draft, max_seq_len=16, max_batch_size=BATCH)
-    spec_counts = _samples(llm, params, {"method": method, "num_speculative_tokens": k})
-    plain_counts = _samples(llm, params, None)
+    spec_counts, drafted = _samples(llm, params, {"method": method, "num_speculative_tokens": k})
+    plain_counts, _ = _samples(llm, params, None)
+    assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
     exact = _exact_joint(target, params)
     (s, p), e = _binned(exact, spec_counts, plain_counts)
     n = s.sum()

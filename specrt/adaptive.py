@@ -1,0 +1,177 @@
+"""Adaptive speculation (method "auto"): choose the drafter and K every round.
+
+Each round the planner scores every option by expected committed tokens per second,
+
+    value(drafter, K) = E[tokens | K, a] / (K * c_draft + c_verify(K + 1)),
+    E[tokens | K, a]  = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K,
+
+where a_i is the acceptance probability of draft position i given the earlier ones were
+accepted. K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
+- the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
+  and K is at most the match length);
+- the draft model, K = 1..K_max, run only when it wins.
+
+a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
+with a prior; costs come from a calibration at first use (specrt.costs) scaled by the ratio
+of measured to predicted round times. The choice depends only on past rounds, never on the
+current round's outcome, so greedy output stays identical and sampling stays exact.
+
+A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
+doubling after each failed probe, so a text that turns predictable is noticed without paying
+much for a drafter that is always wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from specrt.config import SpecConfig
+from specrt.costs import CostModel
+from specrt.drafters.base import DraftContext, Proposal
+from specrt.drafters.ngram import NgramDrafter, proposal_from_lists
+
+PRIORS = {"draft_model": 0.7, "ngram": 0.5}
+WEIGHT = 0.3                  # EWMA weight of the newest observation of a position
+COST_WEIGHT = 0.2             # EWMA weight of the newest measured/predicted time ratio
+PROBE_BASE = 8
+PROBE_MAX = 256
+
+
+@dataclasses.dataclass
+class DrafterState:
+    name: str
+    alphas: list[list[float]]     # [B][K_max] acceptance per position, per row
+    idle_rounds: int = 0          # rounds since this drafter last proposed
+    probe_gap: int = PROBE_BASE
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """1 + a1 + a1 a2 + ... (k terms): tokens a round commits on average."""
+    total, run = 1.0, 1.0
+    for a in alphas[:k]:
+        run *= a
+        total += run
+    return total
+
+
+class AdaptivePlanner:
+    def __init__(self, max_k: int, costs: CostModel, draft_model=None,
+                 ngram: NgramDrafter | None = None):
+        self.max_k = max_k
+        self.costs = costs
+        self.draft_model = draft_model
+        self.ngram = ngram
+        self.verify_scale = 1.0
+        self.draft_scale = 1.0
+        self.states: dict[str, DrafterState] = {}
+        self._last: tuple[str, int] | None = None
+        self._probe = False           # this round is a probe, not a choice on merit
+        self._ngram_lists: list[list[int]] | None = None
+        self._rounds_with_draft_model = 0
+
+    @classmethod
+    def for_engine(cls, engine, spec: SpecConfig) -> "AdaptivePlanner":
+        k = spec.num_speculative_tokens
+        draft = engine.draft_model_drafter() if engine.draft is not None else None
+        costs = CostModel.calibrate(engine.target, engine.draft, k)
+        return cls(k, costs, draft, NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max))
+
+    # --- planner protocol -------------------------------------------------------------------
+    def begin(self, batch_size: int) -> None:
+        self.states = {}
+        for drafter in (self.draft_model, self.ngram):
+            if drafter is not None:
+                drafter.begin(batch_size)
+                prior = PRIORS[drafter.name]
+                self.states[drafter.name] = DrafterState(
+                    drafter.name, [[prior] * self.max_k for _ in range(batch_size)])
+        self._rounds_with_draft_model = 0
+
+    def propose(self, ctx: DraftContext) -> tuple[Proposal | None, str]:
+        name, k, self._probe = self.choose(ctx)
+        self._last = (name, k) if k else None
+        for state in self.states.values():
+            state.idle_rounds = 0 if state.name == name and k else state.idle_rounds + 1
+        if not k:
+            return None, "plain"
+        if name == "ngram":
+            lists = [d[:k] for d in self._ngram_lists]
+            return proposal_from_lists(lists, k), f"ngram:{k}"
+        self._rounds_with_draft_model += 1
+        return self.draft_model.propose(ctx, k), f"draft_model:{k}"
+
+    def observe(self, num_accepted, num_drafted, draft_seconds, verify_seconds) -> None:
+        if self._last is None:
+            self.verify_scale = _ewma(self.verify_scale,
+                                      verify_seconds / self.costs.verify_seconds(1))
+            return
+        name, k = self._last
+        state = self.states[name]
+        failed = True
+        for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
+            if d == 0:
+                continue
+            failed = failed and n == 0
+            alphas = state.alphas[row]
+            for i in range(min(n + 1, d)):     # positions whose outcome was observed
+                alphas[i] = _ewma(alphas[i], 1.0 if i < n else 0.0, WEIGHT)
+            if n == d:
+                # Every guess was right: the positions past the round are unobserved, but the
+                # evidence says they are at least as good as the last one we saw.
+                for i in range(d, len(alphas)):
+                    alphas[i] = _ewma(alphas[i], max(alphas[i], alphas[d - 1]), WEIGHT)
+        if not failed:
+            state.probe_gap = PROBE_BASE
+        elif self._probe:
+            state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
+        self.verify_scale = _ewma(self.verify_scale,
+                                  verify_seconds / self.costs.verify_seconds(k + 1))
+        if name == "draft_model":
+            self.draft_model.accepted(num_accepted)
+            # The first draft round also catches the draft model up on the whole prompt:
+            # not a per-step cost.
+            if self._rounds_with_draft_model > 1 and self.costs.draft_step > 0:
+                self.draft_scale = _ewma(self.draft_scale,
+                                         draft_seconds / (k * self.costs.draft_step))
+
+    # --- the decision -----------------------------------------------------------------------
+    def choose(self, ctx: DraftContext) -> tuple[str, int, bool]:
+        """(drafter name, K, is_probe) for this round; K = 0 means a plain step."""
+        rows = [b for b, a in enumerate(ctx.active) if a]
+        cv = [self.verify_scale * self.costs.verify_seconds(t)
+              for t in range(1, self.max_k + 2)]
+        best = ("plain", 0, 1.0 / cv[0])
+        can_probe = []
+
+        if self.ngram is not None:
+            self._ngram_lists = self.ngram.lookup(ctx, self.max_k)
+            longest = max((len(self._ngram_lists[b]) for b in rows), default=0)
+            state = self.states["ngram"]
+            for k in range(1, longest + 1):
+                e = _mean(expected_tokens(state.alphas[b], min(k, len(self._ngram_lists[b])))
+                          for b in rows)
+                best = max(best, ("ngram", k, e / cv[k]), key=lambda c: c[2])
+            if longest:
+                can_probe.append(state)
+
+        if self.draft_model is not None:
+            state = self.states["draft_model"]
+            cd = self.draft_scale * self.costs.draft_step
+            for k in range(1, self.max_k + 1):
+                e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
+                best = max(best, ("draft_model", k, e / (k * cd + cv[k])), key=lambda c: c[2])
+            can_probe.insert(0, state)
+
+        if best[1] == 0:
+            for state in can_probe:
+                if state.idle_rounds + 1 >= state.probe_gap:
+                    return state.name, 1, True
+        return best[0], best[1], False
+
+
+def _ewma(old: float, new: float, weight: float = COST_WEIGHT) -> float:
+    return (1 - weight) * old + weight * new
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,107 @@
+"""Adaptive speculation ("auto"): K follows acceptance, and output stays exact."""
+import pytest
+import torch
+
+import specrt
+from specrt.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens
+from specrt.config import SamplingParams
+from specrt.costs import CostModel, forward_seconds
+from specrt.drafters.base import NO_DRAFT, Proposal
+
+PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
+
+
+class OracleDrafter:
+    """Knows the plain greedy answer: proposes it (always right) or a shifted copy (always
+    wrong). Costs nothing, so only acceptance drives the planner."""
+
+    name = "draft_model"
+
+    def __init__(self, prompts, answers, vocab, right=True):
+        self.full = [p + a for p, a in zip(prompts, answers)]
+        self.vocab, self.right = vocab, right
+        self.calls = 0
+
+    def begin(self, batch_size):
+        self.calls = 0
+
+    def propose(self, ctx, k):
+        self.calls += 1
+        tokens = torch.full((len(ctx.histories), k), NO_DRAFT)
+        for b, h in enumerate(ctx.histories):
+            nxt = self.full[b][len(h):len(h) + k]
+            if not self.right:
+                nxt = [(t + 1) % self.vocab for t in nxt]
+            tokens[b, : len(nxt)] = torch.tensor(nxt, dtype=torch.int64)
+        return Proposal(tokens=tokens, probs=None, counts=[int((r >= 0).sum()) for r in tokens])
+
+    def accepted(self, num_accepted):
+        pass
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_noeos_dir, tiny_draft_dir):
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3)
+
+
+def _run_with(llm, drafter, n_new, max_k=8):
+    answers = [llm.generate(p, max_new_tokens=n_new).token_ids for p in PROMPTS[:1]]
+    oracle = drafter(PROMPTS[:1], answers)
+    # A memory-bound cost curve (verifying T tokens costs a little more than 1): fixed numbers
+    # keep the test independent of how busy the machine is; the planner only rescales them.
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(max_k + 1)], draft_step=0.2)
+    planner = AdaptivePlanner(max_k, costs, draft_model=oracle, ngram=None)
+    gen = llm.engine.generate([PROMPTS[0]], n_new, SamplingParams(), planner=planner)
+    plans = [event.plan for event in gen]
+    assert gen.outputs[0] == answers[0]
+    return plans, oracle
+
+
+def test_always_right_draft_grows_k_to_max(llm):
+    vocab = llm.target.cfg.vocab_size
+    plans, _ = _run_with(llm, lambda p, a: OracleDrafter(p, a, vocab, right=True), 120)
+    assert plans[-3:-1] == ["draft_model:8", "draft_model:8"]
+
+
+def test_always_wrong_draft_drops_to_plain_and_is_not_called(llm):
+    vocab = llm.target.cfg.vocab_size
+    plans, oracle = _run_with(llm, lambda p, a: OracleDrafter(p, a, vocab, right=False), 100)
+    rounds = plans[1:]
+    assert rounds.count("plain") >= 0.85 * len(rounds)
+    # after the first rejections it only probes, with a growing gap
+    assert oracle.calls <= 3 + len(rounds) // PROBE_BASE
+    assert all(p == "plain" for p in rounds[-PROBE_BASE + 1:]) or rounds[-1] == "draft_model:1"
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens([0.5] * 4, 4) == pytest.approx((1 - 0.5 ** 5) / (1 - 0.5))
+    assert expected_tokens([1.0] * 8, 8) == 9
+    assert expected_tokens([0.9, 0.0, 0.9], 3) == pytest.approx(1.9)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_auto_greedy_equals_plain(llm, batch):
+    prompts = PROMPTS[:batch]
+    plain = [llm.generate(p, max_new_tokens=48).token_ids for p in prompts]
+    res = llm.generate(prompts, max_new_tokens=48,
+                       speculative={"method": "auto", "num_speculative_tokens": 6})
+    assert [r.token_ids for r in res] == plain
+    hist = res[0].stats["plan_histogram"]
+    assert sum(hist.values()) == res[0].stats["target_passes"] - 1   # every round planned
+
+
+def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256)
+    prompt = [7, 8, 9, 10, 11, 12] * 6
+    plain = llm.generate(prompt, max_new_tokens=40).token_ids
+    res = llm.generate(prompt, max_new_tokens=40,
+                       speculative={"method": "auto", "num_speculative_tokens": 4})
+    assert res.token_ids == plain
+    assert all(k == "plain" or k.startswith("ngram:") for k in res.stats["plan_histogram"])
+
+
+def test_calibration_measures_a_cost_per_t(llm):
+    costs = forward_seconds(llm.target, 5)
+    assert len(costs) == 5 and all(c > 0 for c in costs)
+    assert costs == sorted(costs)                 # monotone in T by construction
+    assert forward_seconds(llm.target, 5) is costs  # cached per model/dtype/device
