@@ -19,6 +19,7 @@ fed as the first token of the next verify pass. Rollback of the rejected tail is
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -30,6 +31,9 @@ from specrt.kv_cache import StaticKVCache
 from specrt.model import Transformer
 from specrt.sampling import choose, warp
 
+if TYPE_CHECKING:
+    from specrt.cuda_graph import StaticForward
+
 
 @dataclasses.dataclass
 class RoundOutcome:
@@ -40,11 +44,14 @@ class RoundOutcome:
 
 def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: list[int],
                       active: list[bool], proposal: Proposal | None, params: SamplingParams,
-                      generator: torch.Generator | None) -> RoundOutcome:
+                      generator: torch.Generator | None,
+                      static_forward: Callable[[int, int], "StaticForward"] | None = None
+                      ) -> RoundOutcome:
     """Score [last committed token] + drafts in ONE target pass and accept per row.
 
-    Inactive rows (finished requests) are carried as zero-length rows: they write nothing to
-    the cache and commit nothing.
+    Inactive rows (finished requests) commit nothing. In the eager forward they are
+    zero-length rows; a static forward (`static_forward(B, T)` returns the runner, a CUDA
+    graph on CUDA) computes them too, and the rollback below puts their length back.
     """
     B = len(last_tokens)
     device = target.device
@@ -53,7 +60,11 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     k = proposal.k if proposal is not None else 0
 
     if k == 0:  # a plain decoding step
-        logits = target.forward(last.to(device), cache, num_valid=[int(a) for a in active])
+        if static_forward is not None:
+            logits = static_forward(B, 1).run(last.to(device))
+            cache.truncate([s + int(a) for s, a in zip(start, active)])
+        else:
+            logits = target.forward(last.to(device), cache, num_valid=[int(a) for a in active])
         tokens, _ = choose(logits[:, 0], params, generator)                 # [B]
         num_acc = [0] * B
         out = tokens[:, None].tolist()
@@ -61,7 +72,10 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     else:
         drafts = proposal.tokens.to(device)                                 # [B, K]
         ids = torch.cat([last.to(device), drafts.clamp(min=0)], dim=1)      # [B, K + 1]
-        logits = target.forward(ids, cache, num_valid=[(k + 1) * a for a in active])
+        if static_forward is not None:
+            logits = static_forward(B, k + 1).run(ids)
+        else:
+            logits = target.forward(ids, cache, num_valid=[(k + 1) * a for a in active])
         if params.greedy:
             n, out_t = greedy_accept(logits, drafts)
         else:

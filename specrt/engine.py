@@ -17,6 +17,7 @@ import time
 from typing import Iterator
 
 from specrt.config import SamplingParams, SpecConfig
+from specrt.cuda_graph import StaticForward
 from specrt.decoding import prefill, verify_and_accept
 from specrt.drafters.base import DraftContext, Proposal
 from specrt.errors import CapacityError, ConfigError, SpecrtError
@@ -128,7 +129,8 @@ class Generation:
                               if self.planner is not None else (None, "plain"))
             t1 = time.perf_counter()
             outcome = verify_and_accept(eng.target, eng.cache, [h[-1] for h in histories],
-                                        active, proposal, self.params, gen)
+                                        active, proposal, self.params, gen,
+                                        eng.static_forward if eng.static else None)
             t2 = time.perf_counter()
             if self.planner is not None:
                 self.planner.observe(outcome.num_accepted, outcome.num_drafted, t1 - t0, t2 - t1)
@@ -154,7 +156,9 @@ def _drafts_as_lists(proposal: Proposal | None) -> list[list[int]]:
 
 class Engine:
     def __init__(self, target: Transformer, draft: Transformer | None = None,
-                 max_batch_size: int = 1, max_seq_len: int = 4096):
+                 max_batch_size: int = 1, max_seq_len: int = 4096, static: bool = False):
+        """static: run the verify pass and draft loop through static-buffer runners
+        (specrt.cuda_graph), captured as CUDA graphs on CUDA and run eagerly elsewhere."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -166,6 +170,8 @@ class Engine:
         self.cache = target.new_cache(max_batch_size, max_seq_len)
         self.lock = threading.RLock()
         self._draft_drafter = None
+        self.static = static
+        self._forwards: dict[tuple[int, int], StaticForward] = {}
 
     # --- drafters ---------------------------------------------------------------------------
     def draft_model_drafter(self):
@@ -176,7 +182,8 @@ class Engine:
             from specrt.drafters.draft_model import DraftModelDrafter
 
             self._draft_drafter = DraftModelDrafter(self.draft, self.target.cfg.vocab_size,
-                                                    self.max_batch_size, self.max_seq_len)
+                                                    self.max_batch_size, self.max_seq_len,
+                                                    static=self.static)
         return self._draft_drafter
 
     def planner_for(self, spec: SpecConfig | None) -> Planner | None:
@@ -192,6 +199,14 @@ class Engine:
         from specrt.adaptive import AdaptivePlanner
 
         return AdaptivePlanner.for_engine(self, spec)
+
+    def static_forward(self, batch_size: int, t: int) -> StaticForward:
+        """The target's static runner for [batch_size, t] inputs, built on first use."""
+        runner = self._forwards.get((batch_size, t))
+        if runner is None:
+            runner = self._forwards[(batch_size, t)] = StaticForward(
+                self.target, self.cache, batch_size, t, use_graph=True)
+        return runner
 
     # --- generation -------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,

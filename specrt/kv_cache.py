@@ -59,6 +59,11 @@ class StaticKVCache:
                              f"asked for {lengths}")
         self._set(new)
 
+    def note_advanced(self, rows: int, count: int) -> None:
+        """A static (graph-captured) forward advanced the device lengths of the first `rows`
+        rows by `count`; mirror that on the host without touching the device tensor."""
+        self._host_lengths[:rows] += count
+
     def reset(self) -> None:
         self._host_lengths.zero_()
         self.lengths.zero_()

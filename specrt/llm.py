@@ -73,7 +73,8 @@ class LLM:
         if draft is not None:
             self.draft_dir = resolve_model_dir(draft)
             draft_model = self._load_draft(self.draft_dir)
-        self.engine = Engine(self.target, draft_model, max_batch_size, max_seq_len)
+        self.engine = Engine(self.target, draft_model, max_batch_size, max_seq_len,
+                             static=self.cuda_graphs)
         self._engines: dict[Path | None, Engine] = {self.draft_dir: self.engine}
 
     def _load_draft(self, draft_dir: Path) -> Transformer:
@@ -91,7 +92,8 @@ class LLM:
         draft_dir = resolve_model_dir(spec.model)
         if draft_dir not in self._engines:
             self._engines[draft_dir] = Engine(self.target, self._load_draft(draft_dir),
-                                              self.engine.max_batch_size, self.max_seq_len)
+                                              self.engine.max_batch_size, self.max_seq_len,
+                                              static=self.cuda_graphs)
         return self._engines[draft_dir]
 
     # --- requests ---------------------------------------------------------------------------

@@ -17,8 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from specrt.config import ModelConfig
+from specrt.errors import CapacityError
+from specrt.kernels import verify_attention
 from specrt.kv_cache import StaticKVCache
 from specrt.loader import load_state_dict, parse_dtype
+
+
+MAX_KERNEL_T = 17     # the verify-attention kernel's largest query block (K_max + 1)
+
+
+def use_kernel(device: torch.device, t: int) -> bool:
+    """The Triton verify-attention kernel serves decode and verify on CUDA; prefill (long T)
+    and the CPU use SDPA, whose reference semantics are the same."""
+    return device.type == "cuda" and t <= MAX_KERNEL_T
 
 
 class Linear:
@@ -148,7 +159,6 @@ class Transformer:
         valid = list(num_valid) if num_valid is not None else [T] * B
         end = [s + n for s, n in zip(start, valid)]
         if max(end) > cache.max_seq_len:
-            from specrt.errors import CapacityError
             raise CapacityError(f"KV cache overflow: a row needs {max(end)} positions but "
                                 f"max_seq_len is {cache.max_seq_len}; raise max_seq_len")
         s_used = max(end)                                            # keys any query may see
@@ -180,6 +190,51 @@ class Transformer:
         if mask is not None:
             mask = mask[:, None]                                     # [B, 1, group*T, S]
 
+        if use_kernel(device, T) and all_valid:
+            lens = torch.tensor(end, dtype=torch.int32, device=device)
+            attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
+                q, k_cache[:B], v_cache[:B], lens)
+        else:
+            attend = lambda q, k_cache, v_cache: self._attention(  # noqa: E731
+                q, k_cache[:B, :, :s_used], v_cache[:B, :, :s_used], mask)
+        keep_d = None if all_valid else keep.to(device)
+        x = self._layers(input_ids, pos, cache, write_rows, write_pos, keep_d, attend)
+        cache.advance(valid)
+        if last_only:
+            x = x[torch.arange(B, device=device), torch.tensor(valid, device=device) - 1][:, None]
+        x = rms_norm(x, self.norm, cfg.rms_norm_eps)
+        return self.lm_head(x).float()
+
+    def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
+        are read from and advanced in the cache's device tensor, shapes never depend on data,
+        and nothing syncs with the host. The caller owns the host mirror of the lengths
+        (`cache.note_advanced`) and the capacity check. Returns fp32 logits [B, T, V]."""
+        B, T = input_ids.shape
+        device = self.device
+        pos = cache.lengths[:B, None] + torch.arange(T, device=device)       # [B, T]
+        rows = torch.arange(B, device=device)[:, None].expand(B, T)
+        if use_kernel(device, T):
+            lens = (cache.lengths[:B] + T).to(torch.int32)
+            attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
+                q, k_cache[:B], v_cache[:B], lens)
+        else:   # the same arithmetic on every cache slot, stale ones masked out
+            key_pos = torch.arange(cache.max_seq_len, device=device)
+            mask = key_pos[None, None, :] <= pos[:, :, None]                 # [B, T, S]
+            group = self.cfg.num_heads // self.cfg.num_kv_heads
+            mask = mask.repeat(1, group, 1)[:, None]                         # [B, 1, g*T, S]
+            attend = lambda q, k_cache, v_cache: self._attention(  # noqa: E731
+                q, k_cache[:B], v_cache[:B], mask)
+        x = self._layers(input_ids, pos, cache, rows, pos, None, attend)
+        cache.lengths[:B] += T
+        x = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        return self.lm_head(x).float()
+
+    def _layers(self, input_ids, pos, cache, write_rows, write_pos, keep, attend):
+        """Embedding + decoder layers; K/V of the new tokens written at (write_rows,
+        write_pos) (only those where `keep`, if given) before attention reads the cache."""
+        cfg = self.cfg
+        B, T = input_ids.shape
         pos_c = pos.clamp(max=self.cos.shape[0] - 1)
         cos = self.cos[pos_c][:, :, None, :]                         # [B, T, 1, D]
         sin = self.sin[pos_c][:, :, None, :]
@@ -194,25 +249,20 @@ class Transformer:
             v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
 
             k_cache, v_cache = cache.layer(i)                        # [Bmax, Hkv, S, D]
-            if all_valid:
+            if keep is None:
                 k_cache[write_rows, :, write_pos] = k                # [B, T, Hkv, D]
                 v_cache[write_rows, :, write_pos] = v
             else:
-                k_cache[write_rows, :, write_pos] = k[keep.to(device)]
-                v_cache[write_rows, :, write_pos] = v[keep.to(device)]
+                k_cache[write_rows, :, write_pos] = k[keep]
+                v_cache[write_rows, :, write_pos] = v[keep]
 
-            attn = self._attention(q, k_cache[:B, :, :s_used], v_cache[:B, :, :s_used], mask)
+            attn = attend(q, k_cache, v_cache)                       # [B, T, Hq, D]
             x = x + layer.o(attn.reshape(B, T, cfg.q_size))
 
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-
-        cache.advance(valid)
-        if last_only:
-            x = x[torch.arange(B, device=device), torch.tensor(valid, device=device) - 1][:, None]
-        x = rms_norm(x, self.norm, cfg.rms_norm_eps)
-        return self.lm_head(x).float()
+        return x
 
     def _attention(self, q, k, v, mask):
         """q [B, T, Hq, D]; k, v [B, Hkv, S, D] -> [B, T, Hq, D].

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from specrt.cuda_graph import StaticDraftLoop
 from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal
 from specrt.model import Transformer
 from specrt.sampling import choose
@@ -19,8 +20,11 @@ class DraftModelDrafter:
     name = "draft_model"
 
     def __init__(self, model: Transformer, target_vocab_size: int, max_batch_size: int,
-                 max_seq_len: int):
+                 max_seq_len: int, static: bool = False):
         self.model = model
+        # static: run guesses 2..K through a StaticDraftLoop (a CUDA graph on CUDA).
+        self.static = static
+        self._loops: dict[tuple, StaticDraftLoop] = {}
         # Checkpoints pad their embeddings differently; a guess must be a token both can read,
         # and q must live on the target's vocabulary axis for the acceptance test.
         self.target_vocab_size = target_vocab_size
@@ -53,6 +57,8 @@ class DraftModelDrafter:
         tokens = torch.full((B, k), NO_DRAFT, dtype=torch.int64, device=device)
         probs = [] if not ctx.params.greedy else None
         logits = self.model.forward(ids.to(device), self.cache, num_valid=valid, last_only=True)
+        if self.static and k > 1:
+            return self._propose_static(ctx, k, logits, valid)
         for i in range(k):
             guess, q = choose(logits[:, 0, : self.common_vocab], ctx.params, ctx.generator)
             tokens[:, i] = guess                                             # [B]
@@ -68,6 +74,28 @@ class DraftModelDrafter:
         return Proposal(tokens=tokens,
                         probs=torch.stack(probs, dim=1) if probs is not None else None,
                         counts=[k if a else 0 for a in ctx.active])
+
+    def _propose_static(self, ctx: DraftContext, k: int, logits, valid) -> Proposal:
+        first, q = choose(logits[:, 0, : self.common_vocab], ctx.params, ctx.generator)
+        B = first.shape[0]
+        key = (B, k - 1, ctx.params.temperature, ctx.params.top_k, ctx.params.top_p)
+        loop = self._loops.get(key)
+        if loop is None:
+            loop = self._loops[key] = StaticDraftLoop(
+                self.model, self.cache, B, k - 1, ctx.params, self.common_vocab,
+                self.target_vocab_size, use_graph=True)
+        rest, rest_probs = loop.run(first, ctx.generator)
+        tokens = torch.cat([first[:, None], rest], dim=1)                    # [B, K]
+        probs = None
+        if q is not None:
+            q = torch.nn.functional.pad(q, (0, self.target_vocab_size - self.common_vocab))
+            probs = torch.cat([q[:, None], rest_probs], dim=1)               # [B, K, V]
+        inactive = torch.tensor([not a for a in ctx.active], device=tokens.device)
+        tokens[inactive] = NO_DRAFT
+        self._pending = valid
+        # inactive rows ran through the static loop too; their seen count stays put
+        self._guesses = [k - 1 if a else 0 for a in ctx.active]
+        return Proposal(tokens=tokens, probs=probs, counts=[k if a else 0 for a in ctx.active])
 
     def accepted(self, num_accepted: list[int]) -> None:
         # Cached K/V stay valid for the pending tokens plus the accepted guesses that were fed.
