@@ -35,12 +35,6 @@ def _leftovers(root: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="session")
-def model_dirs():
-    """name -> converted directory in the real cache (fetched here on first use)."""
-    return {name: models.ensure_model(name) for name in (DEFAULT_TARGET, DEFAULT_DRAFT)}
-
-
-@pytest.fixture(scope="session")
 def gguf_files(model_dirs):
     """name -> the verified GGUF kept next to the converted model."""
     return {name: models.ensure_gguf(name, progress=False) for name in model_dirs}
