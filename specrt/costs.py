@@ -1,7 +1,8 @@
 """What a round costs on this machine: c_verify(T) for the target and c_draft for one draft step.
 
-Measured once per (model, dtype, device, threads) by a short calibration — a few forwards on a
-small private cache, so the serving caches are untouched — and kept for the process. The
+Measured once per (model, dtype, device, threads, CPU) by a short calibration — a few forwards
+on a small private cache, so the serving caches are untouched — and kept in memory and on disk
+($SPECRT_CACHE/calibration.json, written atomically). The
 adaptive planner scales these by online ratios (measured / calibrated), so a machine that gets
 busier or quieter moves every estimate together.
 """
@@ -28,18 +29,23 @@ def _sync(device: torch.device) -> None:
 
 
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
-    """Median seconds of one forward of T new tokens, T = 1..max_t, after a _PREFIX prefix.
-    Element 0 is T = 1."""
-    key = (model.source, str(model.dtype), str(model.device), torch.get_num_threads(), max_t)
+    """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
+    (element 0 is T = 1). T = 1, the middle and max_t are timed (median of _REPEATS after a
+    warm-up); the rest is interpolated, which is accurate because a memory-bound forward
+    grows close to linearly in T. Cached in memory and in $SPECRT_CACHE/calibration.json."""
+    key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
+                             max_t, _cpu_name())))
     with _lock:
+        if key not in _cache:
+            _cache.update(_load_disk())
         if key in _cache:
             return _cache[key]
     cache = model.new_cache(1, _PREFIX + max_t)
     ids = torch.randint(0, min(model.cfg.vocab_size, 1000), (1, _PREFIX + max_t),
                         generator=torch.Generator().manual_seed(0)).to(model.device)
     model.forward(ids[:, :_PREFIX], cache)
-    out = []
-    for t in range(1, max_t + 1):
+    measured = {}
+    for t in sorted({1, (max_t + 1) // 2, max_t}):
         times = []
         for rep in range(_REPEATS + 1):
             cache.truncate([_PREFIX])
@@ -49,14 +55,71 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
             _sync(model.device)
             if rep:                                   # the first is a warm-up
                 times.append(time.perf_counter() - t0)
-        out.append(statistics.median(times))
-    # Latency cannot fall as T grows; smooth away timing noise so the planner sees a monotone
-    # curve.
+        measured[t] = statistics.median(times)
+    points = sorted(measured)
+    out = []
+    for t in range(1, max_t + 1):
+        lo = max(p for p in points if p <= t)
+        hi = min(p for p in points if p >= t)
+        w = 0.0 if hi == lo else (t - lo) / (hi - lo)
+        out.append((1 - w) * measured[lo] + w * measured[hi])
+    # Latency cannot fall as T grows; keep the curve monotone despite timing noise.
     for i in range(1, len(out)):
         out[i] = max(out[i], out[i - 1])
     with _lock:
         _cache[key] = out
+        _save_disk(_cache)
     return out
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _disk_path():
+    import os
+    from pathlib import Path
+
+    if os.environ.get("SPECRT_CALIBRATION"):          # tests point this at a temp file
+        return Path(os.environ["SPECRT_CALIBRATION"])
+    root = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt"))
+    return root / "calibration.json"
+
+
+def _load_disk() -> dict:
+    import json
+
+    try:
+        raw = json.loads(_disk_path().read_text())
+        return {k: v for k, v in raw.items() if isinstance(v, list)}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_disk(entries: dict) -> None:
+    """Best effort, atomic: a calibration that cannot be saved is simply redone next time."""
+    import json
+    import os
+    import tempfile
+
+    path = _disk_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-calibration-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 @dataclasses.dataclass

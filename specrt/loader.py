@@ -130,7 +130,9 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                         raise CheckpointError(
                             f"tensor {name!r} in {path.name} has shape {list(shape)}, expected "
                             f"{list(want[name])} from config.json")
-                    out[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                    # copy=True: own the memory instead of aliasing the file mapping (mapped
+                    # pages in 4 KiB TLB entries slow every later read of the weights)
+                    out[name] = f.get_tensor(name).to(device=device, dtype=dtype, copy=True)
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"cannot read {path}: {e}; the file is corrupt or truncated, "
                                   "re-download or re-convert the model") from None

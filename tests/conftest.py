@@ -13,6 +13,10 @@ if not torch.cuda.is_available():
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# Calibrations of throw-away tiny models must not pile up in the user's SPECRT_CACHE.
+os.environ["SPECRT_CALIBRATION"] = os.path.join(
+    __import__("tempfile").mkdtemp(prefix="specrt-test-"), "calibration.json")
+
 import pytest  # noqa: E402
 
 from tests.tiny import make_model  # noqa: E402

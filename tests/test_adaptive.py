@@ -105,3 +105,6 @@ def test_calibration_measures_a_cost_per_t(llm):
     assert len(costs) == 5 and all(c > 0 for c in costs)
     assert costs == sorted(costs)                 # monotone in T by construction
     assert forward_seconds(llm.target, 5) is costs  # cached per model/dtype/device
+    import json
+    from specrt.costs import _disk_path
+    assert costs in json.loads(_disk_path().read_text()).values()
