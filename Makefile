@@ -22,6 +22,7 @@ test: build
 	$(PY) -m pytest -q tests
 
 demo: build
+	$(PY) -m specrt.models fetch
 	$(PY) -m specrt.generate
 
 clean:
