@@ -1,0 +1,218 @@
+"""Benchmark: plain greedy decode speed of specrt vs Hugging Face, and vs the memory floor.
+
+Run: python -m benchmarks.decode [--dtypes bfloat16,float32]     (--help for the knobs)
+
+One target model (default: the fetched Qwen2.5-Coder-1.5B-Instruct), a short chat prompt,
+N new tokens (default 64), greedy, no speculation, in one process with --threads threads:
+
+- specrt: `LLM.generate`; decode-only speed = (new_tokens - 1) / (seconds - prefill_seconds)
+  (the prefill pass makes the first token).
+- Hugging Face: `model.generate` of 1 token (prefill) and of N tokens (min_new_tokens = N),
+  decode-only speed = (N - 1) / (t_N - t_1).
+  The two are interleaved (ABBA order over --repeats rounds) so machine drift cancels; the
+  ratio is the median of the per-round ratios.
+- The memory-bandwidth floor: a decode step must read every weight once
+  (`llm.target.weight_bytes`); this machine's read bandwidth is measured in the same run
+  (fp32 `x.sum()` over 1 GiB with the same threads), so the fastest possible decode is
+  bandwidth / weight_bytes tokens/s. specrt's fraction of that floor is reported.
+
+Goals (printed as PASS/FAIL): bf16 >= 75% of the floor and >= 1.5x Hugging Face;
+fp32 >= 1.5x Hugging Face.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from benchmarks import common
+
+SECTION = "## Decode speed vs Hugging Face (benchmarks/decode.py)"
+PROMPT = "Explain in a few paragraphs how a hash table works and why lookups are fast."
+GOAL_FLOOR_BF16 = 0.75
+GOAL_VS_HF = 1.5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.decode",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    common.add_common_args(p, draft=False)
+    p.add_argument("--dtypes", default=None, help="comma-separated dtypes to run "
+                   "(default bfloat16,float32; overrides --dtype)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per generation "
+                   "(default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per dtype "
+                   "(default 3)")
+    p.add_argument("--prompt", default=PROMPT, help="the chat prompt")
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face (floor only)")
+    p.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
+                   help="write the result into benchmarks/RESULTS.md (default on)")
+    p.add_argument("--note", help="a line to add to the RESULTS.md section (e.g. PRELIMINARY)")
+    return p
+
+
+def run_dtype(dtype: str, target_dir, args, bw: dict, show: bool) -> dict:
+    import specrt
+    from specrt.errors import SpecrtError
+
+    n = args.new_tokens
+    try:
+        llm = specrt.LLM(model=target_dir, draft=None, dtype=dtype, device=args.device,
+                         max_seq_len=1024 + n)
+        ids = llm.encode(args.prompt, chat=llm.tokenizer is not None
+                         and llm.tokenizer.has_chat_template)
+    except SpecrtError as e:
+        common.fail(str(e))
+    weight_bytes = llm.target.weight_bytes
+    hf = None if args.no_hf else common.hf_load(target_dir, dtype, args.device)
+    eos = sorted(llm.eos_ids)
+
+    # warm-up: first calls pay for allocation, thread-pool start-up and lazy init
+    llm.generate(ids, max_new_tokens=4)
+    if hf is not None:
+        common.hf_generate(hf, ids, 2, eos_ids=eos)
+
+    def run_specrt():
+        res = llm.generate(ids, max_new_tokens=n)
+        s = res.stats
+        dec_s = s["seconds"] - s["prefill_seconds"]
+        return {"tok_s": (s["new_tokens"] - 1) / dec_s if dec_s > 0 else float("nan"),
+                "new_tokens": s["new_tokens"], "prefill_s": s["prefill_seconds"],
+                "seconds": s["seconds"], "ids": res.token_ids}
+
+    def run_hf():
+        t1 = common.time_once(lambda: common.hf_generate(hf, ids, 1, eos_ids=eos), args.device)
+        box = {}
+        tn = common.time_once(lambda: box.setdefault("ids", common.hf_generate(
+            hf, ids, n, force_length=True, eos_ids=eos)), args.device)
+        return {"tok_s": (n - 1) / (tn - t1) if tn > t1 else float("nan"), "prefill_s": t1,
+                "seconds": tn, "ids": box["ids"]}
+
+    sp_runs, hf_runs = [], []
+    bar = common.progress(total=args.repeats * (1 if hf is None else 2), desc=f"decode {dtype}",
+                          disable=not show)
+    for r in range(args.repeats):
+        order = ["specrt", "hf"] if r % 2 == 0 else ["hf", "specrt"]
+        for who in order:
+            if who == "hf" and hf is None:
+                continue
+            bar.set_postfix_str(f"round {r + 1} {who}")
+            (sp_runs if who == "specrt" else hf_runs).append(run_specrt() if who == "specrt"
+                                                             else run_hf())
+            bar.update(1)
+    bar.close()
+
+    floor_tok_s = bw["gb_per_s"] * 1e9 / weight_bytes
+    sp = common.median([x["tok_s"] for x in sp_runs])
+    out = {
+        "dtype": dtype, "weight_bytes": weight_bytes, "prompt_tokens": len(ids),
+        "new_tokens": n, "specrt_tok_s": sp,
+        "specrt_tok_s_all": [x["tok_s"] for x in sp_runs],
+        "specrt_new_tokens": sp_runs[-1]["new_tokens"],
+        "specrt_prefill_s": common.median([x["prefill_s"] for x in sp_runs]),
+        "floor_tok_s": floor_tok_s, "floor_ms_per_token": weight_bytes / (bw["gb_per_s"] * 1e9)
+        * 1e3, "specrt_ms_per_token": 1e3 / sp, "fraction_of_floor": sp / floor_tok_s,
+        "specrt_effective_gb_s": sp * weight_bytes / 1e9,
+    }
+    if hf_runs:
+        hfv = common.median([x["tok_s"] for x in hf_runs])
+        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(sp_runs, hf_runs)]
+        diff = common.first_difference(sp_runs[-1]["ids"], hf_runs[-1]["ids"][: len(sp_runs[-1]["ids"])])
+        out.update({"hf_tok_s": hfv, "hf_tok_s_all": [x["tok_s"] for x in hf_runs],
+                    "hf_prefill_s": common.median([x["prefill_s"] for x in hf_runs]),
+                    "ratio_vs_hf": common.median(ratios), "ratio_vs_hf_all": ratios,
+                    "same_tokens_as_hf": diff is None, "first_difference_vs_hf": diff})
+    del llm, hf
+    gc.collect()
+    return out
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    dtypes = [d.strip() for d in (args.dtypes or "bfloat16,float32").split(",") if d.strip()]
+    for d in dtypes:
+        if d not in ("bfloat16", "float32", "float16"):
+            common.fail(f"unknown dtype {d!r} in --dtypes (bfloat16, float32, float16)")
+    if args.new_tokens < 2 or args.repeats < 1:
+        common.fail("--new-tokens must be >= 2 and --repeats >= 1")
+    common.setup_torch(args.threads, args.device)
+    target_dir, _ = common.resolve_models(args, need_draft=False)
+    out = common.out_dir(args)
+    info = common.machine_info(args.threads, args.device)
+    common.print_header("plain greedy decode: specrt vs Hugging Face vs the bandwidth floor",
+                        info, {"model": target_dir.name, "dtypes": dtypes,
+                               "new_tokens": args.new_tokens, "repeats": args.repeats,
+                               "hf": not args.no_hf})
+
+    t0 = time.perf_counter()
+    bw = common.read_bandwidth(args.threads)
+    print(f"read bandwidth ({bw['method']}, {args.threads} threads): {bw['gb_per_s']:.1f} GB/s "
+          f"median, {bw['best_gb_per_s']:.1f} GB/s best", flush=True)
+    results = [run_dtype(d, target_dir, args, bw, not args.no_progress) for d in dtypes]
+    bw_end = common.read_bandwidth(args.threads)
+    info["load_average_end"] = list(common.load_average())
+    print(f"read bandwidth at the end: {bw_end['gb_per_s']:.1f} GB/s median; load average "
+          f"{info['load_average_end']}; {time.perf_counter() - t0:.0f} s in all")
+    print()
+
+    headers = ["dtype", "weights GB", "specrt tok/s", "HF tok/s", "specrt/HF",
+               "floor tok/s", "of floor", "specrt ms/tok", "floor ms/tok", "same as HF"]
+    rows = []
+    for r in results:
+        same = "-" if "hf_tok_s" not in r else ("yes" if r["same_tokens_as_hf"] else
+                                                f"no (from token {r['first_difference_vs_hf']})")
+        rows.append([r["dtype"], f"{r['weight_bytes'] / 1e9:.2f}", f"{r['specrt_tok_s']:.2f}",
+                     f"{r['hf_tok_s']:.2f}" if "hf_tok_s" in r else "-",
+                     f"{r['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in r else "-",
+                     f"{r['floor_tok_s']:.2f}", f"{r['fraction_of_floor']:.0%}",
+                     f"{r['specrt_ms_per_token']:.0f}", f"{r['floor_ms_per_token']:.0f}", same])
+    print(f"decode-only speed (prefill excluded), {args.new_tokens} new tokens, median of "
+          f"{args.repeats} interleaved rounds")
+    print(common.table(headers, rows))
+    print()
+
+    goals = {}
+    for r in results:
+        if r["dtype"] == "bfloat16":
+            goals["bf16_ge_75pct_of_floor"] = r["fraction_of_floor"] >= GOAL_FLOOR_BF16
+        if "ratio_vs_hf" in r and r["dtype"] in ("bfloat16", "float32"):
+            key = ("bf16" if r["dtype"] == "bfloat16" else "fp32") + "_ge_1.5x_hf"
+            goals[key] = r["ratio_vs_hf"] >= GOAL_VS_HF
+    labels = {"bf16_ge_75pct_of_floor": "bf16 >= 75% of the bandwidth floor",
+              "bf16_ge_1.5x_hf": "bf16 >= 1.5x Hugging Face",
+              "fp32_ge_1.5x_hf": "fp32 >= 1.5x Hugging Face"}
+    for k, ok in goals.items():
+        print(f"goal: {labels[k]}: {common.pass_fail(ok)}")
+    print()
+
+    if args.record:
+        body = "\n".join([
+            common.results_preamble(info, args.note),
+            f"Model `{target_dir.name}`, {args.device}, chat prompt of "
+            f"{results[0]['prompt_tokens']} tokens, {args.new_tokens} new tokens, greedy, "
+            f"decode-only (prefill excluded), median of {args.repeats} interleaved rounds. Read "
+            f"bandwidth measured in the same run: {bw['gb_per_s']:.1f} GB/s at the start, "
+            f"{bw_end['gb_per_s']:.1f} GB/s at the end ({bw['method']}). Load average at the "
+            f"end: {info['load_average_end'][0]:.2f}.",
+            "",
+            common.markdown_table(headers, rows),
+            "",
+        ] + [f"- Goal {labels[k]}: **{common.pass_fail(ok)}**" for k, ok in goals.items()])
+        common.write_results_section(SECTION, body, args.results_md)
+
+    common.emit_json({
+        "benchmark": "decode", "machine": info,
+        "config": {"model": str(target_dir), "dtypes": dtypes, "new_tokens": args.new_tokens,
+                   "repeats": args.repeats, "prompt": args.prompt},
+        "bandwidth": bw, "bandwidth_end": bw_end,
+        "results": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                    for r in results],
+        "goals": goals,
+    }, out / "decode.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""Benchmark: what does verifying T tokens in one pass cost, compared with one decode step?
+
+Run: python -m benchmarks.verify_vs_step [--quick]     (--help for the knobs)
+
+For the target and the draft of the default pair (or --model / --draft): with a KV cache that
+holds a P-token prefix (P = 200 and 2000; --quick: 200 only), time one `Transformer.forward`
+of T new tokens, T in {1, 2, 4, 8, 16, 17}, exactly as the engine calls it (full logits,
+all rows valid). Median of >= 10 repeats after warm-up, the cache rolled back to P between
+repeats (`cache.truncate`); CUDA events on CUDA. The prefix is a real prefill of seeded random
+token ids. Reports ms and the ratio to T = 1 (the seed study: 17 tokens cost 1.2x one token
+on a GPU), the draft-step / target-step cost ratio (the seed study: 9.9 / 30.9 ms = 0.32),
+a PNG of latency vs T, and JSON on the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from benchmarks import common
+
+SECTION = "## Verify cost vs T (benchmarks/verify_vs_step.py)"
+TS = (1, 2, 4, 8, 16, 17)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.verify_vs_step",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    common.add_common_args(p)
+    p.add_argument("--no-draft", action="store_true", help="time the target only")
+    p.add_argument("--prefix", default="200,2000", help="prefix lengths P (default 200,2000)")
+    p.add_argument("--tokens", default=",".join(map(str, TS)),
+                   help="new-token counts T (default 1,2,4,8,16,17)")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats per cell (default 10)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="P = 200 only, 5 repeats")
+    p.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
+                   help="write the result into benchmarks/RESULTS.md (default on)")
+    p.add_argument("--note", help="a line to add to the RESULTS.md section (e.g. PRELIMINARY)")
+    return p
+
+
+def _ints(s: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        common.fail(f"{what} must be comma-separated integers, got {s!r}")
+    if not vals or min(vals) < 1:
+        common.fail(f"{what} must be positive integers, got {s!r}")
+    return vals
+
+
+def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dict]:
+    import torch
+
+    from specrt.errors import SpecrtError
+    from specrt.model import Transformer
+
+    max_seq = max(prefixes) + max(ts) + 1
+    try:
+        model = Transformer.from_dir(model_dir, args.dtype, args.device, max_seq_len=max_seq)
+    except SpecrtError as e:
+        common.fail(str(e))
+    cache = model.new_cache(1, max_seq)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.cfg.vocab_size
+    rows = []
+    bar = common.progress(total=len(prefixes) * len(ts), desc=name, disable=not show)
+    for P in prefixes:
+        cache.reset()
+        prefix = torch.randint(0, vocab, (1, P), generator=gen).to(model.device)
+        t0 = time.perf_counter()
+        model.forward(prefix, cache, last_only=True)              # the real prefill
+        common.sync(args.device)
+        prefill_s = time.perf_counter() - t0
+        for T in ts:
+            bar.set_postfix_str(f"P={P} T={T}")
+            ids = torch.randint(0, vocab, (1, T), generator=gen).to(model.device)
+            times = common.measure(lambda: model.forward(ids, cache), args.repeats,
+                                   warmup=args.warmup, device=args.device,
+                                   setup=lambda: cache.truncate([P]))
+            rows.append({"model": name, "P": P, "T": T, "ms": common.median(times) * 1e3,
+                         "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3,
+                         "repeats": len(times), "prefill_s": prefill_s})
+            bar.update(1)
+    bar.close()
+    wb = model.weight_bytes
+    for r in rows:
+        r["weight_bytes"] = wb
+    del model, cache
+    gc.collect()
+    return rows
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.prefix, args.repeats = "200", min(args.repeats, 5)
+    prefixes = _ints(args.prefix, "--prefix")
+    ts = _ints(args.tokens, "--tokens")
+    if 1 not in ts:
+        ts = [1] + ts
+    if args.repeats < 1:
+        common.fail("--repeats must be >= 1")
+    common.setup_torch(args.threads, args.device)
+    target_dir, draft_dir = common.resolve_models(args, need_draft=not args.no_draft)
+    out = common.out_dir(args)
+    info = common.machine_info(args.threads, args.device)
+    common.print_header("verify pass of T tokens vs one decode step", info, {
+        "target": target_dir.name, "draft": draft_dir.name if draft_dir else None,
+        "dtype": args.dtype, "P": prefixes, "T": ts, "repeats": args.repeats,
+        "warmup": args.warmup})
+
+    models = [("target", target_dir)] + ([("draft", draft_dir)] if draft_dir else [])
+    rows = []
+    for name, d in models:
+        rows += time_model(name, d, args, prefixes, ts, not args.no_progress)
+    info["load_average_end"] = list(common.load_average())
+
+    by = {(r["model"], r["P"], r["T"]): r for r in rows}
+    for r in rows:
+        r["ratio_to_T1"] = r["ms"] / by[(r["model"], r["P"], 1)]["ms"]
+    headers = ["model", "P"] + [f"T={t}" for t in ts]
+    ms_rows = [[n, P] + [f"{by[(n, P, t)]['ms']:.1f}" for t in ts]
+               for n, _ in models for P in prefixes]
+    ratio_rows = [[n, P] + [f"{by[(n, P, t)]['ratio_to_T1']:.2f}x" for t in ts]
+                  for n, _ in models for P in prefixes]
+    print("median ms per forward of T new tokens (KV cache holding P tokens)")
+    print(common.table(headers, ms_rows))
+    print()
+    print("ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x T = 1)")
+    print(common.table(headers, ratio_rows))
+    print()
+    step_ratio = {}
+    if draft_dir:
+        for P in prefixes:
+            step_ratio[P] = by[("draft", P, 1)]["ms"] / by[("target", P, 1)]["ms"]
+            print(f"draft step / target step at P={P}: {by[('draft', P, 1)]['ms']:.1f} / "
+                  f"{by[('target', P, 1)]['ms']:.1f} ms = {step_ratio[P]:.2f} "
+                  "(seed study 9.9 / 30.9 ms = 0.32)")
+        wb_t = by[("target", prefixes[0], 1)]["weight_bytes"]
+        wb_d = by[("draft", prefixes[0], 1)]["weight_bytes"]
+        print(f"weight bytes per step: draft / target = {wb_d / 1e9:.2f} / {wb_t / 1e9:.2f} GB "
+              f"= {wb_d / wb_t:.2f}")
+    print(f"load average at the end: {info['load_average_end']}")
+    print()
+
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n, _ in models:
+        for P in prefixes:
+            ax.plot(ts, [by[(n, P, t)]["ms"] for t in ts], marker="o", label=f"{n}, P={P}")
+    ax.set_xlabel("new tokens T in one forward")
+    ax.set_ylabel("median ms")
+    ax.set_xticks(ts)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Forward latency vs T ({args.dtype}, {args.device}, {args.threads} threads)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    png = common.save_figure(fig, out / "verify_vs_step.png")
+
+    if args.record:
+        body = "\n".join([
+            common.results_preamble(info, args.note),
+            f"Models: target `{target_dir.name}`"
+            + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
+            f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up; "
+            f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
+            f"`{common.shown_path(png)}`.",
+            "",
+            "Median ms per forward of T new tokens with P tokens in the cache:",
+            "",
+            common.markdown_table(headers, ms_rows),
+            "",
+            "Ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x):",
+            "",
+            common.markdown_table(headers, ratio_rows),
+            "",
+        ] + [f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
+             for P, v in step_ratio.items()])
+        common.write_results_section(SECTION, body, args.results_md)
+
+    common.emit_json({
+        "benchmark": "verify_vs_step", "machine": info,
+        "config": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None,
+                   "dtype": args.dtype, "P": prefixes, "T": ts, "repeats": args.repeats,
+                   "warmup": args.warmup},
+        "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                 for r in rows],
+        "draft_over_target_step": {str(P): round(v, 4) for P, v in step_ratio.items()},
+        "plot": str(png),
+    }, out / "verify_vs_step.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
