@@ -1,4 +1,5 @@
-"""Builds specrt and its one C++ extension, specrt._ngram (the prompt-lookup matcher).
+"""Builds specrt and its C++ extensions: specrt._ngram (the prompt-lookup matcher) and
+specrt._gemv (skinny CPU matrix products for decode/verify).
 
 `make test` / `make demo` run `python setup.py build_ext --inplace`, so the extension sits
 next to the Python sources and no install step is needed to import it from the repo root.
@@ -12,6 +13,13 @@ ext_modules = [
         ["csrc/ngram.cpp", "csrc/bindings.cpp"],
         cxx_std=17,
         extra_compile_args=["-O3"],
+    ),
+    Pybind11Extension(
+        "specrt._gemv",
+        ["csrc/gemv.cpp", "csrc/gemv_bindings.cpp"],
+        cxx_std=17,
+        extra_compile_args=["-O3", "-fopenmp", "-Wno-uninitialized"],  # gcc 12 intrinsics noise
+        extra_link_args=["-fopenmp"],
     ),
 ]
 

@@ -57,7 +57,9 @@ class _Runner:
         torch.cuda.current_stream().wait_stream(stream)
         self.cache.lengths.copy_(saved)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: another thread's CUDA work (another engine of the same LLM) must not
+        # invalidate this capture.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self._body()
         self.cache.lengths.copy_(saved)      # capture records; warm-up really advanced them
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specrt import cpu_gemv
 from specrt.config import ModelConfig
 from specrt.errors import CapacityError
 from specrt.kernels import verify_attention
@@ -26,32 +27,34 @@ from specrt.loader import load_state_dict, parse_dtype
 MAX_KERNEL_T = 17     # the verify-attention kernel's largest query block (K_max + 1)
 
 
-def use_kernel(device: torch.device, t: int) -> bool:
-    """The Triton verify-attention kernel serves decode and verify on CUDA; prefill (long T)
-    and the CPU use SDPA, whose reference semantics are the same."""
-    return device.type == "cuda" and t <= MAX_KERNEL_T
+def use_kernel(device: torch.device, t: int, head_dim: int) -> bool:
+    """The Triton verify-attention kernel serves decode and verify on CUDA for power-of-two
+    head sizes (64, 128: the Qwen2.5 family); prefill (long T), other head sizes and the CPU
+    use SDPA, whose semantics are the same."""
+    return (device.type == "cuda" and t <= MAX_KERNEL_T and head_dim >= 16
+            and head_dim & (head_dim - 1) == 0)
 
 
 class Linear:
-    """y = x @ W^T + b, with the weight stored in whichever layout the backend reads fastest.
-
-    On CPU in fp32, MKL's small-M path re-reads an [out, in] weight once per row; the
-    pre-transposed [in, out] layout streams it once, which is what decode (M = 1..17) needs.
-    bf16/fp16 and CUDA use the [out, in] layout of `F.linear`.
-    """
+    """y = x @ W^T + b. On the CPU, decode and verify go through specrt.cpu_gemv (weights in
+    [out, in] layout, streamed once per call); without that kernel, fp32 weights are stored
+    pre-transposed, since MKL's small-M path re-reads an [out, in] weight once per row while
+    the [in, out] layout streams it once. bf16/fp16 and CUDA use `F.linear`."""
 
     __slots__ = ("weight", "bias", "transposed")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.transposed = weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.transposed = (weight.device.type == "cpu" and weight.dtype == torch.float32
+                           and not cpu_gemv.usable(weight))
         self.weight = weight.t().contiguous() if self.transposed else weight  # [in,out] | [out,in]
         self.bias = bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         if self.transposed:
             y = x @ self.weight
-            return y + self.bias if self.bias is not None else y
-        return F.linear(x, self.weight, self.bias)
+            y = y + self.bias if self.bias is not None else y
+            return y if out_dtype is None else y.to(out_dtype)
+        return cpu_gemv.linear(x, self.weight, self.bias, out_dtype)
 
     @property
     def nbytes(self) -> int:
@@ -190,7 +193,7 @@ class Transformer:
         if mask is not None:
             mask = mask[:, None]                                     # [B, 1, group*T, S]
 
-        if use_kernel(device, T) and all_valid:
+        if use_kernel(device, T, cfg.head_dim) and all_valid:
             lens = torch.tensor(end, dtype=torch.int32, device=device)
             attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
                 q, k_cache[:B], v_cache[:B], lens)
@@ -203,7 +206,7 @@ class Transformer:
         if last_only:
             x = x[torch.arange(B, device=device), torch.tensor(valid, device=device) - 1][:, None]
         x = rms_norm(x, self.norm, cfg.rms_norm_eps)
-        return self.lm_head(x).float()
+        return self.lm_head(x, torch.float32)
 
     def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
@@ -214,7 +217,7 @@ class Transformer:
         device = self.device
         pos = cache.lengths[:B, None] + torch.arange(T, device=device)       # [B, T]
         rows = torch.arange(B, device=device)[:, None].expand(B, T)
-        if use_kernel(device, T):
+        if use_kernel(device, T, self.cfg.head_dim):
             lens = (cache.lengths[:B] + T).to(torch.int32)
             attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
                 q, k_cache[:B], v_cache[:B], lens)
@@ -228,7 +231,7 @@ class Transformer:
         x = self._layers(input_ids, pos, cache, rows, pos, None, attend)
         cache.lengths[:B] += T
         x = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
-        return self.lm_head(x).float()
+        return self.lm_head(x, torch.float32)
 
     def _layers(self, input_ids, pos, cache, write_rows, write_pos, keep, attend):
         """Embedding + decoder layers; K/V of the new tokens written at (write_rows,

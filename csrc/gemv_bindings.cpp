@@ -1,0 +1,32 @@
+// pybind11 bindings of the skinny CPU matrix products (csrc/gemv.cpp) -> specrt._gemv.
+// Tensors cross as data pointers: specrt/cpu_gemv.py checks dtype, shape and contiguity first.
+#include <pybind11/pybind11.h>
+
+#include "gemv.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_gemv, m) {
+  m.doc() = "Skinny matrix products y = x @ W.T (+ b) for CPU decoding (AVX-512).";
+  m.def(
+      "gemv_bf16",
+      [](uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t out, bool out_f32, int64_t M,
+         int64_t N, int64_t K, int threads) {
+        py::gil_scoped_release release;
+        specrt::gemv_bf16(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(w),
+                          reinterpret_cast<const uint16_t*>(bias), reinterpret_cast<void*>(out),
+                          out_f32, M, N, K, threads);
+      },
+      "bf16 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N] (fp32 or bf16)");
+  m.def(
+      "gemv_f32",
+      [](uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t out, int64_t M, int64_t N, int64_t K,
+         int threads) {
+        py::gil_scoped_release release;
+        specrt::gemv_f32(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w),
+                         reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(out), M, N,
+                         K, threads);
+      },
+      "fp32 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N]");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/BF16 available on this CPU");
+}

@@ -1,0 +1,64 @@
+"""The CPU skinny-matmul kernels (specrt._gemv) against F.linear, their specification."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specrt import cpu_gemv
+
+needs_kernel = pytest.mark.skipif(not cpu_gemv.AVAILABLE,
+                                  reason="CPU lacks AVX-512 BF16: the F.linear fallback serves")
+
+
+def test_extension_is_built():
+    # make test always builds it; a missing extension would silently cost half the speed
+    assert cpu_gemv._gemv is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 9, 17, 32])
+@pytest.mark.parametrize("n, k", [(37, 100), (256, 64), (130, 333)])
+def test_matches_f_linear(dtype, tol, m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    ref = F.linear(x.float(), w.float(), b.float())
+    for bias in (b, None):
+        want = ref if bias is not None else ref - b.float()
+        got = cpu_gemv.linear(x, w, bias)
+        assert got.dtype == dtype and got.shape == (m, n)
+        torch.testing.assert_close(got.float(), want, atol=tol * 4, rtol=tol)
+    got32 = cpu_gemv.linear(x, w, b, out_dtype=torch.float32)
+    assert got32.dtype == torch.float32
+    torch.testing.assert_close(got32, ref, atol=tol * 2, rtol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_row_is_independent_of_how_many_rows(dtype):
+    """A verify pass (M = K + 1) and a decode step (M = 1) give bit-identical rows."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 1536, generator=g).to(dtype)
+    w = (torch.randn(500, 1536, generator=g) * 0.02).to(dtype)
+    full = cpu_gemv.linear(x, w, out_dtype=torch.float32)
+    for i in range(9):
+        assert torch.equal(cpu_gemv.linear(x[i:i + 1], w, out_dtype=torch.float32), full[i:i + 1])
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(cpu_gemv.linear(x, w, out_dtype=torch.float32), full)
+    finally:
+        torch.set_num_threads(2)
+
+
+def test_fallback_for_what_the_kernel_does_not_serve():
+    x = torch.randn(3, 64, dtype=torch.float16)
+    w = torch.randn(10, 64, dtype=torch.float16)
+    torch.testing.assert_close(cpu_gemv.linear(x, w), F.linear(x, w))
+    long_x = torch.randn(cpu_gemv.MAX_ROWS + 1, 64)
+    w32 = torch.randn(10, 64)
+    torch.testing.assert_close(cpu_gemv.linear(long_x, w32), F.linear(long_x, w32))
+    strided = torch.randn(64, 10).t()          # non-contiguous weight
+    assert not cpu_gemv.usable(strided)
+    x2 = torch.randn(2, 64)
+    torch.testing.assert_close(cpu_gemv.linear(x2, strided), F.linear(x2, strided))
