@@ -1,10 +1,9 @@
 """y = x @ W^T + b for decode and verify on the CPU, through specrt._gemv when it can.
 
 `F.linear` is the specification and the fallback. The C++ kernels (csrc/gemv.cpp) stream the
-weight once per call at close to the machine's read bandwidth for the skinny inputs of decode
-(M = 1) and verify (M = K + 1), and compute each output row identically whatever M is. They
-serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16; anything else (other dtypes,
-CUDA tensors, long prefills, a missing extension) takes `F.linear`.
+weight once per call for the skinny inputs of decode (M = 1) and, in fp32, verify (M = K + 1).
+They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows;
+anything else (other dtypes, CUDA tensors, prefills, a missing extension) takes `F.linear`.
 """
 from __future__ import annotations
 
@@ -21,7 +20,12 @@ except ImportError:     # extension not built: every call takes the library path
     _gemv = None
     AVAILABLE = False
 
-MAX_ROWS = 32           # beyond this (prefill) the library GEMM is the better tool
+# Up to how many rows of x the kernel beats the library GEMM, measured on the development
+# machine (AMD EPYC, AVX-512 BF16, 2 threads; see benchmarks/RESULTS.md): the bf16 kernel
+# streams weights faster only for a single row (decode), where oneDNN's small-M path is
+# weakest; for verify passes oneDNN's blocked bf16 GEMM is faster. In fp32, MKL re-reads the
+# weight per row for small M, so the kernel wins up to verify sizes.
+MAX_ROWS = {torch.bfloat16: 1, torch.float32: 12}
 
 
 def usable(weight: torch.Tensor) -> bool:
@@ -36,11 +40,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out_dtype=torch.float32 with bf16 inputs keeps the fp32 accumulator (used for logits)."""
     out_dtype = out_dtype or x.dtype
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not (usable(weight) and x.dtype == weight.dtype and 0 < rows <= MAX_ROWS
+    if not (usable(weight) and x.dtype == weight.dtype and 0 < rows <= MAX_ROWS[weight.dtype]
             and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous()))
             and out_dtype in (x.dtype, torch.float32)):
         y = F.linear(x, weight, bias)
         return y if y.dtype == out_dtype else y.to(out_dtype)
+    return kernel_linear(x, weight, bias, out_dtype)
+
+
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The C++ kernel itself, whatever the number of rows (callers check `usable` and dtypes).
+    Each output row is computed the same way whatever M is."""
+    out_dtype = out_dtype or x.dtype
+    rows = x.numel() // x.shape[-1]
     n, k = weight.shape
     x2 = x.reshape(rows, k).contiguous()                         # [M, K]
     out = torch.empty(rows, n, dtype=out_dtype)                  # [M, N]

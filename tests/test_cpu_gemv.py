@@ -26,10 +26,10 @@ def test_matches_f_linear(dtype, tol, m, n, k):
     ref = F.linear(x.float(), w.float(), b.float())
     for bias in (b, None):
         want = ref if bias is not None else ref - b.float()
-        got = cpu_gemv.linear(x, w, bias)
+        got = cpu_gemv.kernel_linear(x, w, bias)
         assert got.dtype == dtype and got.shape == (m, n)
         torch.testing.assert_close(got.float(), want, atol=tol * 4, rtol=tol)
-    got32 = cpu_gemv.linear(x, w, b, out_dtype=torch.float32)
+    got32 = cpu_gemv.kernel_linear(x, w, b, out_dtype=torch.float32)
     assert got32.dtype == torch.float32
     torch.testing.assert_close(got32, ref, atol=tol * 2, rtol=tol)
 
@@ -41,12 +41,13 @@ def test_each_row_is_independent_of_how_many_rows(dtype):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(9, 1536, generator=g).to(dtype)
     w = (torch.randn(500, 1536, generator=g) * 0.02).to(dtype)
-    full = cpu_gemv.linear(x, w, out_dtype=torch.float32)
+    full = cpu_gemv.kernel_linear(x, w, out_dtype=torch.float32)
     for i in range(9):
-        assert torch.equal(cpu_gemv.linear(x[i:i + 1], w, out_dtype=torch.float32), full[i:i + 1])
+        assert torch.equal(cpu_gemv.kernel_linear(x[i:i + 1], w, out_dtype=torch.float32),
+                           full[i:i + 1])
     torch.set_num_threads(1)
     try:
-        assert torch.equal(cpu_gemv.linear(x, w, out_dtype=torch.float32), full)
+        assert torch.equal(cpu_gemv.kernel_linear(x, w, out_dtype=torch.float32), full)
     finally:
         torch.set_num_threads(2)
 
@@ -55,10 +56,21 @@ def test_fallback_for_what_the_kernel_does_not_serve():
     x = torch.randn(3, 64, dtype=torch.float16)
     w = torch.randn(10, 64, dtype=torch.float16)
     torch.testing.assert_close(cpu_gemv.linear(x, w), F.linear(x, w))
-    long_x = torch.randn(cpu_gemv.MAX_ROWS + 1, 64)
+    long_x = torch.randn(cpu_gemv.MAX_ROWS[torch.float32] + 1, 64)
     w32 = torch.randn(10, 64)
     torch.testing.assert_close(cpu_gemv.linear(long_x, w32), F.linear(long_x, w32))
     strided = torch.randn(64, 10).t()          # non-contiguous weight
     assert not cpu_gemv.usable(strided)
     x2 = torch.randn(2, 64)
     torch.testing.assert_close(cpu_gemv.linear(x2, strided), F.linear(x2, strided))
+
+
+@needs_kernel
+def test_dispatch_uses_the_kernel_only_where_it_wins(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_gemv, "kernel_linear", lambda *a, **k: calls.append(a[0].shape[0]))
+    for dtype in (torch.bfloat16, torch.float32):
+        w = torch.randn(8, 64).to(dtype)
+        for m in (1, 2, cpu_gemv.MAX_ROWS[dtype], cpu_gemv.MAX_ROWS[dtype] + 1):
+            cpu_gemv.linear(torch.randn(m, 64).to(dtype), w)
+    assert calls == [1, 1, 1, 2, 12]
