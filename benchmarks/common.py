@@ -498,3 +498,15 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, force_length: bool =
                              min_new_tokens=max_new_tokens if force_length else None,
                              eos_token_id=eos, pad_token_id=pad, **kwargs)
     return out[0, len(ids):].tolist()
+
+
+def positive_ints(s: str, what: str, unique_sorted: bool = False) -> list[int]:
+    """Parse a comma-separated list of positive integers from the command line, or fail with a
+    message naming the option."""
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        fail(f"{what} must be comma-separated integers, got {s!r}")
+    if not vals or min(vals) < 1:
+        fail(f"{what} must be positive integers, got {s!r}")
+    return sorted(set(vals)) if unique_sorted else vals

@@ -112,19 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- configuration -------------------------------------------------------------------------
-def _ks(s: str, what: str) -> list[int]:
-    try:
-        ks = sorted({int(x) for x in s.split(",") if x.strip()})
-    except ValueError:
-        common.fail(f"{what} must be comma-separated integers, got {s!r}")
-    if not ks or ks[0] < 1:
-        common.fail(f"{what} must be positive integers, got {s!r}")
-    return ks
-
-
 def plan_methods(args, has_draft: bool, has_auto: bool) -> tuple[list[Method], list[str]]:
-    ks = _ks(args.ks, "--ks")
-    hf_ks = _ks(args.hf_k, "--hf-k")
+    ks = common.positive_ints(args.ks, "--ks", unique_sorted=True)
+    hf_ks = common.positive_ints(args.hf_k, "--hf-k", unique_sorted=True)
     notes = []
     default_sp = ([Method("specrt", "plain")] + [Method("specrt", "draft_model", k) for k in ks]
                   + [Method("specrt", "ngram", k) for k in ks]
@@ -146,7 +136,8 @@ def plan_methods(args, has_draft: bool, has_auto: bool) -> tuple[list[Method], l
             if kind == "plain":
                 ms = [Method(engine, "plain")]
             elif len(parts) == 2:
-                ms = [Method(engine, kind, _ks(parts[1], f"K of {tok!r}")[0])]
+                k = common.positive_ints(parts[1], f"K of {tok!r}")[0]
+                ms = [Method(engine, kind, k)]
             else:
                 ms = [Method(engine, kind, args.auto_k)] if kind == "auto" else \
                     [Method(engine, kind, k) for k in (hf_ks if engine == "hf" else ks)]

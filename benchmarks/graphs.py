@@ -63,16 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _ints(s: str, what: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        common.fail(f"{what} must be comma-separated integers, got {s!r}")
-    if not vals or min(vals) < 1:
-        common.fail(f"{what} must be positive integers, got {s!r}")
-    return vals
-
-
 def random_model(shapes: dict, dtype, device, max_seq_len: int, seed: int = 0):
     """A Transformer with the given shapes and random weights, built directly in memory.
 
@@ -184,7 +174,8 @@ def main(argv=None) -> int:
     shapes_name = args.shapes or ("tiny" if args.quick or not cuda else "qwen0.5b")
     shapes = TINY if shapes_name == "tiny" else QWEN_05B
     repeats = args.repeats or (5 if args.quick else 30)
-    batches, ks = _ints(args.batches, "--batches"), _ints(args.ks, "--ks")
+    batches = common.positive_ints(args.batches, "--batches")
+    ks = common.positive_ints(args.ks, "--ks")
     if args.prefix < 1 or repeats < 1 or args.warmup < 1:
         common.fail("--prefix, --repeats and --warmup must be >= 1")
     static_label = "cuda graph" if cuda else "static-eager (CPU: no CUDA graph)"

@@ -42,16 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _ints(s: str, what: str) -> list[int]:
-    try:
-        vals = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        common.fail(f"{what} must be comma-separated integers, got {s!r}")
-    if not vals or min(vals) < 1:
-        common.fail(f"{what} must be positive integers, got {s!r}")
-    return vals
-
-
 def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dict]:
     import torch
 
@@ -98,8 +88,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.prefix, args.repeats = "200", min(args.repeats, 5)
-    prefixes = _ints(args.prefix, "--prefix")
-    ts = _ints(args.tokens, "--tokens")
+    prefixes = common.positive_ints(args.prefix, "--prefix")
+    ts = common.positive_ints(args.tokens, "--tokens")
     if 1 not in ts:
         ts = [1] + ts
     if args.repeats < 1:
