@@ -2,11 +2,13 @@
 
 Each round the planner scores every option by expected committed tokens per second,
 
-    value(drafter, K) = E[tokens | K, a] / (K * c_draft + c_verify(K + 1)),
+    value(drafter, K) = E[tokens | K, a] / (c_catchup + (K - 1) * c_draft + c_verify(K + 1)),
     E[tokens | K, a]  = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K,
 
 where a_i is the acceptance probability of draft position i given the earlier ones were
-accepted. K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
+accepted, and c_catchup is the draft model's first forward of the round, over the committed
+tokens it has not seen yet (one or two after a drafted round, many after plain rounds).
+K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the match length);
 - the draft model, K = 1..K_max, run only when it wins.
@@ -17,8 +19,8 @@ of measured to predicted round times. The choice depends only on past rounds, ne
 current round's outcome, so greedy output stays identical and sampling stays exact.
 
 A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
-doubling after each failed probe, so a text that turns predictable is noticed without paying
-much for a drafter that is always wrong.
+doubling after each probe until the drafter wins a round on merit, so a text that turns
+predictable is noticed without paying much for a drafter that does not pay.
 """
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ from specrt.costs import CostModel
 from specrt.drafters.base import DraftContext, Proposal
 from specrt.drafters.ngram import NgramDrafter, proposal_from_lists
 
-PRIORS = {"draft_model": 0.7, "ngram": 0.5}
+PRIORS = {"draft_model": 0.6, "ngram": 0.5}
 WEIGHT = 0.3                  # EWMA weight of the newest observation of a position
+SPREAD = 0.5                  # pull of a fully accepted round on the positions past it
 COST_WEIGHT = 0.2             # EWMA weight of the newest measured/predicted time ratio
-PROBE_BASE = 8
-PROBE_MAX = 256
+PROBE_BASE = 16
+PROBE_MAX = 512
 
 
 @dataclasses.dataclass
@@ -66,7 +69,7 @@ class AdaptivePlanner:
         self._last: tuple[str, int] | None = None
         self._probe = False           # this round is a probe, not a choice on merit
         self._ngram_lists: list[list[int]] | None = None
-        self._rounds_with_draft_model = 0
+        self._predicted_draft = 0.0   # calibrated seconds of this round's drafting
 
     @classmethod
     def for_engine(cls, engine, spec: SpecConfig) -> "AdaptivePlanner":
@@ -84,7 +87,6 @@ class AdaptivePlanner:
                 prior = PRIORS[drafter.name]
                 self.states[drafter.name] = DrafterState(
                     drafter.name, [[prior] * self.max_k for _ in range(batch_size)])
-        self._rounds_with_draft_model = 0
 
     def propose(self, ctx: DraftContext) -> tuple[Proposal | None, str]:
         name, k, self._probe = self.choose(ctx)
@@ -96,7 +98,8 @@ class AdaptivePlanner:
         if name == "ngram":
             lists = [d[:k] for d in self._ngram_lists]
             return proposal_from_lists(lists, k), f"ngram:{k}"
-        self._rounds_with_draft_model += 1
+        self._predicted_draft = (self.costs.draft_seconds(max(self.draft_model.unseen(ctx), 1))
+                                 + (k - 1) * self.costs.draft_step)
         return self.draft_model.propose(ctx, k), f"draft_model:{k}"
 
     def observe(self, num_accepted, num_drafted, draft_seconds, verify_seconds) -> None:
@@ -106,11 +109,9 @@ class AdaptivePlanner:
             return
         name, k = self._last
         state = self.states[name]
-        failed = True
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
             if d == 0:
                 continue
-            failed = failed and n == 0
             alphas = state.alphas[row]
             for i in range(min(n + 1, d)):     # positions whose outcome was observed
                 alphas[i] = _ewma(alphas[i], 1.0 if i < n else 0.0, WEIGHT)
@@ -118,20 +119,17 @@ class AdaptivePlanner:
                 # Every guess was right: the positions past the round are unobserved, but the
                 # evidence says they are at least as good as the last one we saw.
                 for i in range(d, len(alphas)):
-                    alphas[i] = _ewma(alphas[i], max(alphas[i], alphas[d - 1]), WEIGHT)
-        if not failed:
-            state.probe_gap = PROBE_BASE
-        elif self._probe:
+                    alphas[i] = _ewma(alphas[i], max(alphas[i], alphas[d - 1]), SPREAD)
+        if self._probe:           # won nothing on merit: wait longer before the next probe
             state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
+        else:
+            state.probe_gap = PROBE_BASE
         self.verify_scale = _ewma(self.verify_scale,
                                   verify_seconds / self.costs.verify_seconds(k + 1))
         if name == "draft_model":
             self.draft_model.accepted(num_accepted)
-            # The first draft round also catches the draft model up on the whole prompt:
-            # not a per-step cost.
-            if self._rounds_with_draft_model > 1 and self.costs.draft_step > 0:
-                self.draft_scale = _ewma(self.draft_scale,
-                                         draft_seconds / (k * self.costs.draft_step))
+            if self._predicted_draft > 0:
+                self.draft_scale = _ewma(self.draft_scale, draft_seconds / self._predicted_draft)
 
     # --- the decision -----------------------------------------------------------------------
     def choose(self, ctx: DraftContext) -> tuple[str, int, bool]:
@@ -156,9 +154,12 @@ class AdaptivePlanner:
         if self.draft_model is not None:
             state = self.states["draft_model"]
             cd = self.draft_scale * self.costs.draft_step
+            catchup = self.draft_scale * self.costs.draft_seconds(
+                max(self.draft_model.unseen(ctx), 1))
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
-                best = max(best, ("draft_model", k, e / (k * cd + cv[k])), key=lambda c: c[2])
+                cost = catchup + (k - 1) * cd + cv[k]
+                best = max(best, ("draft_model", k, e / cost), key=lambda c: c[2])
             can_probe.insert(0, state)
 
         if best[1] == 0:

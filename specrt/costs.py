@@ -30,9 +30,9 @@ def _sync(device: torch.device) -> None:
 
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
-    (element 0 is T = 1). T = 1, the middle and max_t are timed (median of _REPEATS after a
-    warm-up); the rest is interpolated, which is accurate because a memory-bound forward
-    grows close to linearly in T. Cached in memory and in $SPECRT_CACHE/calibration.json."""
+    (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
+    warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
+    except for the step from 1 to 2 rows, where CPU matmuls switch kernels. Cached in memory and in $SPECRT_CACHE/calibration.json."""
     key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
                              max_t, _cpu_name())))
     with _lock:
@@ -45,7 +45,7 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
                         generator=torch.Generator().manual_seed(0)).to(model.device)
     model.forward(ids[:, :_PREFIX], cache)
     measured = {}
-    for t in sorted({1, (max_t + 1) // 2, max_t}):
+    for t in sorted({1, min(2, max_t), (max_t + 1) // 2, max_t}):
         times = []
         for rep in range(_REPEATS + 1):
             cache.truncate([_PREFIX])
@@ -125,13 +125,30 @@ def _save_disk(entries: dict) -> None:
 @dataclasses.dataclass
 class CostModel:
     verify: list[float]           # [K_max + 1] seconds of a target pass over T = index + 1 tokens
-    draft_step: float             # seconds of one draft-model decode step (0 if no draft model)
+    draft: list[float]            # [K_max + 1] the same for the draft model ([] if none)
 
     @classmethod
     def calibrate(cls, target: Transformer, draft: Transformer | None, max_k: int) -> "CostModel":
         verify = forward_seconds(target, max_k + 1)
-        draft_step = forward_seconds(draft, 1)[0] if draft is not None else 0.0
-        return cls(verify=verify, draft_step=draft_step)
+        return cls(verify=verify,
+                   draft=forward_seconds(draft, max_k + 1) if draft is not None else [])
+
+    @property
+    def draft_step(self) -> float:
+        """Seconds of one draft-model decode step (0 without a draft model)."""
+        return self.draft[0] if self.draft else 0.0
 
     def verify_seconds(self, t: int) -> float:
-        return self.verify[min(t, len(self.verify)) - 1]
+        return _at(self.verify, t)
+
+    def draft_seconds(self, t: int) -> float:
+        """One draft forward over t tokens (its catch-up on committed tokens it has not seen)."""
+        return _at(self.draft, t) if self.draft else 0.0
+
+
+def _at(curve: list[float], t: int) -> float:
+    """curve[t - 1], extended linearly past its end (a forward's cost grows ~linearly in T)."""
+    if t <= len(curve):
+        return curve[t - 1]
+    slope = (curve[-1] - curve[0]) / (len(curve) - 1) if len(curve) > 1 else curve[0]
+    return curve[-1] + slope * (t - len(curve))

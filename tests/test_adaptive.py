@@ -38,6 +38,9 @@ class OracleDrafter:
     def accepted(self, num_accepted):
         pass
 
+    def unseen(self, ctx):
+        return 1
+
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
@@ -49,7 +52,8 @@ def _run_with(llm, drafter, n_new, max_k=8):
     oracle = drafter(PROMPTS[:1], answers)
     # A memory-bound cost curve (verifying T tokens costs a little more than 1): fixed numbers
     # keep the test independent of how busy the machine is; the planner only rescales them.
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(max_k + 1)], draft_step=0.2)
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(max_k + 1)],
+                      draft=[0.2 + 0.01 * t for t in range(max_k + 1)])
     planner = AdaptivePlanner(max_k, costs, draft_model=oracle, ngram=None)
     gen = llm.engine.generate([PROMPTS[0]], n_new, SamplingParams(), planner=planner)
     plans = [event.plan for event in gen]

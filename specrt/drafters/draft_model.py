@@ -40,6 +40,12 @@ class DraftModelDrafter:
         self._pending = [0] * batch_size
         self._guesses = [0] * batch_size
 
+    def unseen(self, ctx: DraftContext) -> int:
+        """The longest run of committed tokens an active row has not fed to the draft model:
+        what the first forward of the next proposal must catch up on."""
+        return max((len(h) - s for h, s, a in zip(ctx.histories, self.seen, ctx.active) if a),
+                   default=0)
+
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
         B = len(ctx.histories)
