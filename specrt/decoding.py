@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from specrt.config import SamplingParams
-from specrt.drafters.base import NO_DRAFT, Proposal
+from specrt.drafters.base import NO_DRAFT, Proposal, right_pad
 from specrt.kernels import greedy_accept, rejection_sample
 from specrt.kernels.reference import draw_randomness
 from specrt.kv_cache import StaticKVCache
@@ -100,11 +100,7 @@ def prefill(target: Transformer, cache: StaticKVCache, prompts: list[list[int]],
             params: SamplingParams, generator: torch.Generator | None) -> list[int]:
     """Run the prompts through the target (right-padded to one batch) and choose each row's
     first new token. Afterwards the cache holds exactly the prompt tokens."""
-    B = len(prompts)
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(B, width, dtype=torch.int64)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
+    ids = right_pad(prompts)
     logits = target.forward(ids.to(target.device), cache, num_valid=[len(p) for p in prompts],
                             last_only=True)
     tokens, _ = choose(logits[:, 0], params, generator)

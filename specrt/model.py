@@ -179,25 +179,13 @@ class Transformer:
             write_rows = rows.to(device)
             write_pos = pos[write_rows, cols.to(device)]
 
-        # Attention mask: query (b, t) at position pos[b, t] sees keys 0..pos[b, t].
-        simple_decode = T == 1 and len(set(start)) == 1 and all_valid
-        if simple_decode:
-            mask = None                                              # every key up to s_used
-        else:
-            key_pos = torch.arange(s_used, device=device)
-            mask = key_pos[None, None, :] <= pos[:, :, None]         # [B, T, S]
-        group = cfg.num_heads // cfg.num_kv_heads
-        if mask is not None and group > 1:
-            # queries of one KV group are stacked along the sequence axis: repeat the mask.
-            mask = mask.repeat(1, group, 1)                          # [B, group*T, S]
-        if mask is not None:
-            mask = mask[:, None]                                     # [B, 1, group*T, S]
-
         if use_kernel(device, T, cfg.head_dim) and all_valid:
             lens = torch.tensor(end, dtype=torch.int32, device=device)
             attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
                 q, k_cache[:B], v_cache[:B], lens)
         else:
+            mask = self._sdpa_mask(pos, s_used, simple=T == 1 and len(set(start)) == 1
+                                   and all_valid)
             attend = lambda q, k_cache, v_cache: self._attention(  # noqa: E731
                 q, k_cache[:B, :, :s_used], v_cache[:B, :, :s_used], mask)
         keep_d = None if all_valid else keep.to(device)
@@ -222,10 +210,7 @@ class Transformer:
             attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
                 q, k_cache[:B], v_cache[:B], lens)
         else:   # the same arithmetic on every cache slot, stale ones masked out
-            key_pos = torch.arange(cache.max_seq_len, device=device)
-            mask = key_pos[None, None, :] <= pos[:, :, None]                 # [B, T, S]
-            group = self.cfg.num_heads // self.cfg.num_kv_heads
-            mask = mask.repeat(1, group, 1)[:, None]                         # [B, 1, g*T, S]
+            mask = self._sdpa_mask(pos, cache.max_seq_len)
             attend = lambda q, k_cache, v_cache: self._attention(  # noqa: E731
                 q, k_cache[:B], v_cache[:B], mask)
         x = self._layers(input_ids, pos, cache, rows, pos, None, attend)
@@ -266,6 +251,16 @@ class Transformer:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return x
+
+    def _sdpa_mask(self, pos: torch.Tensor, keys: int, simple: bool = False):
+        """Query (b, t) at position pos[b, t] sees keys 0..pos[b, t] of the first `keys` slots:
+        [B, 1, group*T, keys] bool, laid out for _attention's grouped queries. None when every
+        query sees every key (one token per row at a shared position)."""
+        if simple:
+            return None
+        mask = torch.arange(keys, device=pos.device)[None, None, :] <= pos[:, :, None]  # [B,T,S]
+        group = self.cfg.num_heads // self.cfg.num_kv_heads
+        return mask.repeat(1, group, 1)[:, None]
 
     def _attention(self, q, k, v, mask):
         """q [B, T, Hq, D]; k, v [B, Hkv, S, D] -> [B, T, Hq, D].

@@ -16,6 +16,15 @@ from specrt.config import SamplingParams
 NO_DRAFT = -1   # pads draft_tokens where a row proposes fewer than K tokens
 
 
+def right_pad(rows: list[list[int]], fill: int = 0) -> torch.Tensor:
+    """Ragged token rows -> [len(rows), longest] int64 (CPU), each row right-padded with fill."""
+    out = torch.full((len(rows), max((len(r) for r in rows), default=0)), fill,
+                     dtype=torch.int64)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    return out
+
+
 @dataclasses.dataclass
 class Proposal:
     tokens: torch.Tensor              # [B, K] int64 draft tokens, NO_DRAFT-padded on the right

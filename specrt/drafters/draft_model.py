@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from specrt.cuda_graph import StaticDraftLoop
-from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal
+from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal, right_pad
 from specrt.model import Transformer
 from specrt.sampling import choose
 
@@ -48,60 +48,49 @@ class DraftModelDrafter:
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
-        B = len(ctx.histories)
-        device = self.model.device
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
-        width = max(len(p) for p in pending)
-        if width == 0:
-            return None
-        ids = torch.zeros(B, width, dtype=torch.int64)
-        for b, p in enumerate(pending):
-            ids[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
         valid = [len(p) for p in pending]
-        step_valid = [1 if a else 0 for a in ctx.active]
-
-        tokens = torch.full((B, k), NO_DRAFT, dtype=torch.int64, device=device)
-        probs = [] if not ctx.params.greedy else None
-        logits = self.model.forward(ids.to(device), self.cache, num_valid=valid, last_only=True)
-        if self.static and k > 1:
-            return self._propose_static(ctx, k, logits, valid)
-        for i in range(k):
-            guess, q = choose(logits[:, 0, : self.common_vocab], ctx.params, ctx.generator)
-            tokens[:, i] = guess                                             # [B]
-            if probs is not None:                                            # q [B, V_common]
-                probs.append(torch.nn.functional.pad(
-                    q, (0, self.target_vocab_size - self.common_vocab)))
-            if i + 1 < k:   # the last guess is never fed: nothing would read its K/V
-                logits = self.model.forward(guess[:, None], self.cache, num_valid=step_valid)
-        self._pending = valid
-        self._guesses = [k - 1 if a else 0 for a in ctx.active]
-        inactive = torch.tensor([not a for a in ctx.active], device=device)
-        tokens[inactive] = NO_DRAFT
-        return Proposal(tokens=tokens,
-                        probs=torch.stack(probs, dim=1) if probs is not None else None,
-                        counts=[k if a else 0 for a in ctx.active])
-
-    def _propose_static(self, ctx: DraftContext, k: int, logits, valid) -> Proposal:
+        if max(valid) == 0:
+            return None
+        device = self.model.device
+        # Catch up on the unseen committed tokens; its last logits give the first guess.
+        logits = self.model.forward(right_pad(pending).to(device), self.cache, num_valid=valid,
+                                    last_only=True)
         first, q = choose(logits[:, 0, : self.common_vocab], ctx.params, ctx.generator)
-        B = first.shape[0]
-        key = (B, k - 1, ctx.params.temperature, ctx.params.top_k, ctx.params.top_p)
+        guesses, qs = [first], [q]                                   # [B] each, [B, V_common]
+        if self.static and k > 1:
+            rest, rest_q = self._loop(first.shape[0], k, ctx.params).run(first, ctx.generator)
+            guesses += list(rest.unbind(1))
+            qs += list(rest_q[..., : self.common_vocab].unbind(1)) if rest_q is not None \
+                else [None] * (k - 1)
+        else:
+            step_valid = [int(a) for a in ctx.active]
+            for _ in range(k - 1):   # the last guess is never fed: nothing would read its K/V
+                logits = self.model.forward(guesses[-1][:, None], self.cache,
+                                            num_valid=step_valid)
+                guess, q = choose(logits[:, 0, : self.common_vocab], ctx.params,
+                                  ctx.generator)
+                guesses.append(guess)
+                qs.append(q)
+        self._pending = valid
+        # inactive rows may have run through the static loop; their seen count stays put
+        self._guesses = [k - 1 if a else 0 for a in ctx.active]
+        tokens = torch.stack(guesses, dim=1)                                 # [B, K]
+        tokens[torch.tensor([not a for a in ctx.active], device=device)] = NO_DRAFT
+        probs = None
+        if not ctx.params.greedy:                                            # [B, K, V_target]
+            probs = torch.nn.functional.pad(torch.stack(qs, dim=1),
+                                            (0, self.target_vocab_size - self.common_vocab))
+        return Proposal(tokens=tokens, probs=probs, counts=[k if a else 0 for a in ctx.active])
+
+    def _loop(self, batch_size: int, k: int, params) -> StaticDraftLoop:
+        key = (batch_size, k - 1, params.temperature, params.top_k, params.top_p)
         loop = self._loops.get(key)
         if loop is None:
             loop = self._loops[key] = StaticDraftLoop(
-                self.model, self.cache, B, k - 1, ctx.params, self.common_vocab,
+                self.model, self.cache, batch_size, k - 1, params, self.common_vocab,
                 self.target_vocab_size, use_graph=True)
-        rest, rest_probs = loop.run(first, ctx.generator)
-        tokens = torch.cat([first[:, None], rest], dim=1)                    # [B, K]
-        probs = None
-        if q is not None:
-            q = torch.nn.functional.pad(q, (0, self.target_vocab_size - self.common_vocab))
-            probs = torch.cat([q[:, None], rest_probs], dim=1)               # [B, K, V]
-        inactive = torch.tensor([not a for a in ctx.active], device=tokens.device)
-        tokens[inactive] = NO_DRAFT
-        self._pending = valid
-        # inactive rows ran through the static loop too; their seen count stays put
-        self._guesses = [k - 1 if a else 0 for a in ctx.active]
-        return Proposal(tokens=tokens, probs=probs, counts=[k if a else 0 for a in ctx.active])
+        return loop
 
     def accepted(self, num_accepted: list[int]) -> None:
         # Cached K/V stay valid for the pending tokens plus the accepted guesses that were fed.

@@ -7,9 +7,7 @@ whatever the history length. Its drafts are deterministic, so for sampling q is 
 """
 from __future__ import annotations
 
-import torch
-
-from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal
+from specrt.drafters.base import NO_DRAFT, DraftContext, Proposal, right_pad
 from specrt.drafters.ngram_index import BACKEND, NgramIndex
 
 __all__ = ["BACKEND", "NgramDrafter"]
@@ -49,8 +47,5 @@ def proposal_from_lists(drafts: list[list[int]], k: int) -> Proposal | None:
     """Pack per-row draft lists (possibly shorter than k, or empty) into a one-hot Proposal."""
     if not any(drafts):
         return None
-    width = max(len(d) for d in drafts)
-    tokens = torch.full((len(drafts), width), NO_DRAFT, dtype=torch.int64)
-    for b, d in enumerate(drafts):
-        tokens[b, : len(d)] = torch.tensor(d, dtype=torch.int64)
-    return Proposal(tokens=tokens, probs=None, counts=[len(d) for d in drafts])
+    return Proposal(tokens=right_pad(drafts, NO_DRAFT), probs=None,
+                    counts=[len(d) for d in drafts])
