@@ -3,8 +3,8 @@
 //
 // Decoding is memory-bound: every step streams all weights once. Library GEMMs pick small-M
 // paths that reach about half the machine's read bandwidth here, and their result for a row
-// depends on M. These kernels stream W exactly once per call in 4-row tiles (each tile dotted
-// with 4 rows of x at a time from registers), split N across threads, and accumulate every
+// depends on M. These kernels stream W once per call in tiles of 4 weight rows (each dotted
+// with up to 6 rows of x at a time from registers), split N across threads, and accumulate every
 // output element in the same k order whatever M is: a verify pass and a decode step give
 // bit-identical values for the same row. Plain C++17 + AVX-512 intrinsics, selected at run time
 // (cpu_supported); callers fall back to the library path elsewhere.
@@ -12,9 +12,14 @@
 
 #include <immintrin.h>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace specrt {
+
+#define SPECRT_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define SPECRT_INLINE __attribute__((always_inline)) inline
 
 static inline float bf16_to_f32(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t f32_to_bf16(float f) {  // round to nearest even
@@ -25,62 +30,147 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even
 }
 
 
-// One register tile: NB rows of W against MB rows of x, all K. Each output element is a dot
-// product accumulated in the same k order whatever M is, so a verify pass (M = K + 1) and a
-// decode step (M = 1) give bit-identical results for the same row.
+// One k-step of a register tile: NB rows of W against MB rows of x over one vector of k.
+// Each output element (row j of x, row i of W) owns one accumulator whose lanes see k in the
+// same order whatever NB and MB are, so a verify pass (M = K + 1) and a decode step (M = 1)
+// give bit-identical results for the same row.
 template <int NB, int MB>
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-static void tile_bf16(const uint16_t* x, const uint16_t* w, int64_t K, float* acc_out /*[MB][NB]*/) {
-  __m512 acc[NB][MB];
-  for (int i = 0; i < NB; ++i)
-    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    __mmask32 mask = K - k >= 32 ? 0xffffffffu : ((1u << (K - k)) - 1);
-    __m512bh wv[NB];
-    for (int i = 0; i < NB; ++i) wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i * K + k);
-    for (int j = 0; j < MB; ++j) {
-      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + j * K + k);
-      for (int i = 0; i < NB; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[i]);
-    }
+SPECRT_AVX512 SPECRT_INLINE void step_bf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t k,
+                                           __mmask32 mask, __m512 (&acc)[NB * MB]) {
+  __m512bh xv[MB];
+#pragma GCC unroll 8
+  for (int j = 0; j < MB; ++j) xv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + j * K + k);
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) {
+    __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) acc[i * MB + j] = _mm512_dpbf16_ps(acc[i * MB + j], xv[j], wv);
   }
-  for (int j = 0; j < MB; ++j)
-    for (int i = 0; i < NB; ++i) acc_out[j * NB + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
 template <int NB, int MB>
-__attribute__((target("avx512f")))
-static void tile_f32(const float* x, const float* w, int64_t K, float* acc_out) {
-  __m512 acc[NB][MB];
-  for (int i = 0; i < NB; ++i)
-    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    __mmask16 mask = K - k >= 16 ? 0xffff : ((1u << (K - k)) - 1);
-    __m512 wv[NB];
-    for (int i = 0; i < NB; ++i) wv[i] = _mm512_maskz_loadu_ps(mask, w + i * K + k);
-    for (int j = 0; j < MB; ++j) {
-      __m512 xv = _mm512_maskz_loadu_ps(mask, x + j * K + k);
-      for (int i = 0; i < NB; ++i) acc[i][j] = _mm512_fmadd_ps(xv, wv[i], acc[i][j]);
-    }
+SPECRT_AVX512 SPECRT_INLINE void step_f32(const float* x, const float* w, int64_t K, int64_t k,
+                                          __mmask16 mask, __m512 (&acc)[NB * MB]) {
+  __m512 xv[MB];
+#pragma GCC unroll 8
+  for (int j = 0; j < MB; ++j) xv[j] = _mm512_maskz_loadu_ps(mask, x + j * K + k);
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) {
+    __m512 wv = _mm512_maskz_loadu_ps(mask, w + i * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) acc[i * MB + j] = _mm512_fmadd_ps(xv[j], wv, acc[i * MB + j]);
   }
-  for (int j = 0; j < MB; ++j)
-    for (int i = 0; i < NB; ++i) acc_out[j * NB + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-template <typename T, void (*Tiles[4][4])(const T*, const T*, int64_t, float*), typename Store>
+// The whole K for one tile: full vectors unmasked, then one masked tail step. The accumulators
+// are a flat array indexed with compile-time constants so that they stay in registers (a 2-D
+// array made gcc 12 spill every accumulator to the stack on every step).
+template <int NB, int MB>
+SPECRT_AVX512 static void tile_bf16(const uint16_t* x, const uint16_t* w, int64_t K, float* out) {
+  __m512 acc[NB * MB];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) step_bf16<NB, MB>(x, w, K, k, 0xffffffffu, acc);
+  if (k < K) step_bf16<NB, MB>(x, w, K, k, (1u << (K - k)) - 1, acc);
+#pragma GCC unroll 32
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) out[j * NB + i] = _mm512_reduce_add_ps(acc[i * MB + j]);
+}
+
+template <int NB, int MB>
+SPECRT_AVX512 static void tile_f32(const float* x, const float* w, int64_t K, float* out) {
+  __m512 acc[NB * MB];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) step_f32<NB, MB>(x, w, K, k, 0xffff, acc);
+  if (k < K) step_f32<NB, MB>(x, w, K, k, __mmask16((1u << (K - k)) - 1), acc);
+#pragma GCC unroll 32
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) out[j * NB + i] = _mm512_reduce_add_ps(acc[i * MB + j]);
+}
+
+// Verify passes (M > 1) go through K in blocks: for each tile of NB_MAX weight rows and each
+// block of k, every row tile of x (up to MB_MAX rows: 24 accumulators + 4 weight vectors + 1 x
+// vector fill the 32 vector registers) runs over the block while it sits in L1. The weight is
+// streamed from memory once, and the products for all M rows overlap that stream instead of
+// following it. Accumulators wait in memory between blocks, which leaves the order of every
+// lane's sums, and so the bits, the same as the decode tile's. M is cut into near-equal row
+// tiles (17 = 6 + 6 + 5) so that no tile is left with one row doing four loads per product.
+constexpr int NB_MAX = 8, MB_MAX = 3;
+template <typename T>
+using Block = void (*)(const T*, const T*, int64_t, int64_t, int64_t, float*);
+
+template <int NB, int MB>
+SPECRT_AVX512 static void block_bf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t k0,
+                                     int64_t k1, float* state /*[NB * MB][16]*/) {
+  __m512 acc[NB * MB];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_loadu_ps(state + 16 * a);
+  int64_t k = k0;
+  for (; k + 32 <= k1; k += 32) step_bf16<NB, MB>(x, w, K, k, 0xffffffffu, acc);
+  if (k < k1) step_bf16<NB, MB>(x, w, K, k, (1u << (k1 - k)) - 1, acc);
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(state + 16 * a, acc[a]);
+}
+
+template <int NB, int MB>
+SPECRT_AVX512 static void block_f32(const float* x, const float* w, int64_t K, int64_t k0,
+                                    int64_t k1, float* state) {
+  __m512 acc[NB * MB];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_loadu_ps(state + 16 * a);
+  int64_t k = k0;
+  for (; k + 16 <= k1; k += 16) step_f32<NB, MB>(x, w, K, k, 0xffff, acc);
+  if (k < k1) step_f32<NB, MB>(x, w, K, k, __mmask16((1u << (k1 - k)) - 1), acc);
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(state + 16 * a, acc[a]);
+}
+
+// Ask for the next k-block of this tile's weight rows (or, after the last block, the start of
+// the next tile's rows, which follow in memory) while the current block is being multiplied.
+template <typename T>
+static inline void prefetch_block(const T* w, int nb, int64_t K, int64_t k1, int64_t KB) {
+  const char* next = reinterpret_cast<const char*>(k1 < K ? w + k1 : w + nb * K);
+  int64_t row = k1 < K ? int64_t(K * sizeof(T)) : int64_t(KB * sizeof(T));
+  int64_t bytes = int64_t((K - k1 < KB && k1 < K ? K - k1 : KB) * sizeof(T));
+  for (int i = 0; i < nb; ++i)
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + i * row + b, 0, 3);
+}
+
+SPECRT_AVX512 static float reduce16(const float* v) { return _mm512_reduce_add_ps(_mm512_loadu_ps(v)); }
+
+template <typename T, Block<T> (&Blocks)[NB_MAX][MB_MAX], int KB, typename Store>
 static void gemv_tiled(const T* x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
                        Store store) {
-  constexpr int NB = 4, MB = 4;
-  int64_t n_tiles = (N + NB - 1) / NB;
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < n_tiles; ++t) {
-    int64_t n0 = t * NB;
-    int nb = int(N - n0 < NB ? N - n0 : NB);
-    float acc[MB * NB];
-    for (int64_t m0 = 0; m0 < M; m0 += MB) {
-      int mb = int(M - m0 < MB ? M - m0 : MB);
-      Tiles[nb - 1][mb - 1](x + m0 * K, w + n0 * K, K, acc);
-      for (int j = 0; j < mb; ++j)
-        for (int i = 0; i < nb; ++i) store(m0 + j, n0 + i, acc[j * nb + i]);
+  int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
+  int64_t m_tiles = (M + MB_MAX - 1) / MB_MAX;
+  #pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> state(size_t(M) * NB_MAX * 16);    // [M][NB][16] partial sums
+    #pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      int64_t n0 = t * NB_MAX;
+      int nb = int(N - n0 < NB_MAX ? N - n0 : NB_MAX);
+      std::fill(state.begin(), state.end(), 0.0f);
+      for (int64_t k0 = 0; k0 < K; k0 += KB) {
+        int64_t k1 = K - k0 < KB ? K : k0 + KB;
+        for (int64_t mt = 0, m0 = 0; mt < m_tiles; ++mt) {
+          int mb = int((M - m0) / (m_tiles - mt));    // near-equal split of the rows left
+          Blocks[nb - 1][mb - 1](x + m0 * K, w + n0 * K, K, k0, k1, &state[m0 * NB_MAX * 16]);
+          m0 += mb;
+        }
+      }
+      for (int64_t mt = 0, m0 = 0; mt < m_tiles; ++mt) {
+        int mb = int((M - m0) / (m_tiles - mt));
+        const float* s = &state[m0 * NB_MAX * 16];      // [NB][MB][16] for this row tile
+        for (int i = 0; i < nb; ++i)
+          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce16(s + 16 * (i * mb + j)));
+        m0 += mb;
+      }
     }
   }
 }
@@ -106,12 +196,13 @@ static void gemv_one_row(const T* x, const T* w, int64_t N, int64_t K, int threa
   }
 }
 
-#define SPECRT_TILES(fn, T)                                                              \
-  static void (*fn##_table[4][4])(const T*, const T*, int64_t, float*) = {                \
-      {fn<1, 1>, fn<1, 2>, fn<1, 3>, fn<1, 4>}, {fn<2, 1>, fn<2, 2>, fn<2, 3>, fn<2, 4>}, \
-      {fn<3, 1>, fn<3, 2>, fn<3, 3>, fn<3, 4>}, {fn<4, 1>, fn<4, 2>, fn<4, 3>, fn<4, 4>}};
-SPECRT_TILES(tile_bf16, uint16_t)
-SPECRT_TILES(tile_f32, float)
+#define SPECRT_ROW(fn, NB) fn<NB, 1>, fn<NB, 2>, fn<NB, 3>
+#define SPECRT_TILES(fn, T)                                                             \
+  static Block<T> fn##_table[NB_MAX][MB_MAX] = {                                        \
+      {SPECRT_ROW(fn, 1)}, {SPECRT_ROW(fn, 2)}, {SPECRT_ROW(fn, 3)}, {SPECRT_ROW(fn, 4)},   \
+      {SPECRT_ROW(fn, 5)}, {SPECRT_ROW(fn, 6)}, {SPECRT_ROW(fn, 7)}, {SPECRT_ROW(fn, 8)}};
+SPECRT_TILES(block_bf16, uint16_t)
+SPECRT_TILES(block_f32, float)
 
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
@@ -123,7 +214,7 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
   if (M == 1)
     gemv_one_row(x, w, N, K, threads, tile_bf16<8, 1>, tile_bf16<1, 1>, store);
   else
-    gemv_tiled<uint16_t, tile_bf16_table>(x, w, M, N, K, threads, store);
+    gemv_tiled<uint16_t, block_bf16_table, 512>(x, w, M, N, K, threads, store);
 }
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
@@ -132,7 +223,7 @@ void gemv_f32(const float* x, const float* w, const float* bias, float* out, int
   if (M == 1)
     gemv_one_row(x, w, N, K, threads, tile_f32<8, 1>, tile_f32<1, 1>, store);
   else
-    gemv_tiled<float, tile_f32_table>(x, w, M, N, K, threads, store);
+    gemv_tiled<float, block_f32_table, 256>(x, w, M, N, K, threads, store);
 }
 
 bool cpu_supported() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"); }

@@ -1,7 +1,8 @@
 """y = x @ W^T + b for decode and verify on the CPU, through specrt._gemv when it can.
 
 `F.linear` is the specification and the fallback. The C++ kernels (csrc/gemv.cpp) stream the
-weight once per call for the skinny inputs of decode (M = 1) and, in fp32, verify (M = K + 1).
+weight once per call for the skinny inputs of decode (M = 1) and verify (M = K + 1), and give
+each row the same bits whatever M is.
 They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows;
 anything else (other dtypes, CUDA tensors, prefills, a missing extension) takes `F.linear`.
 """
@@ -21,11 +22,11 @@ except ImportError:     # extension not built: every call takes the library path
     AVAILABLE = False
 
 # Up to how many rows of x the kernel beats the library GEMM, measured on the development
-# machine (AMD EPYC, AVX-512 BF16, 2 threads; see benchmarks/RESULTS.md): the bf16 kernel
-# streams weights faster only for a single row (decode), where oneDNN's small-M path is
-# weakest; for verify passes oneDNN's blocked bf16 GEMM is faster. In fp32, MKL re-reads the
-# weight per row for small M, so the kernel wins up to verify sizes.
-MAX_ROWS = {torch.bfloat16: 1, torch.float32: 12}
+# machine (AMD EPYC, AVX-512 BF16, 2 threads, all of the 1.5B target's weights streamed per
+# call; see benchmarks/RESULTS.md). bf16: 0.55x oneDNN's time for one row, 0.6-0.8x for verify
+# sizes (2-17 rows), even at 32 and behind from 33. fp32: MKL re-reads the weight for each few
+# rows, so the kernel stays ahead (0.6-0.8x) up to 64 rows. Prefills take the library GEMM.
+MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
 
 
 def usable(weight: torch.Tensor) -> bool:

@@ -36,15 +36,17 @@ def test_matches_f_linear(dtype, tol, m, n, k):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_row_is_independent_of_how_many_rows(dtype):
+@pytest.mark.parametrize("m", [2, 9, 17, 32])
+@pytest.mark.parametrize("k", [1536, 1000])     # 1000: a masked tail inside the last k-block
+def test_each_row_is_independent_of_how_many_rows(dtype, m, k):
     """A verify pass (M = K + 1) and a decode step (M = 1) give bit-identical rows."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(9, 1536, generator=g).to(dtype)
-    w = (torch.randn(500, 1536, generator=g) * 0.02).to(dtype)
+    g = torch.Generator().manual_seed(m + k)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(500, k, generator=g) * 0.02).to(dtype)     # 500: a partial weight tile
     full = cpu_gemv.kernel_linear(x, w, out_dtype=torch.float32)
-    for i in range(9):
+    for i in range(m):
         assert torch.equal(cpu_gemv.kernel_linear(x[i:i + 1], w, out_dtype=torch.float32),
-                           full[i:i + 1])
+                           full[i:i + 1]), f"row {i} of {m} differs from its decode-step value"
     torch.set_num_threads(1)
     try:
         assert torch.equal(cpu_gemv.kernel_linear(x, w, out_dtype=torch.float32), full)
@@ -73,4 +75,5 @@ def test_dispatch_uses_the_kernel_only_where_it_wins(monkeypatch):
         w = torch.randn(8, 64).to(dtype)
         for m in (1, 2, cpu_gemv.MAX_ROWS[dtype], cpu_gemv.MAX_ROWS[dtype] + 1):
             cpu_gemv.linear(torch.randn(m, 64).to(dtype), w)
-    assert calls == [1, 1, 1, 2, 12]
+    limits = [cpu_gemv.MAX_ROWS[d] for d in (torch.bfloat16, torch.float32)]
+    assert calls == [m for lim in limits for m in (1, 2, lim)]
