@@ -183,9 +183,18 @@ static void gemv_one_row(const T* x, const T* w, int64_t N, int64_t K, int threa
                          Tile1 tile1, Store store) {
   constexpr int NB = 8;
   int64_t full = N / NB;
+  // Short rows (the 0.5B draft's K = 896) make each tile eight short streams that the hardware
+  // prefetcher barely learns before they end; asking for the tile after next (one contiguous
+  // chunk) made the draft's step ~9% faster. Longer rows stream well alone, and there the
+  // extra requests cost (measured +5% at K = 1536), so they go without.
+  const bool prefetch = K * int64_t(sizeof(T)) <= 2048;
   #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < full; ++t) {
     float acc[NB];
+    if (prefetch && t + 2 < full) {
+      const char* ahead = reinterpret_cast<const char*>(w + (t + 2) * NB * K);
+      for (int64_t b = 0; b < int64_t(NB * K * sizeof(T)); b += 64) __builtin_prefetch(ahead + b, 0, 2);
+    }
     tile8(x, w + t * NB * K, K, acc);
     for (int i = 0; i < NB; ++i) store(0, t * NB + i, acc[i]);
   }

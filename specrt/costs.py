@@ -1,6 +1,6 @@
 """What a round costs on this machine: c_verify(T) for the target and c_draft for one draft step.
 
-Measured once per (model, dtype, device, threads, CPU) by a short calibration — a few forwards
+Measured once per (model, dtype, device, threads, CPU, kernel build) by a short calibration — a few forwards
 on a small private cache, so the serving caches are untouched — and kept in memory and on disk
 ($SPECRT_CACHE/calibration.json, written atomically). The
 adaptive planner scales these by online ratios (measured / calibrated), so a machine that gets
@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from specrt import cpu_gemv
 from specrt.model import Transformer
 
 _PREFIX = 32          # calibration context length
@@ -34,7 +35,7 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
     except for the step from 1 to 2 rows, where CPU matmuls switch kernels. Cached in memory and in $SPECRT_CACHE/calibration.json."""
     key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
-                             max_t, _cpu_name())))
+                             max_t, _cpu_name(), cpu_gemv.BUILD_ID)))
     with _lock:
         if key not in _cache:
             _cache.update(_load_disk())
