@@ -1,10 +1,10 @@
 // Skinny matrix products for CPU decode and verify: y[m, n] = sum_k x[m, k] * W[n, k] (+ b[n])
-// for M = 1..~17 rows of x against a large row-major weight W [N, K].
+// for M = 1..~32 rows of x against a large row-major weight W [N, K].
 //
 // Decoding is memory-bound: every step streams all weights once. Library GEMMs pick small-M
 // paths that reach about half the machine's read bandwidth here, and their result for a row
-// depends on M. These kernels stream W once per call in tiles of 4 weight rows (each dotted
-// with up to 6 rows of x at a time from registers), split N across threads, and accumulate every
+// depends on M. These kernels stream W once per call in tiles of 8 weight rows (each dotted
+// with up to 3 rows of x at a time from registers), split N across threads, and accumulate every
 // output element in the same k order whatever M is: a verify pass and a decode step give
 // bit-identical values for the same row. Plain C++17 + AVX-512 intrinsics, selected at run time
 // (cpu_supported); callers fall back to the library path elsewhere.
@@ -62,56 +62,45 @@ SPECRT_AVX512 SPECRT_INLINE void step_f32(const float* x, const float* w, int64_
   }
 }
 
-// The whole K for one tile: full vectors unmasked, then one masked tail step. The accumulators
-// are a flat array indexed with compile-time constants so that they stay in registers (a 2-D
-// array made gcc 12 spill every accumulator to the stack on every step).
-template <int NB, int MB>
-SPECRT_AVX512 static void tile_bf16(const uint16_t* x, const uint16_t* w, int64_t K, float* out) {
-  __m512 acc[NB * MB];
-#pragma GCC unroll 32
-  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) step_bf16<NB, MB>(x, w, K, k, 0xffffffffu, acc);
-  if (k < K) step_bf16<NB, MB>(x, w, K, k, (1u << (K - k)) - 1, acc);
-#pragma GCC unroll 32
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < MB; ++j) out[j * NB + i] = _mm512_reduce_add_ps(acc[i * MB + j]);
-}
-
-template <int NB, int MB>
-SPECRT_AVX512 static void tile_f32(const float* x, const float* w, int64_t K, float* out) {
-  __m512 acc[NB * MB];
-#pragma GCC unroll 32
-  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) step_f32<NB, MB>(x, w, K, k, 0xffff, acc);
-  if (k < K) step_f32<NB, MB>(x, w, K, k, __mmask16((1u << (K - k)) - 1), acc);
-#pragma GCC unroll 32
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < MB; ++j) out[j * NB + i] = _mm512_reduce_add_ps(acc[i * MB + j]);
-}
-
-// Verify passes (M > 1) go through K in blocks: for each tile of NB_MAX weight rows and each
-// block of k, every row tile of x (up to MB_MAX rows: 24 accumulators + 4 weight vectors + 1 x
-// vector fill the 32 vector registers) runs over the block while it sits in L1. The weight is
-// streamed from memory once, and the products for all M rows overlap that stream instead of
-// following it. Accumulators wait in memory between blocks, which leaves the order of every
-// lane's sums, and so the bits, the same as the decode tile's. M is cut into near-equal row
-// tiles (17 = 6 + 6 + 5) so that no tile is left with one row doing four loads per product.
+// The product goes through K in blocks: for each tile of NB_MAX weight rows and each block of
+// k, every row tile of x (up to MB_MAX rows: 24 accumulators, 3 x vectors and a weight vector
+// fit the 32 vector registers) runs over the block while it sits in L1, so the weight is read
+// from memory once whatever M is. Accumulators wait in memory between blocks; that leaves the
+// order of every lane's sums, and so the bits, the same for every M. M is cut into near-equal
+// row tiles (17 = 3 + 3 + 3 + 3 + 3 + 2) so that no tile is left with one row doing a load
+// per product.
 constexpr int NB_MAX = 8, MB_MAX = 3;
+
+// While a block is multiplied from L1, the next block is requested a few cache lines per k-step
+// into L2 (prefetcht2), spread over all the row tiles' passes. Without it memory sat idle during
+// the products and a verify pass cost about memory time + compute time; with it, measured on
+// the development machine over the 1.5B target's weights (bf16, 2 threads): 1 row 72 ms (75
+// with the former whole-K decode tiles), 2 rows 73 (92), 9 rows 114 (143), 17 rows 185 (215).
+// A burst of requests at the start of a block, or requests into L1, stalled on the miss queue
+// and measured no better or worse.
+struct Prefetch {
+  const char* base = nullptr;   // first byte of the next block's first row
+  int64_t row_stride = 0;       // bytes between its rows
+  int64_t lines_per_row = 1;
+  int64_t line = 0, end = 0;    // this pass's share of the block's cache lines
+  int64_t per_step = 0;
+  inline void step() {
+    for (int64_t e = std::min(line + per_step, end); line < e; ++line)
+      __builtin_prefetch(base + (line / lines_per_row) * row_stride + (line % lines_per_row) * 64,
+                         0, 1);
+  }
+};
 template <typename T>
-using Block = void (*)(const T*, const T*, int64_t, int64_t, int64_t, float*);
+using Block = void (*)(const T*, const T*, int64_t, int64_t, int64_t, float*, Prefetch);
 
 template <int NB, int MB>
 SPECRT_AVX512 static void block_bf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t k0,
-                                     int64_t k1, float* state /*[NB * MB][16]*/) {
+                                     int64_t k1, float* state /*[NB * MB][16]*/, Prefetch pf) {
   __m512 acc[NB * MB];
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_loadu_ps(state + 16 * a);
   int64_t k = k0;
-  for (; k + 32 <= k1; k += 32) step_bf16<NB, MB>(x, w, K, k, 0xffffffffu, acc);
+  for (; k + 32 <= k1; k += 32) { pf.step(); step_bf16<NB, MB>(x, w, K, k, 0xffffffffu, acc); }
   if (k < k1) step_bf16<NB, MB>(x, w, K, k, (1u << (k1 - k)) - 1, acc);
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(state + 16 * a, acc[a]);
@@ -119,26 +108,15 @@ SPECRT_AVX512 static void block_bf16(const uint16_t* x, const uint16_t* w, int64
 
 template <int NB, int MB>
 SPECRT_AVX512 static void block_f32(const float* x, const float* w, int64_t K, int64_t k0,
-                                    int64_t k1, float* state) {
+                                    int64_t k1, float* state, Prefetch pf) {
   __m512 acc[NB * MB];
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_loadu_ps(state + 16 * a);
   int64_t k = k0;
-  for (; k + 16 <= k1; k += 16) step_f32<NB, MB>(x, w, K, k, 0xffff, acc);
+  for (; k + 16 <= k1; k += 16) { pf.step(); step_f32<NB, MB>(x, w, K, k, 0xffff, acc); }
   if (k < k1) step_f32<NB, MB>(x, w, K, k, __mmask16((1u << (k1 - k)) - 1), acc);
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(state + 16 * a, acc[a]);
-}
-
-// Ask for the next k-block of this tile's weight rows (or, after the last block, the start of
-// the next tile's rows, which follow in memory) while the current block is being multiplied.
-template <typename T>
-static inline void prefetch_block(const T* w, int nb, int64_t K, int64_t k1, int64_t KB) {
-  const char* next = reinterpret_cast<const char*>(k1 < K ? w + k1 : w + nb * K);
-  int64_t row = k1 < K ? int64_t(K * sizeof(T)) : int64_t(KB * sizeof(T));
-  int64_t bytes = int64_t((K - k1 < KB && k1 < K ? K - k1 : KB) * sizeof(T));
-  for (int i = 0; i < nb; ++i)
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + i * row + b, 0, 3);
 }
 
 SPECRT_AVX512 static float reduce16(const float* v) { return _mm512_reduce_add_ps(_mm512_loadu_ps(v)); }
@@ -158,9 +136,26 @@ static void gemv_tiled(const T* x, const T* w, int64_t M, int64_t N, int64_t K, 
       std::fill(state.begin(), state.end(), 0.0f);
       for (int64_t k0 = 0; k0 < K; k0 += KB) {
         int64_t k1 = K - k0 < KB ? K : k0 + KB;
+        // the next block: the next k range of these rows, or the next tile's first
+        Prefetch pf;
+        int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
+        int64_t share = 0;
+        if (nn0 < N) {
+          int64_t nnb = std::min<int64_t>(NB_MAX, N - nn0), nkb = std::min<int64_t>(KB, K - nk0);
+          pf.base = reinterpret_cast<const char*>(w + nn0 * K + nk0);
+          pf.row_stride = K * int64_t(sizeof(T));
+          pf.lines_per_row = (nkb * int64_t(sizeof(T)) + 63) / 64;
+          int64_t lines = nnb * pf.lines_per_row;
+          int64_t steps = m_tiles * ((k1 - k0) * int64_t(sizeof(T)) / 64);
+          pf.per_step = (lines + steps - 1) / steps;
+          share = (lines + m_tiles - 1) / m_tiles;
+          pf.end = lines;
+        }
         for (int64_t mt = 0, m0 = 0; mt < m_tiles; ++mt) {
           int mb = int((M - m0) / (m_tiles - mt));    // near-equal split of the rows left
-          Blocks[nb - 1][mb - 1](x + m0 * K, w + n0 * K, K, k0, k1, &state[m0 * NB_MAX * 16]);
+          Prefetch mine = pf;
+          if (pf.base) { mine.line = mt * share; mine.end = std::min(pf.end, (mt + 1) * share); }
+          Blocks[nb - 1][mb - 1](x + m0 * K, w + n0 * K, K, k0, k1, &state[m0 * NB_MAX * 16], mine);
           m0 += mb;
         }
       }
@@ -172,36 +167,6 @@ static void gemv_tiled(const T* x, const T* w, int64_t M, int64_t N, int64_t K, 
         m0 += mb;
       }
     }
-  }
-}
-
-// Decode (M = 1): 8-row tiles keep more independent loads and accumulators in flight, which
-// is what a single row needs to approach the read bandwidth (measured +10-20% over 4-row tiles
-// on the development machine); rows past the last full tile go one by one.
-template <typename T, typename Tile8, typename Tile1, typename Store>
-static void gemv_one_row(const T* x, const T* w, int64_t N, int64_t K, int threads, Tile8 tile8,
-                         Tile1 tile1, Store store) {
-  constexpr int NB = 8;
-  int64_t full = N / NB;
-  // Short rows (the 0.5B draft's K = 896) make each tile eight short streams that the hardware
-  // prefetcher barely learns before they end; asking for the tile after next (one contiguous
-  // chunk) made the draft's step ~9% faster. Longer rows stream well alone, and there the
-  // extra requests cost (measured +5% at K = 1536), so they go without.
-  const bool prefetch = K * int64_t(sizeof(T)) <= 2048;
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < full; ++t) {
-    float acc[NB];
-    if (prefetch && t + 2 < full) {
-      const char* ahead = reinterpret_cast<const char*>(w + (t + 2) * NB * K);
-      for (int64_t b = 0; b < int64_t(NB * K * sizeof(T)); b += 64) __builtin_prefetch(ahead + b, 0, 2);
-    }
-    tile8(x, w + t * NB * K, K, acc);
-    for (int i = 0; i < NB; ++i) store(0, t * NB + i, acc[i]);
-  }
-  for (int64_t n = full * NB; n < N; ++n) {
-    float acc[1];
-    tile1(x, w + n * K, K, acc);
-    store(0, n, acc[0]);
   }
 }
 
@@ -220,19 +185,13 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
     if (out_f32) static_cast<float*>(out)[m * N + n] = v;
     else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
   };
-  if (M == 1)
-    gemv_one_row(x, w, N, K, threads, tile_bf16<8, 1>, tile_bf16<1, 1>, store);
-  else
-    gemv_tiled<uint16_t, block_bf16_table, 512>(x, w, M, N, K, threads, store);
+  gemv_tiled<uint16_t, block_bf16_table, 512>(x, w, M, N, K, threads, store);
 }
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
               int64_t K, int threads) {
   auto store = [&](int64_t m, int64_t n, float v) { out[m * N + n] = bias ? v + bias[n] : v; };
-  if (M == 1)
-    gemv_one_row(x, w, N, K, threads, tile_f32<8, 1>, tile_f32<1, 1>, store);
-  else
-    gemv_tiled<float, block_f32_table, 256>(x, w, M, N, K, threads, store);
+  gemv_tiled<float, block_f32_table, 256>(x, w, M, N, K, threads, store);
 }
 
 bool cpu_supported() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"); }
