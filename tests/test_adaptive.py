@@ -112,3 +112,43 @@ def test_calibration_measures_a_cost_per_t(llm):
     import json
     from specrt.costs import _disk_path
     assert costs in json.loads(_disk_path().read_text()).values()
+
+
+class TwoKindsOfMatch:
+    """An n-gram drafter stand-in whose matches alternate: a 1-token suffix match (always a
+    wrong guess) and a 3-token suffix match (always right)."""
+
+    name = "ngram"
+    min_n, max_n = 1, 3
+
+    def __init__(self):
+        self.round = 0
+
+    def begin(self, batch_size):
+        self.round = 0
+
+    def matches(self, ctx, k):
+        self.round += 1
+        n = 1 if self.round % 2 else 3
+        return [([11, 12, 13, 14][:k], n)]
+
+
+def test_ngram_acceptance_is_kept_per_match_length():
+    """1-token matches that always miss must not drag down 3-token matches that always hit:
+    the planner learns to skip the first and draft the whole match on the second."""
+    from types import SimpleNamespace
+    drafter = TwoKindsOfMatch()
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
+    planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
+    planner.begin(1)
+    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True])
+    plans = {1: [], 3: []}
+    for _ in range(80):
+        _, plan = planner.propose(ctx)
+        n = 1 if drafter.round % 2 else 3
+        plans[n].append(plan)
+        k = int(plan.split(":")[1]) if plan != "plain" else 0
+        planner.observe([0 if n == 1 else k], [k], 0.0, costs.verify_seconds(k + 1))
+    late_short, late_long = plans[1][-20:], plans[3][-20:]
+    assert late_long == ["ngram:4"] * 20
+    assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
