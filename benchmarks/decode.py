@@ -12,9 +12,11 @@ N new tokens (default 64), greedy, no speculation, in one process with --threads
   The two are interleaved (ABBA order over --repeats rounds) so machine drift cancels; the
   ratio is the median of the per-round ratios.
 - The memory-bandwidth floor: a decode step must read every weight once
-  (`llm.target.weight_bytes`); this machine's read bandwidth is measured in the same run
-  (fp32 `x.sum()` over 1 GiB with the same threads), so the fastest possible decode is
-  bandwidth / weight_bytes tokens/s. specrt's fraction of that floor is reported.
+  (`llm.target.weight_bytes`), so the fastest possible decode is bandwidth / weight_bytes
+  tokens/s. The read bandwidth (fp32 `x.sum()` over 1 GiB with the same threads) is measured
+  right before each specrt run, because on a shared machine it drifts: readings minutes apart
+  have differed by 1.6x. Each round's fraction of the floor pairs the run with its own
+  reading; the median is reported, and the readings at the start and end for context.
 
 Goals (printed as PASS/FAIL): bf16 >= 75% of the floor and >= 1.5x Hugging Face;
 fp32 >= 1.5x Hugging Face.
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_dtype(dtype: str, target_dir, args, bw: dict, show: bool) -> dict:
+def run_dtype(dtype: str, target_dir, args, show: bool) -> dict:
     import specrt
     from specrt.errors import SpecrtError
 
@@ -75,12 +77,13 @@ def run_dtype(dtype: str, target_dir, args, bw: dict, show: bool) -> dict:
         common.hf_generate(hf, ids, 2, eos_ids=eos)
 
     def run_specrt():
+        bw_now = common.read_bandwidth(args.threads, repeats=3)["gb_per_s"]
         res = llm.generate(ids, max_new_tokens=n)
         s = res.stats
         dec_s = s["seconds"] - s["prefill_seconds"]
         return {"tok_s": (s["new_tokens"] - 1) / dec_s if dec_s > 0 else float("nan"),
                 "new_tokens": s["new_tokens"], "prefill_s": s["prefill_seconds"],
-                "seconds": s["seconds"], "ids": res.token_ids}
+                "seconds": s["seconds"], "ids": res.token_ids, "gb_per_s": bw_now}
 
     def run_hf():
         t1 = common.time_once(lambda: common.hf_generate(hf, ids, 1, eos_ids=eos), args.device)
@@ -104,16 +107,20 @@ def run_dtype(dtype: str, target_dir, args, bw: dict, show: bool) -> dict:
             bar.update(1)
     bar.close()
 
-    floor_tok_s = bw["gb_per_s"] * 1e9 / weight_bytes
     sp = common.median([x["tok_s"] for x in sp_runs])
+    gb_s = common.median([x["gb_per_s"] for x in sp_runs])
+    floor_tok_s = gb_s * 1e9 / weight_bytes
     out = {
         "dtype": dtype, "weight_bytes": weight_bytes, "prompt_tokens": len(ids),
         "new_tokens": n, "specrt_tok_s": sp,
         "specrt_tok_s_all": [x["tok_s"] for x in sp_runs],
         "specrt_new_tokens": sp_runs[-1]["new_tokens"],
         "specrt_prefill_s": common.median([x["prefill_s"] for x in sp_runs]),
-        "floor_tok_s": floor_tok_s, "floor_ms_per_token": weight_bytes / (bw["gb_per_s"] * 1e9)
-        * 1e3, "specrt_ms_per_token": 1e3 / sp, "fraction_of_floor": sp / floor_tok_s,
+        "gb_per_s": gb_s, "gb_per_s_all": [x["gb_per_s"] for x in sp_runs],
+        "floor_tok_s": floor_tok_s, "floor_ms_per_token": weight_bytes / (gb_s * 1e9) * 1e3,
+        "specrt_ms_per_token": 1e3 / sp,
+        "fraction_of_floor": common.median([x["tok_s"] * weight_bytes / (x["gb_per_s"] * 1e9)
+                                            for x in sp_runs]),
         "specrt_effective_gb_s": sp * weight_bytes / 1e9,
     }
     if hf_runs:
@@ -150,14 +157,14 @@ def main(argv=None) -> int:
     bw = common.read_bandwidth(args.threads)
     print(f"read bandwidth ({bw['method']}, {args.threads} threads): {bw['gb_per_s']:.1f} GB/s "
           f"median, {bw['best_gb_per_s']:.1f} GB/s best", flush=True)
-    results = [run_dtype(d, target_dir, args, bw, not args.no_progress) for d in dtypes]
+    results = [run_dtype(d, target_dir, args, not args.no_progress) for d in dtypes]
     bw_end = common.read_bandwidth(args.threads)
     info["load_average_end"] = list(common.load_average())
     print(f"read bandwidth at the end: {bw_end['gb_per_s']:.1f} GB/s median; load average "
           f"{info['load_average_end']}; {time.perf_counter() - t0:.0f} s in all")
     print()
 
-    headers = ["dtype", "weights GB", "specrt tok/s", "HF tok/s", "specrt/HF",
+    headers = ["dtype", "weights GB", "specrt tok/s", "HF tok/s", "specrt/HF", "read GB/s",
                "floor tok/s", "of floor", "specrt ms/tok", "floor ms/tok", "same as HF"]
     rows = []
     for r in results:
@@ -166,10 +173,11 @@ def main(argv=None) -> int:
         rows.append([r["dtype"], f"{r['weight_bytes'] / 1e9:.2f}", f"{r['specrt_tok_s']:.2f}",
                      f"{r['hf_tok_s']:.2f}" if "hf_tok_s" in r else "-",
                      f"{r['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in r else "-",
-                     f"{r['floor_tok_s']:.2f}", f"{r['fraction_of_floor']:.0%}",
+                     f"{r['gb_per_s']:.1f}", f"{r['floor_tok_s']:.2f}", f"{r['fraction_of_floor']:.0%}",
                      f"{r['specrt_ms_per_token']:.0f}", f"{r['floor_ms_per_token']:.0f}", same])
     print(f"decode-only speed (prefill excluded), {args.new_tokens} new tokens, median of "
-          f"{args.repeats} interleaved rounds")
+          f"{args.repeats} interleaved rounds; read GB/s: median of the readings taken right "
+          f"before each specrt run; of floor: median of each run against its own reading")
     print(common.table(headers, rows))
     print()
 
@@ -193,8 +201,10 @@ def main(argv=None) -> int:
             f"Model `{target_dir.name}`, {args.device}, chat prompt of "
             f"{results[0]['prompt_tokens']} tokens, {args.new_tokens} new tokens, greedy, "
             f"decode-only (prefill excluded), median of {args.repeats} interleaved rounds. Read "
-            f"bandwidth measured in the same run: {bw['gb_per_s']:.1f} GB/s at the start, "
-            f"{bw_end['gb_per_s']:.1f} GB/s at the end ({bw['method']}). Load average at the "
+            f"bandwidth ({bw['method']}) measured right before each specrt run (read GB/s: "
+            f"their median; of floor: the median of each run against its own reading); "
+            f"{bw['gb_per_s']:.1f} GB/s at the start of the benchmark, "
+            f"{bw_end['gb_per_s']:.1f} GB/s at the end. Load average at the "
             f"end: {info['load_average_end'][0]:.2f}.",
             "",
             common.markdown_table(headers, rows),
