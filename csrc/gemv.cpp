@@ -67,7 +67,7 @@ SPECRT_AVX512 SPECRT_INLINE void step_f32(const float* x, const float* w, int64_
 // fit the 32 vector registers) runs over the block while it sits in L1, so the weight is read
 // from memory once whatever M is. Accumulators wait in memory between blocks; that leaves the
 // order of every lane's sums, and so the bits, the same for every M. M is cut into near-equal
-// row tiles (17 = 3 + 3 + 3 + 3 + 3 + 2) so that no tile is left with one row doing a load
+// row tiles (17 = 2 + 3 + 3 + 3 + 3 + 3) so that no tile is left with one row doing a load
 // per product.
 constexpr int NB_MAX = 8, MB_MAX = 3;
 
