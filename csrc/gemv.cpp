@@ -73,9 +73,10 @@ constexpr int NB_MAX = 8, MB_MAX = 3;
 
 // While a block is multiplied from L1, the next block is requested a few cache lines per k-step
 // into L2 (prefetcht2), spread over all the row tiles' passes. Without it memory sat idle during
-// the products and a verify pass cost about memory time + compute time; with it, measured on
-// the development machine over the 1.5B target's weights (bf16, 2 threads): 1 row 72 ms (75
-// with the former whole-K decode tiles), 2 rows 73 (92), 9 rows 114 (143), 17 rows 185 (215).
+// the products and a verify pass cost about memory time + compute time. Measured on the
+// development machine over the 1.5B target's weights (bf16, 2 threads), each pair A/B in one
+// process: 1 row 72 ms (75 with the former whole-K decode tiles), 2 rows 73 (92), 9 rows 114
+// (143), 17 rows 185 (215), with the prefetch (without).
 // A burst of requests at the start of a block, or requests into L1, stalled on the miss queue
 // and measured no better or worse.
 struct Prefetch {
