@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace specrt {
@@ -126,46 +127,52 @@ template <typename T, Block<T> (&Blocks)[NB_MAX][MB_MAX], int KB, typename Store
 static void gemv_tiled(const T* x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
                        Store store) {
   int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
-  int64_t m_tiles = (M + MB_MAX - 1) / MB_MAX;
+  // Row tiles of x as (first row, rows): M cut into near-equal parts of at most MB_MAX.
+  std::vector<std::pair<int64_t, int>> row_tiles;
+  for (int64_t m0 = 0, left = (M + MB_MAX - 1) / MB_MAX; m0 < M; --left) {
+    int mb = int((M - m0) / left);
+    row_tiles.emplace_back(m0, mb);
+    m0 += mb;
+  }
+  const int64_t m_tiles = int64_t(row_tiles.size());
   #pragma omp parallel num_threads(threads)
   {
     std::vector<float> state(size_t(M) * NB_MAX * 16);    // [M][NB][16] partial sums
     #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tiles; ++t) {
       int64_t n0 = t * NB_MAX;
-      int nb = int(N - n0 < NB_MAX ? N - n0 : NB_MAX);
+      int nb = int(std::min<int64_t>(NB_MAX, N - n0));
       std::fill(state.begin(), state.end(), 0.0f);
       for (int64_t k0 = 0; k0 < K; k0 += KB) {
-        int64_t k1 = K - k0 < KB ? K : k0 + KB;
-        // the next block: the next k range of these rows, or the next tile's first
+        int64_t k1 = std::min<int64_t>(K, k0 + KB);
+        // The next block: the next k range of these rows, or the next tile's first. Its lines
+        // are shared out over the row tiles' passes through this block, a few per full k-step
+        // (one vector of k is 64 bytes). A block shorter than one vector has no full step and
+        // prefetches nothing; counting at least one step keeps the division defined.
         Prefetch pf;
-        int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
         int64_t share = 0;
+        int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
         if (nn0 < N) {
-          int64_t nnb = std::min<int64_t>(NB_MAX, N - nn0), nkb = std::min<int64_t>(KB, K - nk0);
+          int64_t nkb = std::min<int64_t>(KB, K - nk0);
           pf.base = reinterpret_cast<const char*>(w + nn0 * K + nk0);
           pf.row_stride = K * int64_t(sizeof(T));
           pf.lines_per_row = (nkb * int64_t(sizeof(T)) + 63) / 64;
-          int64_t lines = nnb * pf.lines_per_row;
-          int64_t steps = m_tiles * ((k1 - k0) * int64_t(sizeof(T)) / 64);
-          pf.per_step = (lines + steps - 1) / steps;
-          share = (lines + m_tiles - 1) / m_tiles;
-          pf.end = lines;
+          pf.end = std::min<int64_t>(NB_MAX, N - nn0) * pf.lines_per_row;
+          int64_t steps = m_tiles * std::max<int64_t>(1, (k1 - k0) * int64_t(sizeof(T)) / 64);
+          pf.per_step = (pf.end + steps - 1) / steps;
+          share = (pf.end + m_tiles - 1) / m_tiles;
         }
-        for (int64_t mt = 0, m0 = 0; mt < m_tiles; ++mt) {
-          int mb = int((M - m0) / (m_tiles - mt));    // near-equal split of the rows left
+        for (int64_t mt = 0; mt < m_tiles; ++mt) {
+          auto [m0, mb] = row_tiles[mt];
           Prefetch mine = pf;
           if (pf.base) { mine.line = mt * share; mine.end = std::min(pf.end, (mt + 1) * share); }
           Blocks[nb - 1][mb - 1](x + m0 * K, w + n0 * K, K, k0, k1, &state[m0 * NB_MAX * 16], mine);
-          m0 += mb;
         }
       }
-      for (int64_t mt = 0, m0 = 0; mt < m_tiles; ++mt) {
-        int mb = int((M - m0) / (m_tiles - mt));
+      for (auto [m0, mb] : row_tiles) {
         const float* s = &state[m0 * NB_MAX * 16];      // [NB][MB][16] for this row tile
         for (int i = 0; i < nb; ++i)
           for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce16(s + 16 * (i * mb + j)));
-        m0 += mb;
       }
     }
   }

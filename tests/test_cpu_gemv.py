@@ -17,7 +17,8 @@ def test_extension_is_built():
 @needs_kernel
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 9, 17, 32])
-@pytest.mark.parametrize("n, k", [(37, 100), (256, 64), (130, 333)])
+# (40, 520): a last k-block shorter than one vector, followed by another weight tile
+@pytest.mark.parametrize("n, k", [(37, 100), (256, 64), (130, 333), (40, 520)])
 def test_matches_f_linear(dtype, tol, m, n, k):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=g).to(dtype)
