@@ -23,8 +23,8 @@ except ImportError:     # extension not built: every call takes the library path
 
 # Which build of the kernels serves (changes on every rebuild): timings measured with one build,
 # such as the adaptive planner's calibration, are not reused with another.
-BUILD_ID = (f"{os.stat(_gemv.__file__).st_size}-{os.stat(_gemv.__file__).st_mtime_ns}"
-            if AVAILABLE else "library")
+_so = os.stat(_gemv.__file__) if AVAILABLE else None
+BUILD_ID = f"{_so.st_size}-{_so.st_mtime_ns}" if _so else "library"
 
 # Up to how many rows of x the kernel beats the library GEMM, measured on the development
 # machine (AMD EPYC, AVX-512 BF16, 2 threads, all of the 1.5B target's weights streamed per

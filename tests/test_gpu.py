@@ -14,6 +14,7 @@ import gc
 import pytest
 import torch
 
+from benchmarks.common import first_difference
 import specrt
 from specrt.model import Transformer
 
@@ -65,14 +66,6 @@ def plain(llms):
             cache[(dtype, graphs)] = run(llms(dtype, graphs))
         return cache[(dtype, graphs)]
     return get
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (or where the shorter ends); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _captured(llm) -> list:
