@@ -177,6 +177,9 @@ O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <=
           "Draft of up to k tokens: what followed the most recent earlier occurrence of the\n"
           "longest matching suffix n-gram (n from max_n down to min_n); [] if none matches.\n"
           "Raises ValueError if k < 1.")
+      .def("match_length", &specrt::NgramIndex::match_length,
+           "The suffix length n that propose matches on (the longest n in [min_n, max_n] whose\n"
+           "last n tokens occurred earlier); 0 if none does.")
       .def("reset", &specrt::NgramIndex::reset, "Forget the whole history (and free its memory).")
       .def("__len__", &specrt::NgramIndex::size, "Number of tokens in the history.")
       .def_property_readonly("min_n", &specrt::NgramIndex::min_n)

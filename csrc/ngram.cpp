@@ -164,16 +164,18 @@ bool NgramIndex::same_ngram(uint32_t a, uint32_t b, int n) const {
   return std::equal(pa, pa + n, pb);
 }
 
+int NgramIndex::match_length() const {
+  for (int n = max_n_; n >= min_n_; --n)
+    if (prev_end_[n - min_n_] != kNone) return n;
+  return 0;
+}
+
 std::pair<size_t, size_t> NgramIndex::propose_range(int k) const {
   check_k(k);
-  for (int n = max_n_; n >= min_n_; --n) {
-    const uint32_t prev = prev_end_[n - min_n_];
-    if (prev != kNone) {
-      const size_t begin = static_cast<size_t>(prev) + 1;
-      return {begin, std::min(tokens_.size(), begin + static_cast<size_t>(k))};
-    }
-  }
-  return {0, 0};
+  const int n = match_length();
+  if (n == 0) return {0, 0};
+  const size_t begin = static_cast<size_t>(prev_end_[n - min_n_]) + 1;
+  return {begin, std::min(tokens_.size(), begin + static_cast<size_t>(k))};
 }
 
 std::vector<Token> NgramIndex::propose(int k) const {

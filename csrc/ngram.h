@@ -54,6 +54,10 @@ class NgramIndex {
   // n-gram matches. Saves a copy when the caller converts straight into its own type.
   std::pair<size_t, size_t> propose_range(int k) const;
   std::vector<Token> propose(int k) const;
+  // The suffix length n that propose matches on (the longest with an earlier occurrence),
+  // 0 when none does. A longer match is a better guess: the adaptive planner keeps its
+  // acceptance per n.
+  int match_length() const;
 
   void reset();
   size_t size() const { return tokens_.size(); }

@@ -139,6 +139,10 @@ def test_incremental_matches_stateless(backend):
                 expected = reference(history, k, min_n, max_n)
                 assert index.propose(k) == expected, (stream, step, history, k, min_n, max_n)
                 assert propose(history, k, min_n, max_n) == expected
+            # the n propose matched on: the longest n that matches by itself
+            want_n = next((n for n in range(max_n, min_n - 1, -1)
+                           if reference(history, 1, n, n)), 0)
+            assert index.match_length() == want_n, (stream, step, history, min_n, max_n)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

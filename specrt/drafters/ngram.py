@@ -18,35 +18,24 @@ class NgramDrafter:
 
     def __init__(self, min_n: int = 1, max_n: int = 3):
         self.min_n, self.max_n = min_n, max_n
-        # Per row, one index per suffix length n = max_n .. min_n. Asking them longest first
-        # is exactly the combined rule (the longest n that matches wins), and also tells which
-        # n matched: the adaptive planner keeps separate acceptance per match length, since a
-        # 3-token match is a far better guess than a 1-token one.
-        self.indexes: list[list[NgramIndex]] = []
+        self.indexes: list[NgramIndex] = []
 
     def begin(self, batch_size: int) -> None:
-        for row in self.indexes[:batch_size]:
-            for index in row:
-                index.reset()
+        for index in self.indexes[:batch_size]:
+            index.reset()
         while len(self.indexes) < batch_size:
-            self.indexes.append([NgramIndex(n, n)
-                                 for n in range(self.max_n, self.min_n - 1, -1)])
+            self.indexes.append(NgramIndex(self.min_n, self.max_n))
 
     def matches(self, ctx: DraftContext, k: int) -> list[tuple[list[int], int]]:
         """Per row: (up to k proposed tokens, the matched suffix length n), or ([], 0) for an
         inactive row or no match. Free to compute: the adaptive planner calls this to decide
-        whether to draft with a model instead."""
+        whether to draft with a model instead, and keeps acceptance per n (a guess after a
+        3-token match is far better than one after a 1-token match)."""
         out = []
-        for row, history, active in zip(self.indexes, ctx.histories, ctx.active):
-            found: tuple[list[int], int] = ([], 0)
-            for n, index in zip(range(self.max_n, self.min_n - 1, -1), row):
-                if len(index) < len(history):
-                    index.extend(history[len(index):])
-                if active and not found[0]:
-                    draft = index.propose(k)
-                    if draft:
-                        found = (draft, n)
-            out.append(found)
+        for index, history, active in zip(self.indexes, ctx.histories, ctx.active):
+            if len(index) < len(history):
+                index.extend(history[len(index):])
+            out.append((index.propose(k), index.match_length()) if active else ([], 0))
         return out
 
     def lookup(self, ctx: DraftContext, k: int) -> list[list[int]]:

@@ -138,14 +138,23 @@ class PyNgramIndex:
                 prev_end[level] = table.get(key, -1)
                 table[key] = length - 1
 
+    def match_length(self) -> int:
+        """The suffix length n that propose matches on (the longest n in [min_n, max_n]
+        whose last n tokens occurred earlier); 0 if none does."""
+        for level in range(len(self._prev_end) - 1, -1, -1):  # longest n first
+            if self._prev_end[level] >= 0:
+                return self.min_n + level
+        return 0
+
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest
         matching suffix n-gram; [] if none matches."""
         k = check_k(k)
-        for end in reversed(self._prev_end):  # longest n first
-            if end >= 0:
-                return self._tokens[end + 1:end + 1 + k]
-        return []
+        n = self.match_length()
+        if not n:
+            return []
+        end = self._prev_end[n - self.min_n]
+        return self._tokens[end + 1:end + 1 + k]
 
     def __len__(self) -> int:
         return len(self._tokens)
