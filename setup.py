@@ -1,5 +1,6 @@
 """Builds specrt and its C++ extensions: specrt._ngram (the prompt-lookup matcher) and
-specrt._gemv (skinny CPU matrix products for decode/verify).
+specrt._gemv (skinny CPU matrix products for decode/verify) and specrt._cpu_ops (the per-layer
+norms, SwiGLU and RoPE + attention of a CPU decode/verify step).
 
 `make test` / `make demo` run `python setup.py build_ext --inplace`, so the extension sits
 next to the Python sources and no install step is needed to import it from the repo root.
@@ -19,6 +20,14 @@ ext_modules = [
         ["csrc/gemv.cpp", "csrc/gemv_bindings.cpp"],
         cxx_std=17,
         extra_compile_args=["-O3", "-fopenmp", "-Wno-uninitialized"],  # gcc 12 intrinsics noise
+        extra_link_args=["-fopenmp"],
+    ),
+    Pybind11Extension(
+        "specrt._cpu_ops",
+        ["csrc/cpu_ops.cpp", "csrc/cpu_ops_bindings.cpp"],
+        cxx_std=17,
+        extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp", "-Wno-psabi", "-Wno-uninitialized",
+                            "-Wno-maybe-uninitialized"],     # gcc 12 intrinsics noise
         extra_link_args=["-fopenmp"],
     ),
 ]

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from specrt import cpu_gemv
+from specrt import cpu_gemv, cpu_ops
 from specrt.model import Transformer
 
 _PREFIX = 32          # calibration context length
@@ -35,7 +35,7 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
     except for the step from 1 to 2 rows, where CPU matmuls switch kernels. Cached in memory and in $SPECRT_CACHE/calibration.json."""
     key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
-                             max_t, _cpu_name(), cpu_gemv.BUILD_ID)))
+                             max_t, _cpu_name(), cpu_gemv.BUILD_ID, cpu_ops.BUILD_ID)))
     with _lock:
         if key not in _cache:
             _cache.update(_load_disk())

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specrt import cpu_gemv
+from specrt import cpu_gemv, cpu_ops
 from specrt.config import ModelConfig
 from specrt.errors import CapacityError
 from specrt.kernels import verify_attention
@@ -179,6 +179,13 @@ class Transformer:
             write_rows = rows.to(device)
             write_pos = pos[write_rows, cols.to(device)]
 
+        if device.type == "cpu" and cpu_ops.usable(self.dtype, device, B * T):
+            h = self._layers_cpu(input_ids, start, valid, cache)         # [B, T, H], normed
+            cache.advance(valid)
+            if last_only:
+                h = h[torch.arange(B), torch.tensor(valid) - 1][:, None]
+            return self.lm_head(h, torch.float32)
+
         if use_kernel(device, T, cfg.head_dim) and all_valid:
             lens = torch.tensor(end, dtype=torch.int32, device=device)
             attend = lambda q, k_cache, v_cache: verify_attention(  # noqa: E731
@@ -251,6 +258,29 @@ class Transformer:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return x
+
+    def _layers_cpu(self, input_ids, start: list[int], valid: list[int], cache):
+        """`_layers` and the final norm for a CPU decode or verify pass, through
+        specrt.cpu_ops: one call per norm, attention block and SwiGLU, each row computed on
+        its own (so a verify pass gives the bits of the decode steps it replaces). The residual
+        stream x [B * T, H] is updated in place; returns the final-normed [B, T, H]."""
+        cfg = self.cfg
+        B, T = input_ids.shape
+        eps = cfg.rms_norm_eps
+        starts = torch.tensor(start, dtype=torch.int64)              # [B]
+        valid_t = torch.tensor(valid, dtype=torch.int64)             # [B]
+        scale = cfg.head_dim ** -0.5
+        x = self.embed[input_ids.reshape(-1)]                        # [B * T, H], a copy
+        h = cpu_ops.rms_norm(x, self.layers[0].input_norm, eps)
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = cache.layer(i)                        # [Bmax, Hkv, S, D]
+            attn = cpu_ops.rope_attention(layer.qkv(h), k_cache, v_cache, self.cos, self.sin,
+                                          starts, valid_t, T, cfg.num_heads, scale)
+            h = cpu_ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
+            act = cpu_ops.silu_mul(layer.gate_up(h))                 # [B * T, I]
+            after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            h = cpu_ops.add_rms_norm(x, layer.down(act), after, eps)
+        return h.view(B, T, -1)
 
     def _sdpa_mask(self, pos: torch.Tensor, keys: int, simple: bool = False):
         """Query (b, t) at position pos[b, t] sees keys 0..pos[b, t] of the first `keys` slots:

@@ -134,6 +134,7 @@ def test_first_three_tokens_distribution_matches_plain(small_pair, method, k):
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
     exact = _exact_joint(target, params)
     (s, p), e = _binned(exact, spec_counts, plain_counts)
+    e = e / e.sum()     # fp32 probabilities sum to 1 only within ~1e-7; scipy checks to 1.5e-8
     n = s.sum()
     assert n == BATCH * ROUNDS
     # speculative vs the exact target distribution, and vs plain sampling (two-sample test)

@@ -1,0 +1,68 @@
+// pybind11 bindings of the per-layer CPU operations (csrc/cpu_ops.cpp) -> specrt._cpu_ops.
+// Tensors cross as data pointers: specrt/cpu_ops.py checks dtype, shape and contiguity first.
+// `bf16` picks the element type: bf16 bits (uint16) or fp32.
+#include <pybind11/pybind11.h>
+
+#include "cpu_ops.h"
+
+namespace py = pybind11;
+using specrt::AttentionShape;
+
+template <typename T>
+static T* p(uintptr_t a) { return reinterpret_cast<T*>(a); }
+
+PYBIND11_MODULE(_cpu_ops, m) {
+  m.doc() = "Per-layer CPU ops of a decode/verify step (AVX-512): norms, SwiGLU, RoPE + attention.";
+  m.def(
+      "rms_norm",
+      [](bool bf16, uintptr_t x, uintptr_t w, float eps, uintptr_t out, int64_t M, int64_t H) {
+        py::gil_scoped_release release;
+        if (bf16) specrt::rms_norm(p<const uint16_t>(x), p<const uint16_t>(w), eps, p<uint16_t>(out), M, H);
+        else specrt::rms_norm(p<const float>(x), p<const float>(w), eps, p<float>(out), M, H);
+      },
+      "out [M, H] = RMSNorm(x [M, H]) * w [H]");
+  m.def(
+      "add_rms_norm",
+      [](bool bf16, uintptr_t x, uintptr_t y, uintptr_t w, float eps, uintptr_t out, int64_t M,
+         int64_t H) {
+        py::gil_scoped_release release;
+        if (bf16)
+          specrt::add_rms_norm(p<uint16_t>(x), p<const uint16_t>(y), p<const uint16_t>(w), eps,
+                               p<uint16_t>(out), M, H);
+        else
+          specrt::add_rms_norm(p<float>(x), p<const float>(y), p<const float>(w), eps, p<float>(out), M, H);
+      },
+      "x [M, H] += y (in place); out [M, H] = RMSNorm(x) * w [H]");
+  m.def(
+      "silu_mul",
+      [](bool bf16, uintptr_t gu, uintptr_t out, int64_t M, int64_t I) {
+        py::gil_scoped_release release;
+        if (bf16) specrt::silu_mul(p<const uint16_t>(gu), p<uint16_t>(out), M, I);
+        else specrt::silu_mul(p<const float>(gu), p<float>(out), M, I);
+      },
+      "out [M, I] = silu(gu[:, :I]) * gu[:, I:]");
+  m.def(
+      "rope_attention",
+      [](bool bf16, uintptr_t qkv, uintptr_t k_cache, uintptr_t v_cache, uintptr_t cos,
+         uintptr_t sin, uintptr_t starts, uintptr_t valid, uintptr_t out, int64_t B, int64_t T,
+         int64_t Hq, int64_t Hkv, int64_t D, int64_t S, int64_t S_rope, float scale, int threads) {
+        py::gil_scoped_release release;
+        AttentionShape shape{B, T, Hq, Hkv, D, S, S_rope, scale};
+        auto st = p<const int64_t>(starts);
+        auto va = p<const int64_t>(valid);
+        if (bf16)
+          specrt::rope_attention(p<const uint16_t>(qkv), p<uint16_t>(k_cache), p<uint16_t>(v_cache),
+                                 p<const uint16_t>(cos), p<const uint16_t>(sin), st, va,
+                                 p<uint16_t>(out), shape, threads);
+        else
+          specrt::rope_attention(p<const float>(qkv), p<float>(k_cache), p<float>(v_cache),
+                                 p<const float>(cos), p<const float>(sin), st, va, p<float>(out),
+                                 shape, threads);
+      },
+      "RoPE on qkv [B*T, (Hq+2Hkv)*D], k/v written into the caches [Bmax, Hkv, S, D] at "
+      "starts[b] + t for t < valid[b], attention of every query -> out [B*T, Hq*D]");
+  m.def("cpu_supported", [] {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }, "AVX-512F/BW/VL/BF16 available on this CPU");
+}
