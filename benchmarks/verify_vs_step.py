@@ -5,8 +5,9 @@ Run: python -m benchmarks.verify_vs_step [--quick]     (--help for the knobs)
 For the target and the draft of the default pair (or --model / --draft): with a KV cache that
 holds a P-token prefix (P = 200 and 2000; --quick: 200 only), time one `Transformer.forward`
 of T new tokens, T in {1, 2, 4, 8, 16, 17}, exactly as the engine calls it (full logits,
-all rows valid). Median of >= 10 repeats after warm-up, the cache rolled back to P between
-repeats (`cache.truncate`); CUDA events on CUDA. The prefix is a real prefill of seeded random
+all rows valid). Median of >= 10 repeats after warm-up, the T values taking turns within each
+repeat (so the ratio to T = 1 is paired: the median of each repeat's ratio), the cache rolled
+back to P before every forward (`cache.truncate`); CUDA events on CUDA. The prefix is a real prefill of seeded random
 token ids. Reports ms and the ratio to T = 1 (the seed study: 17 tokens cost 1.2x one token
 on a GPU), the draft-step / target-step cost ratio (the seed study: 9.9 / 30.9 ms = 0.32),
 a PNG of latency vs T, and JSON on the last line.
@@ -65,15 +66,24 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
         model.forward(prefix, cache, last_only=True)              # the real prefill
         common.sync(args.device)
         prefill_s = time.perf_counter() - t0
+        # The T values take turns within each repeat, so a change in the machine's speed
+        # (other tenants) hits every T alike and the ratios to T = 1 stay paired.
+        inputs = {T: torch.randint(0, vocab, (1, T), generator=gen).to(model.device) for T in ts}
+        times = {T: [] for T in ts}
+        for rep in range(args.warmup + args.repeats):
+            bar.set_postfix_str(f"P={P} repeat {rep + 1}")
+            for T in ts:
+                cache.truncate([P])
+                dt = common.measure(lambda: model.forward(inputs[T], cache), 1, warmup=0,
+                                    device=args.device)[0]
+                if rep >= args.warmup:
+                    times[T].append(dt)
         for T in ts:
-            bar.set_postfix_str(f"P={P} T={T}")
-            ids = torch.randint(0, vocab, (1, T), generator=gen).to(model.device)
-            times = common.measure(lambda: model.forward(ids, cache), args.repeats,
-                                   warmup=args.warmup, device=args.device,
-                                   setup=lambda: cache.truncate([P]))
-            rows.append({"model": name, "P": P, "T": T, "ms": common.median(times) * 1e3,
-                         "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3,
-                         "repeats": len(times), "prefill_s": prefill_s})
+            ratios = ([a / b for a, b in zip(times[T], times[1])] if 1 in times else [])
+            rows.append({"model": name, "P": P, "T": T, "ms": common.median(times[T]) * 1e3,
+                         "min_ms": min(times[T]) * 1e3, "max_ms": max(times[T]) * 1e3,
+                         "repeats": len(times[T]), "prefill_s": prefill_s,
+                         "ratio_to_T1": common.median(ratios) if ratios else None})
             bar.update(1)
     bar.close()
     wb = model.weight_bytes
@@ -110,8 +120,9 @@ def main(argv=None) -> int:
     info["load_average_end"] = list(common.load_average())
 
     by = {(r["model"], r["P"], r["T"]): r for r in rows}
-    for r in rows:
-        r["ratio_to_T1"] = r["ms"] / by[(r["model"], r["P"], 1)]["ms"]
+    for r in rows:     # paired per repeat when T = 1 was timed alongside, else of the medians
+        if r["ratio_to_T1"] is None:
+            r["ratio_to_T1"] = r["ms"] / by[(r["model"], r["P"], 1)]["ms"]
     headers = ["model", "P"] + [f"T={t}" for t in ts]
     ms_rows = [[n, P] + [f"{by[(n, P, t)]['ms']:.1f}" for t in ts]
                for n, _ in models for P in prefixes]
@@ -156,7 +167,8 @@ def main(argv=None) -> int:
             common.results_preamble(info, args.note),
             f"Models: target `{target_dir.name}`"
             + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
-            f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up; "
+            f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up, the T "
+            "values interleaved in each repeat; ratios: the median of each repeat's ratio; "
             f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
             f"`{common.shown_path(png)}`.",
             "",
