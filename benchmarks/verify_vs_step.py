@@ -7,9 +7,9 @@ holds a P-token prefix (P = 200 and 2000; --quick: 200 only), time one `Transfor
 of T new tokens, T in {1, 2, 4, 8, 16, 17}, exactly as the engine calls it (full logits,
 all rows valid). Median of >= 10 repeats after warm-up, the T values taking turns within each
 repeat (so the ratio to T = 1 is paired: the median of each repeat's ratio), the cache rolled
-back to P before every forward (`cache.truncate`); CUDA events on CUDA. The prefix is a real prefill of seeded random
-token ids. Reports ms and the ratio to T = 1 (the seed study: 17 tokens cost 1.2x one token
-on a GPU), the draft-step / target-step cost ratio (the seed study: 9.9 / 30.9 ms = 0.32),
+back to P before every forward (`cache.truncate`); CUDA events on CUDA. The prefix is a real
+prefill of seeded random token ids. Reports ms and the ratio to T = 1 (the seed study: 17
+tokens cost 1.2x one token on a GPU), the draft-step / target-step cost ratio (the seed study: 9.9 / 30.9 ms = 0.32),
 a PNG of latency vs T, and JSON on the last line.
 """
 from __future__ import annotations
@@ -79,11 +79,11 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
                 if rep >= args.warmup:
                     times[T].append(dt)
         for T in ts:
-            ratios = ([a / b for a, b in zip(times[T], times[1])] if 1 in times else [])
+            ratios = [a / b for a, b in zip(times[T], times[1])]     # main() always adds T = 1
             rows.append({"model": name, "P": P, "T": T, "ms": common.median(times[T]) * 1e3,
                          "min_ms": min(times[T]) * 1e3, "max_ms": max(times[T]) * 1e3,
                          "repeats": len(times[T]), "prefill_s": prefill_s,
-                         "ratio_to_T1": common.median(ratios) if ratios else None})
+                         "ratio_to_T1": common.median(ratios)})
             bar.update(1)
     bar.close()
     wb = model.weight_bytes
@@ -120,9 +120,6 @@ def main(argv=None) -> int:
     info["load_average_end"] = list(common.load_average())
 
     by = {(r["model"], r["P"], r["T"]): r for r in rows}
-    for r in rows:     # paired per repeat when T = 1 was timed alongside, else of the medians
-        if r["ratio_to_T1"] is None:
-            r["ratio_to_T1"] = r["ms"] / by[(r["model"], r["P"], 1)]["ms"]
     headers = ["model", "P"] + [f"T={t}" for t in ts]
     ms_rows = [[n, P] + [f"{by[(n, P, t)]['ms']:.1f}" for t in ts]
                for n, _ in models for P in prefixes]

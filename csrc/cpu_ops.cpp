@@ -130,6 +130,20 @@ SPECRT_AVX512 SPECRT_INLINE void rope(const T* x, const T* c, const T* s, Out* o
   }
 }
 
+// The softmax numerators in place: scores[j] <- exp(scores[j] - best) for j < n, summed in a
+// fixed order; returns 1 / their sum.
+SPECRT_AVX512 SPECRT_INLINE float exp_scores(float* scores, int64_t n, float best) {
+  __m512 total = _mm512_setzero_ps();
+  const __m512 top = _mm512_set1_ps(best);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 m = lanes(n - j);
+    __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top)));
+    _mm512_mask_storeu_ps(scores + j, m, e);
+    total = _mm512_add_ps(total, e);
+  }
+  return 1.0f / _mm512_reduce_add_ps(total);
+}
+
 // One query q [D] (fp32, already holding T's values) against keys 0..n-1 of one kv head
 // (k, v [n, D]): out = softmax(q . k * scale) @ v, scores [n] as scratch.
 template <typename T>
@@ -145,15 +159,7 @@ SPECRT_AVX512 static void attend_one(const float* q, const T* k, const T* v, int
     scores[j] = _mm512_reduce_add_ps(acc) * scale;
     best = std::max(best, scores[j]);
   }
-  __m512 total = _mm512_setzero_ps();
-  const __m512 top = _mm512_set1_ps(best);
-  for (int64_t j = 0; j < n; j += 16) {
-    __mmask16 m = lanes(n - j);
-    __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top)));
-    _mm512_mask_storeu_ps(scores + j, m, e);
-    total = _mm512_add_ps(total, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+  const __m512 inv = _mm512_set1_ps(exp_scores(scores, n, best));
   for (int64_t d = 0; d < D; d += 16) {     // out[d] = sum_j p_j v_j[d], j in order
     __mmask16 m = lanes(D - d);
     __m512 acc = _mm512_setzero_ps();
@@ -196,15 +202,7 @@ SPECRT_AVX512 static void attend_fixed(const float* q, const T* k, const T* v, i
     scores[j] = _mm512_reduce_add_ps(acc) * scale;
     best = std::max(best, scores[j]);
   }
-  __m512 total = _mm512_setzero_ps();
-  const __m512 top = _mm512_set1_ps(best);
-  for (int64_t i = 0; i < n; i += 16) {
-    __mmask16 m = lanes(n - i);
-    __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), top)));
-    _mm512_mask_storeu_ps(scores + i, m, e);
-    total = _mm512_add_ps(total, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+  const __m512 inv = _mm512_set1_ps(exp_scores(scores, n, best));
   __m512 acc[ND];
 #pragma GCC unroll 8
   for (int c = 0; c < ND; ++c) acc[c] = _mm512_setzero_ps();
@@ -236,13 +234,13 @@ SPECRT_AVX512 static void rope_attention_k(const T* qkv, T* k_cache, T* v_cache,
 
   // 1. Rotate q (kept in fp32, with T's values) and write the valid rows' k, v into the cache.
   std::vector<float> q(static_cast<size_t>(M * Hq * D));
+  std::vector<T> tmp(static_cast<size_t>(D));     // one rotated head in T
   for (int64_t m = 0; m < M; ++m) {
     const int64_t b = m / Tn, t = m % Tn, p = starts[b] + t;
     const int64_t pr = std::min(p, sh.S_rope - 1);
     const T* src = qkv + m * row;
     const T* c = cos + pr * D;
     const T* s = sin + pr * D;
-    std::vector<T> tmp(static_cast<size_t>(D));
     for (int64_t h = 0; h < Hq; ++h) {
       rope(src + h * D, c, s, tmp.data(), D);
       for (int64_t d = 0; d < D; d += 16) {

@@ -9,6 +9,8 @@ busier or quieter moves every estimate together.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import statistics
 import threading
 import time
@@ -35,7 +37,7 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
     except for the step from 1 to 2 rows, where CPU matmuls switch kernels. Cached in memory and in $SPECRT_CACHE/calibration.json."""
     key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
-                             max_t, _cpu_name(), cpu_gemv.BUILD_ID, cpu_ops.BUILD_ID)))
+                             max_t, _cpu_name(), _kernel_builds())))
     with _lock:
         if key not in _cache:
             _cache.update(_load_disk())
@@ -71,6 +73,19 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
         _cache[key] = out
         _save_disk(_cache)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_builds() -> str:
+    """Which builds of the CPU kernels serve (size and mtime of each extension, "library" where
+    PyTorch serves): they change on every rebuild, and timings measured with one build are not
+    reused with another."""
+    ids = []
+    for available, ext in ((cpu_gemv.AVAILABLE, cpu_gemv._gemv),
+                           (cpu_ops.AVAILABLE, cpu_ops._cpu_ops)):
+        st = os.stat(ext.__file__) if available else None
+        ids.append(f"{st.st_size}-{st.st_mtime_ns}" if st else "library")
+    return "|".join(ids)
 
 
 def _cpu_name() -> str:

@@ -21,11 +21,6 @@ except ImportError:     # extension not built: every call takes the library path
     _gemv = None
     AVAILABLE = False
 
-# Which build of the kernels serves (changes on every rebuild): timings measured with one build,
-# such as the adaptive planner's calibration, are not reused with another.
-_so = os.stat(_gemv.__file__) if AVAILABLE else None
-BUILD_ID = f"{_so.st_size}-{_so.st_mtime_ns}" if _so else "library"
-
 # Up to how many rows of x the kernel beats the library GEMM, measured on the development
 # machine (AMD EPYC, AVX-512 BF16, 2 threads, all of the 1.5B target's weights streamed per
 # call; see benchmarks/RESULTS.md). bf16: 0.55x oneDNN's time for one row, 0.6-0.8x for verify

@@ -24,10 +24,6 @@ except ImportError:     # extension not built: the model keeps its PyTorch path
     _cpu_ops = None
     AVAILABLE = False
 
-# Which build serves (see cpu_gemv.BUILD_ID): calibrated timings are not reused across builds.
-_so = os.stat(_cpu_ops.__file__) if AVAILABLE else None
-BUILD_ID = f"{_so.st_size}-{_so.st_mtime_ns}" if _so else "library"
-
 # Up to how many new tokens per call the C++ path serves: decode and verify passes (K + 1 <= 17
 # in practice). Prefills use SDPA, whose attention is a real matrix product.
 MAX_ROWS = 32
