@@ -9,7 +9,7 @@ def __getattr__(name):
     # Lazy so that `import specrt` (e.g. for the models CLI) does not pay for torch start-up
     # of the whole runtime until LLM is actually used.
     if name in ("LLM", "GenerationResult"):
-        from specrt import llm
+        from specrt.api import llm
 
         return getattr(llm, name)
     raise AttributeError(f"module 'specrt' has no attribute {name!r}")

@@ -20,3 +20,7 @@ class CheckpointError(SpecrtError):
 
 class CapacityError(SpecrtError, ValueError):
     """A request does not fit in the preallocated KV cache."""
+
+
+class ModelFetchError(SpecrtError):
+    """Fetching or converting a model failed; the message says what to do."""

@@ -3,10 +3,11 @@ import pytest
 import torch
 
 import specrt
-from specrt.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens
-from specrt.config import SamplingParams
-from specrt.costs import CostModel, forward_seconds
-from specrt.drafters.base import NO_DRAFT, Proposal
+from specrt.spec.planners.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens
+from specrt.spec.sampling import SamplingParams
+from specrt.spec.calibration import forward_seconds
+from specrt.spec.costs import CostModel
+from specrt.spec.drafters.base import NO_DRAFT, Proposal
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
 
@@ -35,7 +36,7 @@ class OracleDrafter:
             tokens[b, : len(nxt)] = torch.tensor(nxt, dtype=torch.int64)
         return Proposal(tokens=tokens, probs=None, counts=[int((r >= 0).sum()) for r in tokens])
 
-    def accepted(self, num_accepted):
+    def rollback(self, num_accepted):
         pass
 
     def unseen(self, ctx):
@@ -110,7 +111,7 @@ def test_calibration_measures_a_cost_per_t(llm):
     assert costs == sorted(costs)                 # monotone in T by construction
     assert forward_seconds(llm.target, 5) is costs  # cached per model/dtype/device
     import json
-    from specrt.costs import _disk_path
+    from specrt.spec.calibration import disk_path as _disk_path
     assert costs in json.loads(_disk_path().read_text()).values()
 
 
@@ -144,11 +145,11 @@ def test_ngram_acceptance_is_kept_per_match_length():
     ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True])
     plans = {1: [], 3: []}
     for _ in range(80):
-        _, plan = planner.propose(ctx)
+        plan = planner.choose(ctx)
         n = 1 if drafter.round % 2 else 3
-        plans[n].append(plan)
-        k = int(plan.split(":")[1]) if plan != "plain" else 0
-        planner.observe([0 if n == 1 else k], [k], 0.0, costs.verify_seconds(k + 1))
+        plans[n].append(plan.label)
+        k = plan.k
+        planner.observe(plan, [0 if n == 1 else k], [k], 0.0, costs.verify_seconds(k + 1))
     late_short, late_long = plans[1][-20:], plans[3][-20:]
     assert late_long == ["ngram:4"] * 20
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 import specrt
-from specrt.tokenizer import TextStream
+from specrt.api.text_stream import TextStream
 
 SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
 

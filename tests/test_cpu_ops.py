@@ -1,11 +1,12 @@
-"""The per-layer CPU ops (specrt._cpu_ops) against their PyTorch specification in specrt/model.py,
+"""The per-layer CPU ops (specrt._cpu_ops) against their PyTorch specification in specrt/model/backends/torch_ref.py,
 and the property they exist for: a verify pass gives the bits of the decode steps it replaces."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specrt import cpu_ops
-from specrt.model import Transformer, apply_rope, rms_norm
+from specrt.kernels.cpu import ops as cpu_ops
+from specrt.model import Transformer
+from specrt.model.backends.torch_ref import apply_rope, rms_norm
 
 needs_kernel = pytest.mark.skipif(not cpu_ops.AVAILABLE,
                                   reason="CPU lacks AVX-512 BF16: the PyTorch path serves")
@@ -140,13 +141,15 @@ def test_model_verify_pass_equals_decode_steps_bitwise(tiny_noeos_dir, dtype):
 
 
 @needs_kernel
-def test_pytorch_path_agrees_with_the_cpp_path(tiny_noeos_dir, monkeypatch):
-    """The fallback (no extension, or another CPU) stays a working specification."""
-    model = Transformer.from_dir(tiny_noeos_dir, dtype="float32", max_seq_len=64)
+def test_cpu_native_backend_agrees_with_the_reference_backend(tiny_noeos_dir):
+    """The reference backend (no extension, or another CPU) stays a working specification:
+    the same weights loaded under each backend give the same logits on the same inputs."""
     prompt, new = torch.tensor([[5, 9, 2, 31, 7]]), torch.tensor([[4, 18, 3]])
     outs = []
-    for available in (True, False):
-        monkeypatch.setattr(cpu_ops, "AVAILABLE", available)
+    for backend in ("cpu_native", "torch_ref"):
+        model = Transformer.from_dir(tiny_noeos_dir, dtype="float32", max_seq_len=64,
+                                     backend=backend)
+        assert model.backend.name == backend
         cache = model.new_cache(1, 64)
         model.forward(prompt, cache)
         outs.append(torch.cat([model.forward(new, cache), model.forward(new[:, :1], cache)], 1))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specrt
-from specrt.cuda_graph import StaticForward
+from specrt.model.graphs import StaticForward
 from specrt.model import Transformer
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
@@ -59,7 +59,7 @@ def test_no_buffer_is_reallocated_across_100_rounds(pair):
     _, static = pair
     spec = {"method": "draft_model", "num_speculative_tokens": 4}
     static.generate(PROMPTS[:2], max_new_tokens=8, speculative=spec)     # build the runners
-    drafter = static.engine.draft_model_drafter()
+    drafter = static.engine.draft_drafter
     runners = list(static.engine._forwards.values()) + list(drafter._loops.values())
     ptrs = lambda: [t.data_ptr() for r in runners for t in r.buffers()] + [  # noqa: E731
         static.engine.cache.k.data_ptr(), drafter.cache.k.data_ptr()]

@@ -14,9 +14,15 @@ import gc
 import pytest
 import torch
 
-from benchmarks.common import first_difference
 import specrt
 from specrt.model import Transformer
+
+
+def first_difference(a, b) -> int | None:
+    """Index of the first position where two token lists differ (None if equal)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                None if len(a) == len(b) else min(len(a), len(b)))
+
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -180,7 +186,7 @@ def test_no_buffer_is_reallocated_across_100_rounds(llms):
     spec = SPECS["draft_model:4"]
     llm.generate(PROMPTS[:2], max_new_tokens=8, speculative=spec)       # build the runners
     eng = llm.engine
-    drafter = eng.draft_model_drafter()
+    drafter = eng.draft_drafter
     runners = list(eng._forwards.values()) + list(drafter._loops.values())
     graphs = [r.graph for r in runners]
     assert graphs and all(g is not None for g in graphs)

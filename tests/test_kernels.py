@@ -14,8 +14,8 @@ import specrt.kernels as kernels
 from specrt.kernels import reference
 
 dispatch = importlib.import_module("specrt.kernels.dispatch")
-attention_kernel = importlib.import_module("specrt.kernels.verify_attention")
-acceptance_kernel = importlib.import_module("specrt.kernels.acceptance")
+attention_kernel = importlib.import_module("specrt.kernels.triton.verify_attention")
+acceptance_kernel = importlib.import_module("specrt.kernels.triton.acceptance")
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -5,7 +5,7 @@ import psutil
 import torch
 
 import specrt
-from specrt.kv_cache import StaticKVCache
+from specrt.model.kv_cache import StaticKVCache
 
 
 def test_truncate_moves_lengths_only():
@@ -40,14 +40,14 @@ def _storage(llm):
 def test_cache_storage_is_reused_across_100_generate_calls(tiny_noeos_dir, tiny_draft_dir):
     llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=128)
     first = _storage(llm)
-    draft_cache = llm.engine.draft_model_drafter().cache
+    draft_cache = llm.engine.draft_drafter.cache
     draft_first = (draft_cache.k.data_ptr(), draft_cache.v.data_ptr())
     for i in range(100):
         spec = None if i % 2 else {"method": "draft_model", "num_speculative_tokens": 3}
         llm.generate([1 + i % 50, 2, 3], max_new_tokens=6, speculative=spec)
         assert _storage(llm) == first
     assert (draft_cache.k.data_ptr(), draft_cache.v.data_ptr()) == draft_first
-    assert llm.engine.draft_model_drafter().cache is draft_cache
+    assert llm.engine.draft_drafter.cache is draft_cache
 
 
 def test_1000_generate_calls_keep_rss_flat(tiny_noeos_dir):

@@ -93,7 +93,7 @@ def test_classic_and_transformers5_config_dialects_agree(tiny_noeos_dir, tmp_pat
     import json
     import shutil
 
-    from specrt.config import ModelConfig
+    from specrt.model.config import ModelConfig
 
     new = ModelConfig.from_dir(tiny_noeos_dir)
     raw = json.loads((tiny_noeos_dir / "config.json").read_text())

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specrt import gguf_convert, models
+from specrt import models
+from specrt.hub import fetch as hub_fetch
+from specrt.hub import gguf_convert
 from specrt.models import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, ModelFetchError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +132,7 @@ def test_disk_full_is_explained(private_cache, monkeypatch, capsys):
         out.write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(models, "_assemble", full)
+    monkeypatch.setattr(hub_fetch, "_assemble", full)
     assert models.main(["fetch", "--quiet", DEFAULT_DRAFT]) == 1
     err = capsys.readouterr().err
     assert "disk full" in err and "SPECRT_CACHE" in err
@@ -142,7 +144,7 @@ def test_keyboard_interrupt_during_download_exits_130(private_cache, monkeypatch
         out.write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "_assemble", interrupted)
+    monkeypatch.setattr(hub_fetch, "_assemble", interrupted)
     assert models.main(["fetch", "--quiet", DEFAULT_DRAFT]) == 130
     assert "interrupted" in capsys.readouterr().err
     assert _leftovers(private_cache) == [] and not models.gguf_path(DEFAULT_DRAFT).exists()
@@ -157,7 +159,7 @@ def test_damaged_cached_gguf_is_fetched_again(private_cache, monkeypatch, capsys
     def download(spec, out, workdir, progress):
         raise ModelFetchError("download attempted")
 
-    monkeypatch.setattr(models, "_assemble", download)
+    monkeypatch.setattr(hub_fetch, "_assemble", download)
     with pytest.raises(ModelFetchError, match="download attempted"):
         models.ensure_model(DEFAULT_DRAFT)
     assert "damaged" in capsys.readouterr().err and not dest.exists()
@@ -324,7 +326,7 @@ def test_interrupted_conversion_leaves_nothing(gguf_files, private_cache, monkey
 @pytest.mark.real_model
 def test_fetch_is_idempotent_and_list_shows_cache(model_dirs, monkeypatch, capsys):
     before = {n: (d / "model.safetensors").stat().st_mtime_ns for n, d in model_dirs.items()}
-    monkeypatch.setattr(models, "_ensure_model_locked", lambda *a: pytest.fail("re-fetched"))
+    monkeypatch.setattr(hub_fetch, "_ensure_model_locked", lambda *a: pytest.fail("re-fetched"))
     assert models.main(["fetch"]) == 0
     err = capsys.readouterr().err
     assert err.count("already present") == 2

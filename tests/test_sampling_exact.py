@@ -8,11 +8,11 @@ import torch
 from scipy import stats
 
 import specrt
-from specrt.config import SamplingParams
+from specrt.spec.sampling import SamplingParams
 from specrt.kernels import rejection_sample
 from specrt.kernels.reference import draw_randomness
 from specrt.model import Transformer
-from specrt.sampling import sample, warp
+from specrt.spec.sampling import sample, warp
 from tests.tiny import make_model
 
 # The seed study's five-word example: the target prefers "the", the draft prefers "a".

@@ -1,0 +1,2 @@
+"""Kept so `specrt.drafters.ngram_index` imports as before; drafters live in
+`specrt.spec.drafters`."""

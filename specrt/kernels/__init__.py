@@ -1,10 +1,13 @@
-"""Speculative-decoding kernels: Triton on CUDA, PyTorch references elsewhere.
+"""Speculative-decoding kernels: PyTorch references (the specification and the CPU path),
+Triton kernels for CUDA (`specrt.kernels.triton`, imported on first CUDA use) and the C++
+CPU kernels' wrappers (`specrt.kernels.cpu`).
 
 Import the ops from here; `dispatch.py` picks the backend per call (override with
 SPECRT_KERNELS=triton|reference). `draw_randomness` draws the uniforms and noise that
 `rejection_sample` consumes, the same way on every backend.
 """
 from specrt.kernels.dispatch import backend_for, greedy_accept, rejection_sample, verify_attention
-from specrt.kernels.reference import draw_randomness
+from specrt.kernels.reference import draw_randomness, exponential_noise
 
-__all__ = ["verify_attention", "greedy_accept", "rejection_sample", "backend_for", "draw_randomness"]
+__all__ = ["verify_attention", "greedy_accept", "rejection_sample", "backend_for",
+           "draw_randomness", "exponential_noise"]

@@ -6,11 +6,7 @@ so tests can monkeypatch it. Forcing `triton` on CPU tensors runs the kernels un
 Triton interpreter, which needs TRITON_INTERPRET=1 set before the first import of a kernel
 module (tests/conftest.py does this when CUDA is absent).
 
-The kernel modules are imported here, before `__init__` re-exports the dispatched ops:
-`specrt.kernels.verify_attention` is both a submodule and an op, and importing a submodule
-for the first time rebinds the package attribute of that name, so a lazy import would
-shadow the op with the module. Use importlib.import_module("specrt.kernels.<name>") to
-reach a kernel module explicitly.
+Triton is imported only when a call first needs it, so CPU users need no triton at all.
 """
 from __future__ import annotations
 
@@ -20,9 +16,6 @@ import os
 import torch
 
 from specrt.kernels import reference
-
-_attention = importlib.import_module("specrt.kernels.verify_attention")
-_acceptance = importlib.import_module("specrt.kernels.acceptance")
 
 __all__ = ["backend_for", "verify_attention", "greedy_accept", "rejection_sample"]
 
@@ -40,6 +33,10 @@ def backend_for(tensor: torch.Tensor) -> str:
     return "triton" if tensor.is_cuda else "reference"
 
 
+def _triton(name: str):
+    return importlib.import_module(f"specrt.kernels.triton.{name}")
+
+
 def verify_attention(
     q: torch.Tensor,  # [B, T, Hq, D]
     k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
@@ -49,7 +46,7 @@ def verify_attention(
 ) -> torch.Tensor:  # [B, T, Hq, D]
     """Causal GQA attention of T new tokens per row against the cache (see reference.py)."""
     if backend_for(q) == "triton":
-        return _attention.verify_attention(q, k_cache, v_cache, lens, scale)
+        return _triton("verify_attention").verify_attention(q, k_cache, v_cache, lens, scale)
     return reference.verify_attention(q, k_cache, v_cache, lens, scale)
 
 
@@ -59,7 +56,7 @@ def greedy_accept(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
     """Greedy verification of the drafts against the target's argmax (see reference.py)."""
     if backend_for(target_logits) == "triton":
-        return _acceptance.greedy_accept(target_logits, draft_tokens)
+        return _triton("acceptance").greedy_accept(target_logits, draft_tokens)
     return reference.greedy_accept(target_logits, draft_tokens)
 
 
@@ -72,5 +69,6 @@ def rejection_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
     """Exact speculative sampling with caller-drawn randomness (see reference.py)."""
     if backend_for(target_probs) == "triton":
-        return _acceptance.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, noise)
+        return _triton("acceptance").rejection_sample(target_probs, draft_probs, draft_tokens,
+                                                      uniforms, noise)
     return reference.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, noise)

@@ -6,14 +6,9 @@ and vectorized (no Python loop over the vocabulary or the draft positions) and a
 most a few `[batch, vocab]` temporaries beyond their inputs, so they are usable for
 B = 1..8, K <= 16, V = 151936.
 
-Vocabulary (shared by the whole runtime):
-  * draft tokens:   the drafter's K proposals for one row, `-1` where it proposed nothing.
-  * accepted:       the longest prefix of the drafts that the target agrees with.
-  * rejected:       the first position where it disagrees (absent if all K are accepted).
-  * recovered:      the target's own token emitted at the rejected position.
-  * bonus:          the target's token at position K, emitted when all K drafts are accepted.
-Every row emits `num_accepted + 1` tokens: the accepted drafts, then the recovered or bonus
-token. `out_tokens[b, num_accepted[b] + 1:]` is `-1`.
+The words draft / accepted / rejected / recovered / bonus token mean what the round's
+contract in `specrt/engine/round.py` defines. Every row emits `num_accepted + 1` tokens: the
+accepted drafts, then the recovered or bonus token; `out_tokens[b, num_accepted[b] + 1:]` is `-1`.
 
 Randomness enters rejection sampling only as tensors drawn by the caller (see
 `draw_randomness`), so the reference and the kernel agree exactly on the same inputs.
@@ -25,7 +20,8 @@ import math
 
 import torch
 
-__all__ = ["verify_attention", "greedy_accept", "rejection_sample", "draw_randomness"]
+__all__ = ["verify_attention", "greedy_accept", "rejection_sample", "draw_randomness",
+           "exponential_noise", "fill_exponential_"]
 
 
 def verify_attention(
@@ -163,6 +159,21 @@ def rejection_sample(
     return n.to(torch.int32), _compose_out_tokens(draft_tokens, n, last)
 
 
+def fill_exponential_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Fill `out` in place with Exp(1) noise, the one noise source of specrt.
+
+    Clamped to the smallest normal fp32 so `p / noise` in the exponential race (argmax p / E is
+    an exact draw from p) never divides by zero; a draw that small has probability ~1e-38.
+    """
+    return out.exponential_(generator=generator).clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def exponential_noise(shape, generator: torch.Generator | None,
+                      device: torch.device | str | None = None) -> torch.Tensor:
+    """A new fp32 tensor of Exp(1) noise (see `fill_exponential_`)."""
+    return fill_exponential_(torch.empty(shape, dtype=torch.float32, device=device), generator)
+
+
 def draw_randomness(
     B: int,
     K: int,
@@ -172,11 +183,8 @@ def draw_randomness(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # uniforms [B, K] fp32, noise [B, V] fp32
     """The random inputs of `rejection_sample`, drawn the same way everywhere.
 
-    uniforms ~ U[0, 1) decide acceptance; noise ~ Exp(1) (clamped away from 0 so the
-    division in the exponential race stays finite) picks the recovered or bonus token.
+    uniforms ~ U[0, 1) decide acceptance; noise ~ Exp(1) picks the recovered or bonus token.
     The generator must live on `device`.
     """
     uniforms = torch.rand(B, K, generator=generator, device=device, dtype=torch.float32)
-    noise = torch.empty(B, V, device=device, dtype=torch.float32).exponential_(generator=generator)
-    noise.clamp_(min=torch.finfo(torch.float32).tiny)
-    return uniforms, noise
+    return uniforms, exponential_noise((B, V), generator, device)

@@ -1,0 +1,280 @@
+"""Convert a llama.cpp GGUF file of a Qwen2 model into a Hugging Face-style model directory.
+
+The output directory holds `config.json`, `generation_config.json`, `tokenizer.json`,
+`tokenizer_config.json` (with the chat template inline), `chat_template.jinja` and a single
+`model.safetensors` in bfloat16, loadable by `transformers` and by specrt's own loader.
+
+Weights are dequantized tensor by tensor (in row chunks) with `gguf.quants.dequantize` and
+rounded to bf16 with torch's round-to-nearest-even, so every output tensor equals
+`dequantize(...)` rounded to bf16 exactly. The safetensors file is written as a stream, one
+tensor after another, because holding the whole bf16 model in memory (3.1 GB for the 1.5B,
+twice that while `save_file` runs next to the memory-mapped GGUF) is what we avoid: peak RSS
+stays near the largest tensor in fp32 plus the pages of the GGUF the kernel has mapped in.
+
+llama.cpp permutes the q/k rows of the llama architecture for its rope layout, but not those
+of qwen2 (both use the same rotate-half rope), so names are mapped and nothing is permuted.
+GGUF lists dimensions fastest-first; the arrays `GGUFReader` exposes are already row-major
+[out, in], which is the Hugging Face layout.
+
+This module knows nothing about where GGUF files come from (see `specrt.models`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
+_CHUNK_ELEMENTS = 1 << 24
+
+# llama.cpp tensor name (inside `blk.N.` for per-layer ones) -> Hugging Face name.
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+class UnsupportedGGUF(ValueError):
+    """The GGUF file is not a Qwen2 model this converter understands."""
+
+
+def hf_name(gguf_name: str) -> str:
+    """Hugging Face parameter name of a llama.cpp tensor name, e.g. blk.3.attn_q.bias."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise UnsupportedGGUF(f"unexpected tensor {gguf_name!r} in a qwen2 GGUF")
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is not None:
+            return default
+        raise UnsupportedGGUF(f"GGUF metadata lacks {key!r}")
+    return field.contents()
+
+
+def _f32(x: float) -> float:
+    # GGUF stores these as float32: 1e-6 reads back as 9.999999974752427e-07.
+    return float(str(np.float32(x)))
+
+
+def read_config(reader) -> dict:
+    """config.json contents for the model in an open `gguf.GGUFReader`."""
+    arch = _field(reader, "general.architecture")
+    if arch != "qwen2":
+        raise UnsupportedGGUF(f"architecture {arch!r}; only 'qwen2' is supported")
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise UnsupportedGGUF("GGUF has no token_embd.weight")
+    n_layers = int(_field(reader, "qwen2.block_count"))
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": int(embd.shape[1]),
+        "hidden_size": int(_field(reader, "qwen2.embedding_length")),
+        "intermediate_size": int(_field(reader, "qwen2.feed_forward_length")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": int(_field(reader, "qwen2.attention.head_count")),
+        "num_key_value_heads": int(_field(reader, "qwen2.attention.head_count_kv")),
+        "hidden_act": "silu",
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "rms_norm_eps": _f32(_field(reader, "qwen2.attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(_field(reader, "qwen2.rope.freq_base")),
+        "rope_scaling": None,
+        "max_position_embeddings": int(_field(reader, "qwen2.context_length")),
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": n_layers,
+        "tie_word_embeddings": False,
+        "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
+        "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+    }
+
+
+def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every parameter the converted checkpoint holds, with its [out, in] shape: the loader's
+    own table for this config, so the two can never disagree."""
+    from specrt.model.config import ModelConfig
+    from specrt.model.loader import expected_shapes as loader_shapes
+
+    return loader_shapes(ModelConfig.from_dict(config, source="GGUF metadata"))
+
+
+def plan_tensors(reader, config: dict) -> list[tuple[str, object, tuple[int, ...]]]:
+    """[(hf_name, ReaderTensor, shape)] in file order, checked against the config.
+
+    Fails before anything is written if a tensor is missing, unknown or mis-shaped.
+    """
+    want = expected_shapes(config)
+    plan = []
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF dims are fastest-first
+        if want.get(name) != shape:
+            raise UnsupportedGGUF(
+                f"{t.name} -> {name}: shape {shape}, config wants {want.get(name)}")
+        plan.append((name, t, shape))
+    missing = sorted(set(want) - {name for name, _, _ in plan})
+    if missing:
+        raise UnsupportedGGUF(f"GGUF lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    return plan
+
+
+def dequantize_bf16(tensor, row_start: int = 0, row_stop: int | None = None) -> torch.Tensor:
+    """Rows [row_start, row_stop) of a GGUF tensor as bf16 (round-to-nearest-even from fp32)."""
+    from gguf.quants import dequantize
+
+    data = tensor.data if tensor.data.ndim == 1 else tensor.data[row_start:row_stop]
+    fp32 = np.ascontiguousarray(dequantize(np.asarray(data), tensor.tensor_type), dtype=np.float32)
+    if not fp32.flags.writeable:  # F32 tensors come back as views of the read-only memmap
+        fp32 = fp32.copy()
+    return torch.from_numpy(fp32).to(torch.bfloat16)
+
+
+def write_safetensors(plan, path: Path, progress: bool = True) -> None:
+    """Stream every planned tensor, dequantized to bf16, into one safetensors file."""
+    from tqdm import tqdm
+
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, _, shape in plan:
+        nbytes = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format pads the header so tensor data is 8-aligned
+
+    bar = tqdm(total=offset, unit="B", unit_scale=True, desc="convert weights",
+               disable=not progress)
+    with open(path, "wb") as f, bar:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for _, tensor, shape in plan:
+            rows = shape[0] if len(shape) == 2 else 1
+            step = max(1, _CHUNK_ELEMENTS // (int(np.prod(shape)) // rows))
+            for r in range(0, rows, step):
+                chunk = dequantize_bf16(tensor, r, r + step)
+                f.write(chunk.view(torch.int16).numpy())
+                bar.update(2 * chunk.numel())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_tokenizer(gguf_path: Path, out_dir: Path, context_length: int,
+                    chat_template: str) -> None:
+    """tokenizer.json, tokenizer_config.json, chat_template.jinja via transformers' GGUF reader."""
+    from tokenizers import normalizers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                        local_files_only=True)
+    # Upstream Qwen2 tokenizers NFC-normalize; GGUF has no field for it, so it is lost on the way.
+    tok.backend_tokenizer.normalizer = normalizers.NFC()
+    tok.model_max_length = context_length
+    tok.chat_template = chat_template
+    tok.save_pretrained(str(out_dir))
+    # transformers 5 writes the template to chat_template.jinja only; readers that use plain
+    # `tokenizers` + jinja2 expect it inline, as upstream Qwen ships it.
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("is_local", "local_files_only"):  # artefacts of loading from a local path
+        cfg.pop(key, None)
+    cfg["chat_template"] = chat_template
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def generation_config(config: dict, token_ids: dict[str, int]) -> dict:
+    """Like Qwen's: stop on <|im_end|> (end of a chat turn) and on <|endoftext|>.
+
+    No sampling settings: the GGUF does not carry them, so transformers defaults to greedy.
+    """
+    eos = [token_ids["<|im_end|>"], token_ids["<|endoftext|>"]]
+    eos = [config["eos_token_id"]] + [e for e in eos if e != config["eos_token_id"]]
+    return {"bos_token_id": config["bos_token_id"], "pad_token_id": token_ids["<|endoftext|>"],
+            "eos_token_id": eos}
+
+
+def _token_ids(reader, names: tuple[str, ...]) -> dict[str, int]:
+    field = reader.fields["tokenizer.ggml.tokens"]
+    found = {}
+    # Special tokens sit at the end of the vocabulary: scan backwards, decoding only what we pass.
+    for idx in range(len(field.data) - 1, -1, -1):
+        text = bytes(field.parts[field.data[idx]]).decode("utf-8", "replace")
+        if text in names:
+            found[text] = idx
+            if len(found) == len(names):
+                return found
+    raise UnsupportedGGUF(f"vocabulary lacks {sorted(set(names) - set(found))}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
+    """Convert `gguf_path` into the directory `out_dir` (which must not exist yet).
+
+    Atomic: everything is built in a temporary sibling directory that is renamed into place at
+    the end, and removed if anything (including KeyboardInterrupt) stops the conversion.
+    Raises UnsupportedGGUF for a file that is not a well-formed qwen2 model.
+    """
+    from gguf import GGUFReader
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} already exists")
+    reader = GGUFReader(str(gguf_path))
+    config = read_config(reader)
+    plan = plan_tensors(reader, config)
+    token_ids = _token_ids(reader, ("<|im_end|>", "<|endoftext|>"))
+    chat_template = _field(reader, "tokenizer.chat_template")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps(generation_config(config, token_ids), indent=2) + "\n")
+        write_safetensors(plan, tmp / "model.safetensors", progress)
+        del plan, reader  # unmap the GGUF before transformers reads it once more
+        write_tokenizer(gguf_path, tmp, config["max_position_embeddings"], chat_template)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal dir
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,46 @@
+"""One backend per device, chosen once when a model is loaded.
+
+- `torch_ref` (TorchReference): SDPA + `F.linear`, the specification; any device.
+- `cpu_native` (CpuNative): C++ matmuls and layer ops for CPU decode/verify passes (bf16,
+  fp32) on CPUs with AVX-512 BF16; the default on such CPUs.
+- `cuda` (Cuda): Triton attention for decode/verify, the CUDA-graph body; the default on CUDA.
+
+`SPECRT_BACKEND=torch_ref|cpu_native|cuda` (or `select_backend(..., name=...)`) overrides the
+choice, for tests and comparisons.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specrt.errors import ConfigError
+from specrt.model.backends.base import Backend, Linear, Pass
+from specrt.model.backends.torch_ref import TorchReference
+
+__all__ = ["Backend", "Linear", "Pass", "select_backend", "BACKENDS"]
+BACKENDS = ("torch_ref", "cpu_native", "cuda")
+ENV_VAR = "SPECRT_BACKEND"
+
+
+def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = None) -> Backend:
+    name = name or os.environ.get(ENV_VAR, "").strip() or None
+    if name is not None and name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r} ({ENV_VAR}); choose one of "
+                          f"{', '.join(BACKENDS)}")
+    if name == "torch_ref":
+        return TorchReference()
+    if device.type == "cuda" or name == "cuda":
+        if device.type != "cuda":
+            raise ConfigError(f"backend 'cuda' needs a CUDA device, the model is on {device}")
+        from specrt.model.backends.cuda import Cuda
+
+        return Cuda()
+    from specrt.model.backends import cpu_native
+
+    if name == "cpu_native" or (name is None and cpu_native.available(dtype)):
+        if not cpu_native.available(dtype):
+            raise ConfigError(f"backend 'cpu_native' is unavailable for {dtype} here (extension "
+                              "not built, CPU without AVX-512 BF16, or SPECRT_CPU_OPS=0)")
+        return cpu_native.CpuNative()
+    return TorchReference()

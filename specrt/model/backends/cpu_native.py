@@ -1,0 +1,74 @@
+"""The CPU-native backend: decode and verify passes through specrt's C++ kernels.
+
+A decode step of a small model on the CPU is ~85% weight streaming and ~15% small ops. The
+matmuls go through `specrt.kernels.cpu.gemv` (the weight streamed once per call for 1..32
+rows) and the rest of each layer through `specrt.kernels.cpu.ops`: one call for the residual
+add + RMSNorm, one for RoPE + KV-cache write + attention, one for SwiGLU. Both compute every
+row on its own in a fixed order, so a verify pass of K + 1 rows gives the bits of the K + 1
+decode steps it replaces, in bf16 too. Passes of more rows (prefills) take the reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from specrt.kernels.cpu import gemv, ops
+from specrt.model.backends.base import Pass
+from specrt.model.backends.torch_ref import TorchLinear, TorchReference
+
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+def available(dtype: torch.dtype) -> bool:
+    """The C++ layer ops are built, this CPU runs them, and they serve this dtype."""
+    return ops.AVAILABLE and dtype in DTYPES
+
+
+class GemvLinear(TorchLinear):
+    """y = x @ W^T + b through the C++ skinny-matmul kernel where it is faster (decode and
+    verify row counts), `F.linear` elsewhere (`gemv.linear` decides per call)."""
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return gemv.linear(x, self.weight, self.bias, out_dtype)
+
+
+class CpuNative(TorchReference):
+    name = "cpu_native"
+
+    @property
+    def build_id(self) -> str:
+        return f"{super().build_id}|gemv-{gemv.build_id()}|ops-{ops.build_id()}"
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> GemvLinear:
+        return GemvLinear(weight, bias)
+
+    def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
+               last_only: bool = False) -> torch.Tensor:
+        B, T = input_ids.shape
+        if B * T > ops.MAX_ROWS:
+            return super().hidden(model, input_ids, cache, rows, last_only)
+        h = self._layers(model, input_ids, cache, rows)                      # [B, T, H]
+        if last_only:
+            h = h[torch.arange(B), torch.tensor(rows.valid) - 1][:, None]    # [B, 1, H]
+        return h
+
+    def _layers(self, model, input_ids: torch.Tensor, cache, rows: Pass) -> torch.Tensor:
+        """Embedding, layers and final norm, one C++ call per norm, attention block and
+        SwiGLU. The residual stream x [B * T, H] is updated in place; returns the final-normed
+        hidden states [B, T, H]."""
+        cfg = model.cfg
+        B, T = input_ids.shape
+        eps = cfg.rms_norm_eps
+        starts = torch.tensor(rows.starts, dtype=torch.int64)                # [B]
+        valid = torch.tensor(rows.valid, dtype=torch.int64)                  # [B]
+        scale = cfg.head_dim ** -0.5
+        x = model.embed[input_ids.reshape(-1)]                               # [B * T, H], a copy
+        h = ops.rms_norm(x, model.layers[0].input_norm, eps)
+        for i, layer in enumerate(model.layers):
+            k_cache, v_cache = cache.layer(i)                                # [Bmax, Hkv, S, D]
+            attn = ops.rope_attention(layer.qkv(h), k_cache, v_cache, model.cos, model.sin,
+                                      starts, valid, T, cfg.num_heads, scale)
+            h = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
+            act = ops.silu_mul(layer.gate_up(h))                             # [B * T, I]
+            after = model.layers[i + 1].input_norm if i + 1 < len(model.layers) else model.norm
+            h = ops.add_rms_norm(x, layer.down(act), after, eps)
+        return h.view(B, T, -1)

@@ -1,0 +1,124 @@
+"""Qwen2 / Llama-style decoder: forward(input_ids [B, T], cache) -> logits [B, T, V].
+
+One forward serves prefill (T = prompt length), decode (T = 1) and verify (T = K + 1): the
+positions of the T new tokens come from the cache's per-row lengths, their K/V are written at
+those positions, and each query attends to every cached position up to its own. The layer
+arithmetic belongs to the backend chosen at load (`specrt.model.backends`); this class holds
+the weights and the bookkeeping around a pass. Nothing here knows about drafting, sampling or
+text.
+
+Weights are plain tensors (no nn.Module tree): q/k/v are fused into one projection and
+gate/up into another at load time, so a decode step makes 4 matmuls per layer instead of 7.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from specrt.errors import CapacityError
+from specrt.model.backends import Backend, Linear, Pass, select_backend
+from specrt.model.backends.torch_ref import rope_tables
+from specrt.model.config import ModelConfig
+from specrt.model.kv_cache import StaticKVCache
+from specrt.model.loader import load_state_dict, parse_dtype
+
+
+@dataclasses.dataclass
+class Layer:
+    input_norm: torch.Tensor   # [H]
+    qkv: Linear                # [H] -> [q_size + 2 * kv_size]
+    o: Linear                  # [q_size] -> [H]
+    post_norm: torch.Tensor    # [H]
+    gate_up: Linear            # [H] -> [2 * I]
+    down: Linear               # [I] -> [H]
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_seq_len: int,
+                 backend: Backend | str | None = None):
+        """Takes ownership of `weights` (popped). backend: a Backend, a backend name, or None
+        for the device's default (see specrt.model.backends)."""
+        self.cfg = cfg
+        w = weights
+        self.embed = w.pop("model.embed_tokens.weight")            # [V, H]
+        self.norm = w.pop("model.norm.weight")                      # [H]
+        self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        if not isinstance(backend, (str, type(None))):
+            self.backend = backend
+        else:
+            self.backend = select_backend(self.device, self.dtype, backend)
+        linear = self.backend.linear
+        head = self.embed if cfg.tie_word_embeddings else w.pop("lm_head.weight")
+        self.lm_head = linear(head)
+        self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
+        self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
+        self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_theta, max_seq_len, self.dtype,
+                                         self.device)                   # [S, D] each
+
+    def _layer(self, w: dict, p: str, linear) -> Layer:
+        qkv_w = torch.cat([w.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        qkv_b = (torch.cat([w.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+                 if self.cfg.attention_bias else None)
+        return Layer(
+            input_norm=w.pop(p + "input_layernorm.weight"),
+            qkv=linear(qkv_w, qkv_b),
+            o=linear(w.pop(p + "self_attn.o_proj.weight")),
+            post_norm=w.pop(p + "post_attention_layernorm.weight"),
+            gate_up=linear(torch.cat([w.pop(p + "mlp.gate_proj.weight"),
+                                      w.pop(p + "mlp.up_proj.weight")])),
+            down=linear(w.pop(p + "mlp.down_proj.weight")),
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, dtype="float32", device="cpu",
+                 max_seq_len: int = 4096, backend: str | None = None) -> "Transformer":
+        cfg = ModelConfig.from_dir(model_dir)
+        weights = load_state_dict(model_dir, cfg, parse_dtype(dtype), device)
+        model = cls(cfg, weights, max_seq_len, backend)
+        model.source = str(Path(model_dir).resolve())
+        return model
+
+    def new_cache(self, max_batch_size: int, max_seq_len: int) -> StaticKVCache:
+        return StaticKVCache(self.cfg.num_layers, max_batch_size, self.cfg.num_kv_heads,
+                             max_seq_len, self.cfg.head_dim, self.dtype, self.device)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (embedding rows excluded, lm_head included)."""
+        n = self.lm_head.nbytes + self.norm.numel() * self.norm.element_size()
+        for layer in self.layers:
+            n += sum(lin.nbytes for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            n += 2 * layer.input_norm.numel() * layer.input_norm.element_size()
+        return n
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: StaticKVCache,
+                num_valid: list[int] | None = None, last_only: bool = False) -> torch.Tensor:
+        """Run T new tokens per row through the model and append their K/V to `cache`.
+
+        input_ids: [B, T] token ids; row b's tokens sit at positions lengths[b] + t.
+        num_valid: [B] how many of row b's T tokens are real (default all); the rest are
+            right-padding: their K/V are not kept and their logits are meaningless.
+        last_only: return only the logits of each row's last valid token, [B, 1, V].
+        Returns fp32 logits [B, T, V] (or [B, 1, V]); cache lengths advance by num_valid.
+        """
+        B, T = input_ids.shape
+        rows = Pass(T, cache.host_lengths()[:B],
+                    list(num_valid) if num_valid is not None else [T] * B)
+        need = max(s + v for s, v in zip(rows.starts, rows.valid))
+        if need > cache.max_seq_len:
+            raise CapacityError(f"KV cache overflow: a row needs {need} positions but "
+                                f"max_seq_len is {cache.max_seq_len}; raise max_seq_len")
+        h = self.backend.hidden(self, input_ids, cache, rows, last_only)    # [B, T | 1, H]
+        cache.advance(rows.valid)
+        return self.lm_head(h, torch.float32)
+
+    def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
+        are read from and advanced in the cache's device tensor, shapes never depend on data,
+        and nothing syncs with the host. The caller owns the host mirror of the lengths
+        (`cache.note_advanced`) and the capacity check. Returns fp32 logits [B, T, V]."""
+        return self.lm_head(self.backend.hidden_static(self, input_ids, cache), torch.float32)

@@ -1,0 +1,124 @@
+"""Measuring what a forward costs on this machine, and remembering it.
+
+`forward_seconds(model, max_t)` times one forward of T = 1..max_t new tokens after a short
+prefix, on a small private cache (the serving caches are untouched). Results are keyed by
+(model, dtype, device, threads, CPU, backend build) and kept in memory and on disk
+(`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`, written atomically), so a
+calibration runs once per machine and kernel build. `specrt.spec.costs` turns them into a
+cost model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from specrt.hub.paths import cache_dir
+from specrt.model.transformer import Transformer
+
+_PREFIX = 32          # calibration context length
+_REPEATS = 3
+_cache: dict[str, list[float]] = {}
+_lock = threading.Lock()
+
+
+def forward_seconds(model: Transformer, max_t: int) -> list[float]:
+    """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
+    (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
+    warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
+    except for the step from 1 to 2 rows, where CPU matmuls switch kernels."""
+    key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
+                             max_t, cpu_name(), model.backend.build_id)))
+    with _lock:
+        if key not in _cache:
+            _cache.update(_load_disk())
+        if key in _cache:
+            return _cache[key]
+    out = _measure(model, max_t)
+    with _lock:
+        _cache[key] = out
+        _save_disk(_cache)
+    return out
+
+
+def _measure(model: Transformer, max_t: int) -> list[float]:
+    cache = model.new_cache(1, _PREFIX + max_t)
+    ids = torch.randint(0, min(model.cfg.vocab_size, 1000), (1, _PREFIX + max_t),
+                        generator=torch.Generator().manual_seed(0)).to(model.device)
+    model.forward(ids[:, :_PREFIX], cache)
+    measured = {}
+    for t in sorted({1, min(2, max_t), (max_t + 1) // 2, max_t}):
+        times = []
+        for rep in range(_REPEATS + 1):
+            cache.truncate([_PREFIX])
+            _sync(model.device)
+            t0 = time.perf_counter()
+            model.forward(ids[:, _PREFIX:_PREFIX + t], cache)
+            _sync(model.device)
+            if rep:                                   # the first is a warm-up
+                times.append(time.perf_counter() - t0)
+        measured[t] = statistics.median(times)
+    points = sorted(measured)
+    out = []
+    for t in range(1, max_t + 1):
+        lo = max(p for p in points if p <= t)
+        hi = min(p for p in points if p >= t)
+        w = 0.0 if hi == lo else (t - lo) / (hi - lo)
+        out.append((1 - w) * measured[lo] + w * measured[hi])
+    # Latency cannot fall as T grows; keep the curve monotone despite timing noise.
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1])
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cpu_name() -> str:
+    """The CPU's model name: timings from one CPU are not reused on another."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def disk_path() -> Path:
+    """Where calibrations are kept: $SPECRT_CALIBRATION, else $SPECRT_CACHE/calibration.json."""
+    explicit = os.environ.get("SPECRT_CALIBRATION")
+    if explicit:
+        return Path(explicit).expanduser()
+    return cache_dir() / "calibration.json"
+
+
+def _load_disk() -> dict:
+    try:
+        raw = json.loads(disk_path().read_text())
+        return {k: v for k, v in raw.items() if isinstance(v, list)}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_disk(entries: dict) -> None:
+    """Best effort, atomic: a calibration that cannot be saved is simply redone next time."""
+    path = disk_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-calibration-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -1,0 +1,84 @@
+"""What every drafter provides: K guesses per row, optionally with the distribution they came from.
+
+A drafter sees the committed history of each row (prompt + accepted output, token ids only),
+proposes up to K *draft tokens* per row, and is told by the round how many of them were
+*accepted* (`rollback`), so it can roll its own state back. Drafters never see the target's
+logits. Optional capabilities the adaptive planner reads are declared as protocols below.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specrt.spec.sampling import SamplingParams
+
+NO_DRAFT = -1   # pads draft_tokens where a row proposes fewer than K tokens
+
+
+def right_pad(rows: list[list[int]], fill: int = 0) -> torch.Tensor:
+    """Ragged token rows -> [len(rows), longest] int64 (CPU), each row right-padded with fill."""
+    out = torch.full((len(rows), max((len(r) for r in rows), default=0)), fill,
+                     dtype=torch.int64)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    return out
+
+
+@dataclasses.dataclass
+class Proposal:
+    tokens: torch.Tensor              # [B, K] int64 draft tokens, NO_DRAFT-padded on the right
+    probs: torch.Tensor | None        # [B, K, V] warped q the drafts were sampled from; None when
+                                      # the drafter is deterministic (greedy or n-gram: one-hot q)
+    counts: list[int]                 # [B] real drafts per row (0 for inactive rows)
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclasses.dataclass
+class DraftContext:
+    histories: list[list[int]]        # [B] committed ids per row: prompt + output so far
+    active: list[bool]                # [B] rows still generating
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, batch_size: int) -> None:
+        """Forget everything: a new batch of requests starts."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
+        """Up to k draft tokens per active row, or None if no row has any."""
+
+    def rollback(self, num_accepted: list[int]) -> None:
+        """Called by the round after verifying this drafter's proposal: row b kept the first
+        num_accepted[b] of its drafts; state past them (cached K/V) must be dropped."""
+
+
+@runtime_checkable
+class MatchingDrafter(Protocol):
+    """A drafter that can show its guesses for free before being asked (prompt lookup): the
+    adaptive planner compares them with a model's, and keeps acceptance per match length."""
+
+    name: str
+    min_n: int
+    max_n: int
+
+    def matches(self, ctx: DraftContext, k: int) -> list[tuple[list[int], int]]:
+        """Per row: (up to k guesses, the matched suffix length n), ([], 0) for none."""
+
+
+@runtime_checkable
+class CatchUpDrafter(Protocol):
+    """A drafter whose first forward of a round must first read the committed tokens it has
+    not seen (a draft model): that forward's cost depends on how many."""
+
+    name: str
+
+    def unseen(self, ctx: DraftContext) -> int:
+        """The longest run of committed tokens an active row has not fed the drafter."""

@@ -1,0 +1,54 @@
+"""Prompt-lookup drafting (vLLM's "ngram" method): guess that the text repeats itself.
+
+For each row, find the most recent earlier occurrence of the last n committed tokens (n from
+prompt_lookup_max down to prompt_lookup_min) in prompt + output, and propose the K tokens that
+followed it. No model runs; the C++ index (specrt._ngram) makes a lookup O(max_n + K)
+whatever the history length. Its drafts are deterministic, so for sampling q is one-hot.
+"""
+from __future__ import annotations
+
+from specrt.spec.drafters.base import NO_DRAFT, DraftContext, Proposal, right_pad
+from specrt.spec.drafters.ngram_index import NgramIndex
+
+__all__ = ["NgramDrafter", "proposal_from_lists"]
+
+
+class NgramDrafter:
+    name = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 3):
+        self.min_n, self.max_n = min_n, max_n
+        self.indexes: list[NgramIndex] = []
+
+    def begin(self, batch_size: int) -> None:
+        for index in self.indexes[:batch_size]:
+            index.reset()
+        while len(self.indexes) < batch_size:
+            self.indexes.append(NgramIndex(self.min_n, self.max_n))
+
+    def matches(self, ctx: DraftContext, k: int) -> list[tuple[list[int], int]]:
+        """Per row: (up to k proposed tokens, the matched suffix length n), or ([], 0) for an
+        inactive row or no match. Free to compute: the adaptive planner calls this to decide
+        whether to draft with a model instead, and keeps acceptance per n (a guess after a
+        3-token match is far better than one after a 1-token match)."""
+        out = []
+        for index, history, active in zip(self.indexes, ctx.histories, ctx.active):
+            if len(index) < len(history):
+                index.extend(history[len(index):])
+            out.append((index.propose(k), index.match_length()) if active else ([], 0))
+        return out
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
+        return proposal_from_lists([draft for draft, _ in self.matches(ctx, k)])
+
+    def rollback(self, num_accepted: list[int]) -> None:
+        pass   # the index only ever sees committed tokens: nothing to roll back
+
+
+def proposal_from_lists(drafts: list[list[int]]) -> Proposal | None:
+    """Pack per-row draft lists (possibly shorter than the longest, or empty) into a one-hot
+    Proposal K wide, K the longest list; None when every list is empty."""
+    if not any(drafts):
+        return None
+    return Proposal(tokens=right_pad(drafts, NO_DRAFT), probs=None,
+                    counts=[len(d) for d in drafts])

@@ -1,0 +1,39 @@
+"""Who drafts, and how many tokens, in each round: the `Plan` a planner returns.
+
+A planner decides; it does not act. Each round `choose` returns a `Plan` (a drafter and K, or
+a plain step); the round (`specrt.engine.round`) asks that drafter for K guesses, verifies
+them and rolls back both caches; afterwards the planner is told the outcome (`observe`) with
+the plan handed back, so it keeps no hidden state between the two calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from specrt.spec.drafters.base import DraftContext, Drafter
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    drafter: Drafter | None   # who drafts this round; None: a plain decoding step
+    k: int                    # drafts to ask for (0 with no drafter)
+    label: str                # "plain", "draft_model:4", "ngram:3": for traces and stats
+    notes: object = None      # the planner's record of why, handed back to its observe
+
+
+PLAIN = Plan(None, 0, "plain")
+
+
+class Planner(Protocol):
+    max_k: int                     # the largest K any plan may ask for
+    drafters: tuple[Drafter, ...]  # every drafter a plan may name (the engine resets them)
+
+    def begin(self, batch_size: int) -> None:
+        """A new batch of `batch_size` rows starts: forget per-row statistics."""
+
+    def choose(self, ctx: DraftContext) -> Plan: ...
+
+    def observe(self, plan: Plan, num_accepted: list[int], num_drafted: list[int],
+                draft_seconds: float, verify_seconds: float) -> None:
+        """The outcome of the round `plan` described (num_drafted all 0 when the drafter had
+        nothing to offer and the round was a plain step)."""

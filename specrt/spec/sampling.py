@@ -1,0 +1,84 @@
+"""Turning logits into token choices: `SamplingParams`, warping (temperature, top-k, top-p)
+and seeded draws.
+
+Speculative sampling is exact only if the target's p and the drafter's q are warped the same
+way, so there is exactly one `warp` and both sides call it. Sampling uses the exponential race
+argmax(p / E) with E ~ Exp(1) (`specrt.kernels.reference.exponential_noise`, the one noise
+source of specrt): an exact draw from p that needs no normalisation, and the same rule the
+acceptance kernels use for recovered and bonus tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specrt.errors import ConfigError
+from specrt.kernels.reference import exponential_noise
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How a token is chosen from logits. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0          # 0 = off
+    top_p: float = 1.0      # 1.0 = off
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] (fp32) after temperature, top-k, then top-p."""
+    x = logits.float() / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]     # [..., 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p             # mass strictly above
+        drop_sorted = before >= params.top_p                            # never drops the top-1
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One exact draw per row from probs [..., V] -> token ids [...] (int64)."""
+    return (probs / exponential_noise(probs.shape, generator, probs.device)).argmax(dim=-1)
+
+
+def choose(logits: torch.Tensor, params: SamplingParams,
+           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pick one token per row of logits [..., V]: argmax when greedy, else a seeded draw from the
+    warped distribution. Returns (tokens [...], probs [..., V] or None when greedy)."""
+    if params.greedy:
+        return logits.argmax(dim=-1), None
+    probs = warp(logits, params)
+    return sample(probs, generator), probs
+
+
+def make_generator(seed: int | None, device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
