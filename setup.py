@@ -11,20 +11,20 @@ from setuptools import find_packages, setup
 ext_modules = [
     Pybind11Extension(
         "specrt._ngram",
-        ["csrc/ngram.cpp", "csrc/bindings.cpp"],
+        ["csrc/ngram/ngram.cpp", "csrc/ngram/ngram_bindings.cpp"],
         cxx_std=17,
         extra_compile_args=["-O3"],
     ),
     Pybind11Extension(
         "specrt._gemv",
-        ["csrc/gemv.cpp", "csrc/gemv_bindings.cpp"],
+        ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_bindings.cpp"],
         cxx_std=17,
         extra_compile_args=["-O3", "-fopenmp", "-Wno-uninitialized"],  # gcc 12 intrinsics noise
         extra_link_args=["-fopenmp"],
     ),
     Pybind11Extension(
         "specrt._cpu_ops",
-        ["csrc/cpu_ops.cpp", "csrc/cpu_ops_bindings.cpp"],
+        ["csrc/cpu/ops.cpp", "csrc/cpu/ops_bindings.cpp"],
         cxx_std=17,
         extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp", "-Wno-psabi", "-Wno-uninitialized",
                             "-Wno-maybe-uninitialized"],     # gcc 12 intrinsics noise

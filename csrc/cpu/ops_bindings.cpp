@@ -1,9 +1,9 @@
-// pybind11 bindings of the per-layer CPU operations (csrc/cpu_ops.cpp) -> specrt._cpu_ops.
+// pybind11 bindings of the per-layer CPU operations (ops.cpp) -> specrt._cpu_ops.
 // Tensors cross as data pointers: specrt/cpu_ops.py checks dtype, shape and contiguity first.
 // `bf16` picks the element type: bf16 bits (uint16) or fp32.
 #include <pybind11/pybind11.h>
 
-#include "cpu_ops.h"
+#include "ops.h"
 
 namespace py = pybind11;
 using specrt::AttentionShape;

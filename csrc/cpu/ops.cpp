@@ -12,7 +12,7 @@
 // The PyTorch functions in specrt/model.py (rms_norm, apply_rope, _attention) are the
 // specification; specrt/cpu_ops.py dispatches. Rounding follows them: fp32 arithmetic, and in
 // bf16 a rounding after each step the reference rounds (x * r, w * n, x + y, silu, products).
-#include "cpu_ops.h"
+#include "ops.h"
 
 #include <immintrin.h>
 

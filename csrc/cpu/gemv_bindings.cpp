@@ -1,4 +1,4 @@
-// pybind11 bindings of the skinny CPU matrix products (csrc/gemv.cpp) -> specrt._gemv.
+// pybind11 bindings of the skinny CPU matrix products (gemv.cpp) -> specrt._gemv.
 // Tensors cross as data pointers: specrt/cpu_gemv.py checks dtype, shape and contiguity first.
 #include <pybind11/pybind11.h>
 
