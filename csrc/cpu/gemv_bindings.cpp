@@ -2,6 +2,7 @@
 // Tensors cross as data pointers: specrt/cpu_gemv.py checks dtype, shape and contiguity first.
 #include <pybind11/pybind11.h>
 
+#include "cpu_features.h"
 #include "gemv.h"
 
 namespace py = pybind11;
@@ -28,5 +29,5 @@ PYBIND11_MODULE(_gemv, m) {
                          K, threads);
       },
       "fp32 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N]");
-  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/BF16 available on this CPU");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
 }

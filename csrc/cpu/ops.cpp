@@ -20,10 +20,9 @@
 #include <cmath>
 #include <vector>
 
-namespace specrt {
+#include "cpu_features.h"
 
-#define SPECRT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-#define SPECRT_INLINE __attribute__((always_inline)) inline
+namespace specrt {
 
 // --- 16 lanes of T as fp32 ----------------------------------------------------------------
 static inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }

@@ -3,6 +3,7 @@
 // `bf16` picks the element type: bf16 bits (uint16) or fp32.
 #include <pybind11/pybind11.h>
 
+#include "cpu_features.h"
 #include "ops.h"
 
 namespace py = pybind11;
@@ -61,8 +62,5 @@ PYBIND11_MODULE(_cpu_ops, m) {
       },
       "RoPE on qkv [B*T, (Hq+2Hkv)*D], k/v written into the caches [Bmax, Hkv, S, D] at "
       "starts[b] + t for t < valid[b], attention of every query -> out [B*T, Hq*D]");
-  m.def("cpu_supported", [] {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  }, "AVX-512F/BW/VL/BF16 available on this CPU");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
 }
