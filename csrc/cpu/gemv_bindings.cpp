@@ -2,6 +2,7 @@
 // Tensors cross as data pointers: specrt/cpu_gemv.py checks dtype, shape and contiguity first.
 #include <pybind11/pybind11.h>
 
+#include "../build_id.h"
 #include "cpu_features.h"
 #include "gemv.h"
 
@@ -29,5 +30,7 @@ PYBIND11_MODULE(_gemv, m) {
                          K, threads);
       },
       "fp32 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N]");
+  m.def("build_id", [] { return SPECRT_BUILD_ID; },
+        "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
 }

@@ -3,6 +3,7 @@
 // `bf16` picks the element type: bf16 bits (uint16) or fp32.
 #include <pybind11/pybind11.h>
 
+#include "../build_id.h"
 #include "cpu_features.h"
 #include "ops.h"
 
@@ -62,5 +63,7 @@ PYBIND11_MODULE(_cpu_ops, m) {
       },
       "RoPE on qkv [B*T, (Hq+2Hkv)*D], k/v written into the caches [Bmax, Hkv, S, D] at "
       "starts[b] + t for t < valid[b], attention of every query -> out [B*T, Hq*D]");
+  m.def("build_id", [] { return SPECRT_BUILD_ID; },
+        "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
 }
