@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from specrt import cpu_gemv, cpu_ops
+from specrt.kernels.cpu import gemv as cpu_gemv, ops as cpu_ops
 from specrt.model import Transformer
 
 _PREFIX = 32          # calibration context length
@@ -77,15 +77,10 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
 
 @functools.lru_cache(maxsize=None)
 def _kernel_builds() -> str:
-    """Which builds of the CPU kernels serve (size and mtime of each extension, "library" where
-    PyTorch serves): they change on every rebuild, and timings measured with one build are not
-    reused with another."""
-    ids = []
-    for available, ext in ((cpu_gemv.AVAILABLE, cpu_gemv._gemv),
-                           (cpu_ops.AVAILABLE, cpu_ops._cpu_ops)):
-        st = os.stat(ext.__file__) if available else None
-        ids.append(f"{st.st_size}-{st.st_mtime_ns}" if st else "library")
-    return "|".join(ids)
+    """Which builds of the CPU kernels serve (each extension's hash of its sources and flags,
+    "library" where PyTorch serves): timings measured with one build are not reused with
+    another."""
+    return f"{cpu_gemv.build_id()}|{cpu_ops.build_id()}"
 
 
 def _cpu_name() -> str:

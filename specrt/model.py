@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specrt import cpu_gemv, cpu_ops
 from specrt.config import ModelConfig
 from specrt.errors import CapacityError
 from specrt.kernels import verify_attention
+from specrt.kernels.cpu import gemv as cpu_gemv, ops as cpu_ops
 from specrt.kv_cache import StaticKVCache
 from specrt.loader import load_state_dict, parse_dtype
 
@@ -36,7 +36,7 @@ def use_kernel(device: torch.device, t: int, head_dim: int) -> bool:
 
 
 class Linear:
-    """y = x @ W^T + b. On the CPU, decode and verify go through specrt.cpu_gemv (weights in
+    """y = x @ W^T + b. On the CPU, decode and verify go through specrt.kernels.cpu.gemv (weights in
     [out, in] layout, streamed once per call); without that kernel, fp32 weights are stored
     pre-transposed, since MKL's small-M path re-reads an [out, in] weight once per row while
     the [in, out] layout streams it once. bf16/fp16 and CUDA use `F.linear`."""
@@ -261,7 +261,7 @@ class Transformer:
 
     def _layers_cpu(self, input_ids, start: list[int], valid: list[int], cache):
         """`_layers` and the final norm for a CPU decode or verify pass, through
-        specrt.cpu_ops: one call per norm, attention block and SwiGLU, each row computed on
+        specrt.kernels.cpu.ops: one call per norm, attention block and SwiGLU, each row computed on
         its own (so a verify pass gives the bits of the decode steps it replaces). The residual
         stream x [B * T, H] is updated in place; returns the final-normed [B, T, H]."""
         cfg = self.cfg

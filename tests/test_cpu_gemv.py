@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specrt import cpu_gemv
+from specrt.kernels.cpu import gemv as cpu_gemv
 
 needs_kernel = pytest.mark.skipif(not cpu_gemv.AVAILABLE,
                                   reason="CPU lacks AVX-512 BF16: the F.linear fallback serves")

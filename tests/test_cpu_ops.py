@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specrt import cpu_ops
+from specrt.kernels.cpu import ops as cpu_ops
 from specrt.model import Transformer, apply_rope, rms_norm
 
 needs_kernel = pytest.mark.skipif(not cpu_ops.AVAILABLE,

@@ -10,8 +10,9 @@
 // order of operations, so the two agree bit for bit (the matmuls in gemv.cpp do the same).
 //
 // The PyTorch functions in specrt/model.py (rms_norm, apply_rope, _attention) are the
-// specification; specrt/cpu_ops.py dispatches. Rounding follows them: fp32 arithmetic, and in
-// bf16 a rounding after each step the reference rounds (x * r, w * n, x + y, silu, products).
+// specification; specrt/kernels/cpu/ops.py checks the arguments and dispatches. Rounding follows
+// the reference: fp32 arithmetic, and in bf16 a rounding after each step the reference rounds
+// (x * r, w * n, x + y, silu, products).
 #include "ops.h"
 
 #include <immintrin.h>

@@ -1,8 +1,8 @@
 """The per-layer glue of a CPU decode or verify step, through specrt._cpu_ops when it can.
 
-A decode step of a small model on the CPU is ~85% weight streaming (specrt.cpu_gemv) and ~15%
-small ops: two RMSNorms, rotary embeddings, the KV-cache write, attention, SiLU and residual
-adds per layer, each a handful of PyTorch dispatches. csrc/cpu_ops.cpp does each group in one
+A decode step of a small model on the CPU is ~85% weight streaming (specrt.kernels.cpu.gemv) and
+~15% small ops: two RMSNorms, rotary embeddings, the KV-cache write, attention, SiLU and residual
+adds per layer, each a handful of PyTorch dispatches. csrc/cpu/ops.cpp does each group in one
 call, and computes every row on its own, so a verify pass of K + 1 rows gives the same bits as
 K + 1 decode steps (in bf16 too: PyTorch's attention does not).
 
@@ -27,6 +27,11 @@ except ImportError:     # extension not built: the model keeps its PyTorch path
 # Up to how many new tokens per call the C++ path serves: decode and verify passes (K + 1 <= 17
 # in practice). Prefills use SDPA, whose attention is a real matrix product.
 MAX_ROWS = 32
+
+
+def build_id() -> str:
+    """Which build serves the fused path: the extension's source hash, "library" for PyTorch."""
+    return _cpu_ops.build_id() if AVAILABLE else "library"
 
 
 def usable(dtype: torch.dtype, device: torch.device, rows: int) -> bool:

@@ -1,6 +1,6 @@
 """y = x @ W^T + b for decode and verify on the CPU, through specrt._gemv when it can.
 
-`F.linear` is the specification and the fallback. The C++ kernels (csrc/gemv.cpp) stream the
+`F.linear` is the specification and the fallback. The C++ kernels (csrc/cpu/gemv.cpp) stream the
 weight once per call for the skinny inputs of decode (M = 1) and verify (M = K + 1), and give
 each row the same bits whatever M is.
 They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows;
@@ -27,6 +27,11 @@ except ImportError:     # extension not built: every call takes the library path
 # sizes (2-17 rows), even at 32 and behind from 33. fp32: MKL re-reads the weight for each few
 # rows, so the kernel stays ahead (0.6-0.8x) up to 64 rows. Prefills take the library GEMM.
 MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
+
+
+def build_id() -> str:
+    """Which build serves the kernel path: the extension's source hash, "library" for F.linear."""
+    return _gemv.build_id() if AVAILABLE else "library"
 
 
 def usable(weight: torch.Tensor) -> bool:
