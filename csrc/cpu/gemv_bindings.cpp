@@ -1,5 +1,7 @@
 // pybind11 bindings of the skinny CPU matrix products (gemv.cpp) -> specrt._gemv.
-// Tensors cross as data pointers: specrt/cpu_gemv.py checks dtype, shape and contiguity first.
+// Tensors cross as raw data pointers plus sizes, which this layer cannot verify: a wrong one reads
+// or writes out of bounds. specrt/kernels/cpu/gemv.py is the checked boundary (dtype, shape,
+// strides, device; ValueError otherwise): call these only through it.
 #include <pybind11/pybind11.h>
 
 #include "../build_id.h"

@@ -1,5 +1,7 @@
 // pybind11 bindings of the per-layer CPU operations (ops.cpp) -> specrt._cpu_ops.
-// Tensors cross as data pointers: specrt/cpu_ops.py checks dtype, shape and contiguity first.
+// Tensors cross as raw data pointers plus sizes, which this layer cannot verify: a wrong one reads
+// or writes out of bounds. specrt/kernels/cpu/ops.py is the checked boundary (dtype, shape,
+// strides, device, starts + valid <= S; ValueError otherwise): call these only through it.
 // `bf16` picks the element type: bf16 bits (uint16) or fp32.
 #include <pybind11/pybind11.h>
 
