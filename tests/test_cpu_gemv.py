@@ -78,3 +78,50 @@ def test_dispatch_uses_the_kernel_only_where_it_wins(monkeypatch):
             cpu_gemv.linear(torch.randn(m, 64).to(dtype), w)
     limits = [cpu_gemv.MAX_ROWS[d] for d in (torch.bfloat16, torch.float32)]
     assert calls == [m for lim in limits for m in (1, 2, lim)]
+
+
+def _bad_calls():
+    """(function, args, kwargs, the argument named in the error) for each way of being wrong."""
+    x, w, b = torch.randn(2, 64), torch.randn(10, 64), torch.randn(10)
+    cases = []
+    for fn in (cpu_gemv.linear, cpu_gemv.kernel_linear):        # the checks every path makes
+        cases += [
+            (fn, (torch.randn(2, 63), w), {}, "x"),                      # K != weight's K
+            (fn, (x.bfloat16(), w), {}, "x"),                            # dtype != weight's
+            (fn, (x, w, torch.randn(9)), {}, "bias"),                    # shape
+            (fn, (x, w, b.bfloat16()), {}, "bias"),                      # dtype
+            (fn, (x, w[0]), {}, "weight"),                               # rank
+            (fn, (x.numpy(), w), {}, "x"),                               # not a tensor
+        ]
+    fn = cpu_gemv.kernel_linear                                    # and what the kernel needs
+    cases += [
+        (fn, (x, torch.randn(64, 10).t()), {}, "weight"),                # strides
+        (fn, (x, w, torch.randn(20)[::2]), {}, "bias"),                  # strides
+        (fn, (x.half(), w.half()), {}, "weight"),                        # unsupported dtype
+        (fn, (x, w), dict(out_dtype=torch.bfloat16), "out_dtype"),       # fp32 -> bf16
+        (fn, (torch.randn(0, 64), w), {}, "x"),                          # no rows
+    ]
+    return cases
+
+
+@needs_kernel
+@pytest.mark.parametrize("fn, args, kwargs, arg", _bad_calls(),
+                         ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
+def test_bad_arguments_raise_value_error_naming_them(fn, args, kwargs, arg):
+    """The C++ side trusts its pointers: every wrong tensor must stop in the wrapper."""
+    with pytest.raises(ValueError, match=rf"^{fn.__name__}: {arg} must be .*, got "):
+        fn(*args, **kwargs)
+
+
+@needs_kernel
+def test_kernel_accepts_any_strides_of_x():
+    """x is copied to contiguous rows when it must be: strides of x are not an error."""
+    w = torch.randn(10, 64)
+    x = torch.randn(64, 3).t()                                     # [3, 64], not contiguous
+    torch.testing.assert_close(cpu_gemv.kernel_linear(x, w), F.linear(x, w))
+
+
+def test_build_id_names_the_build_or_the_library(monkeypatch):
+    assert cpu_gemv.build_id() == (cpu_gemv._gemv.build_id() if cpu_gemv.AVAILABLE else "library")
+    monkeypatch.setattr(cpu_gemv, "AVAILABLE", False)
+    assert cpu_gemv.build_id() == "library"

@@ -1,5 +1,7 @@
-"""The per-layer CPU ops (specrt._cpu_ops) against their PyTorch specification in specrt/model/backends/torch_ref.py,
-and the property they exist for: a verify pass gives the bits of the decode steps it replaces."""
+"""The per-layer CPU ops (specrt._cpu_ops) against their PyTorch specification
+(specrt/model/backends/torch_ref.py), and the property they exist for: a verify pass gives the bits of the decode steps it replaces."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -172,3 +174,84 @@ def test_bf16_greedy_speculative_output_equals_plain(tiny_noeos_dir, tiny_draft_
                                                   speculative=spec)] == plain, spec
         for p, want in zip(prompts, plain):
             assert llm.generate(p, max_new_tokens=48, speculative=spec).token_ids == want, spec
+
+
+def _good_attention(dtype=torch.float32):
+    """Valid rope_attention arguments: B = 2 rows of T = 3 tokens, Hq = 4, Hkv = 2, D = 16."""
+    qkv, kc, vc, cos, sin = _attention_case(dtype, 2, 3, 4, 2, 16, [5, 0])
+    return dict(qkv=qkv, k_cache=kc, v_cache=vc, cos=cos, sin=sin, starts=torch.tensor([5, 0]),
+                valid=torch.tensor([3, 2]), tokens=3, num_heads=4, scale=0.25)
+
+
+def _bad_calls():
+    """(function, kwargs, the argument named in the error) for each way of being wrong."""
+    x, w = torch.randn(3, 64), torch.randn(64)
+    gu = torch.randn(3, 48)
+    strided = torch.randn(64, 3).t()                        # [3, 64], not contiguous
+    cases = [
+        (cpu_ops.rms_norm, dict(x=x, weight=torch.randn(63), eps=1e-6), "weight"),   # shape
+        (cpu_ops.rms_norm, dict(x=x, weight=w.bfloat16(), eps=1e-6), "weight"),      # dtype
+        (cpu_ops.rms_norm, dict(x=x.half(), weight=w.half(), eps=1e-6), "x"),        # dtype
+        (cpu_ops.rms_norm, dict(x=strided, weight=w, eps=1e-6), "x"),                # strides
+        (cpu_ops.rms_norm, dict(x=x[0], weight=w, eps=1e-6), "x"),                   # rank
+        (cpu_ops.add_rms_norm, dict(x=x, y=torch.randn(2, 64), weight=w, eps=1e-6), "y"),
+        (cpu_ops.add_rms_norm, dict(x=x, y=x.bfloat16(), weight=w, eps=1e-6), "y"),
+        (cpu_ops.add_rms_norm, dict(x=x, y=strided, weight=w, eps=1e-6), "y"),
+        (cpu_ops.add_rms_norm, dict(x=x, y=x.clone(), weight=w[::2], eps=1e-6), "weight"),
+        (cpu_ops.silu_mul, dict(gate_up=torch.randn(3, 47)), "gate_up"),             # odd width
+        (cpu_ops.silu_mul, dict(gate_up=gu.to(torch.int32)), "gate_up"),
+        (cpu_ops.silu_mul, dict(gate_up=torch.randn(48, 3).t()), "gate_up"),
+        (cpu_ops.silu_mul, dict(gate_up=gu.numpy()), "gate_up"),                     # not a tensor
+    ]
+    for name, bad, what in [
+        ("qkv", lambda a: a["qkv"][:, :-1], "shape"),
+        ("qkv", lambda a: a["qkv"].bfloat16(), "dtype"),
+        ("qkv", lambda a: a["qkv"].t().contiguous().t(), "strides"),
+        ("k_cache", lambda a: {"k_cache": a["k_cache"][:1], "v_cache": a["v_cache"][:1]},
+         "Bmax < B"),
+        ("k_cache", lambda a: a["k_cache"].transpose(2, 3).contiguous().transpose(2, 3), "strides"),
+        ("v_cache", lambda a: a["v_cache"][:, :, :-1], "shape"),
+        ("v_cache", lambda a: a["v_cache"].double(), "dtype"),
+        ("cos", lambda a: a["cos"][:, :8], "shape"),
+        ("sin", lambda a: a["sin"].bfloat16(), "dtype"),
+        ("sin", lambda a: a["sin"].t().contiguous().t(), "strides"),
+        ("starts", lambda a: a["starts"].int(), "dtype"),
+        ("starts", lambda a: torch.tensor([[5, 0]]), "shape"),
+        ("valid", lambda a: torch.tensor([3, 2, 1]), "shape: B from starts"),
+        ("valid", lambda a: torch.tensor([[3, 2]]), "shape"),
+        ("valid", lambda a: torch.tensor([3, 2, 9, 9])[::2], "strides"),
+        ("starts[0], valid[0]", lambda a: torch.tensor([46, 0]), "starts + valid > S"),
+        ("starts[1], valid[1]", lambda a: torch.tensor([5, -1]), "negative start"),
+        ("num_heads", lambda a: 3, "Hq % Hkv != 0"),
+        ("tokens", lambda a: 0, "no tokens"),
+    ]:
+        kwargs = _good_attention()
+        change = bad(kwargs)
+        kwargs.update(change if isinstance(change, dict) else {name.split("[")[0]: change})
+        cases.append((cpu_ops.rope_attention, kwargs, name))
+    return cases
+
+
+@needs_kernel
+@pytest.mark.parametrize("fn, kwargs, arg", _bad_calls(),
+                         ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
+def test_bad_arguments_raise_value_error_naming_them(fn, kwargs, arg):
+    """The C++ side trusts its pointers: every wrong tensor must stop in the wrapper."""
+    with pytest.raises(ValueError, match=rf"^{fn.__name__}: {re.escape(arg)} must be .*, got "):
+        fn(**kwargs)
+
+
+@needs_kernel
+def test_good_attention_arguments_pass_the_checks():
+    """The valid case the bad ones are derived from runs (so each failure above is its own)."""
+    kwargs = _good_attention()
+    assert cpu_ops.rope_attention(**kwargs).shape == (6, 4 * 16)
+
+
+def test_build_id_names_the_build_or_the_library(monkeypatch):
+    if cpu_ops.AVAILABLE:
+        assert len(cpu_ops.build_id()) == 16 and cpu_ops.build_id() != "unversioned"
+    monkeypatch.setattr(cpu_ops, "AVAILABLE", False)
+    assert cpu_ops.build_id() == "library"
+    with pytest.raises(RuntimeError, match="check usable"):
+        cpu_ops.silu_mul(torch.randn(1, 8))

@@ -1,10 +1,11 @@
 """y = x @ W^T + b for decode and verify on the CPU, through specrt._gemv when it can.
 
-`F.linear` is the specification and the fallback. The C++ kernels (csrc/gemv.cpp) stream the
+`F.linear` is the specification and the fallback. The C++ kernels (csrc/cpu/gemv.cpp) stream the
 weight once per call for the skinny inputs of decode (M = 1) and verify (M = K + 1), and give
 each row the same bits whatever M is.
 They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows;
 anything else (other dtypes, CUDA tensors, prefills, a missing extension) takes `F.linear`.
+Mismatched operands raise ValueError on every path, before a pointer reaches C++.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from specrt.kernels.cpu import checks
 
 try:
     from specrt import _gemv
@@ -29,6 +32,11 @@ except ImportError:     # extension not built: every call takes the library path
 MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
 
 
+def build_id() -> str:
+    """Which build serves the kernel path: the extension's source hash, "library" for F.linear."""
+    return _gemv.build_id() if AVAILABLE else "library"
+
+
 def usable(weight: torch.Tensor) -> bool:
     return (AVAILABLE and weight.device.type == "cpu" and weight.is_contiguous()
             and weight.dtype in (torch.bfloat16, torch.float32))
@@ -38,12 +46,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N] in out_dtype (default x.dtype).
 
-    out_dtype=torch.float32 with bf16 inputs keeps the fp32 accumulator (used for logits)."""
+    out_dtype=torch.float32 with bf16 inputs keeps the fp32 accumulator (used for logits).
+    Any device and layout: what the kernel does not serve takes `F.linear`."""
+    _check_operands("linear", x, weight, bias)
     out_dtype = out_dtype or x.dtype
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not (usable(weight) and x.dtype == weight.dtype and 0 < rows <= MAX_ROWS[weight.dtype]
-            and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous()))
-            and out_dtype in (x.dtype, torch.float32)):
+    if not (usable(weight) and 0 < rows <= MAX_ROWS[weight.dtype]
+            and (bias is None or bias.is_contiguous()) and out_dtype in (x.dtype, torch.float32)):
         y = F.linear(x, weight, bias)
         return y if y.dtype == out_dtype else y.to(out_dtype)
     return kernel_linear(x, weight, bias, out_dtype)
@@ -51,11 +60,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The C++ kernel itself, whatever the number of rows (callers check `usable` and dtypes).
+    """The C++ kernel itself, whatever the number of rows; raises ValueError for what it does
+    not serve (see `usable`; x may have any strides: it is copied to rows if it must be).
     Each output row is computed the same way whatever M is."""
-    out_dtype = out_dtype or x.dtype
-    rows = x.numel() // x.shape[-1]
+    fn = "kernel_linear"
+    checks.require(AVAILABLE, fn, "specrt._gemv")
+    _check_operands(fn, x, weight, bias)
+    checks.floating(fn, "weight", weight, "[N, K]")
     n, k = weight.shape
+    if bias is not None:
+        checks.tensor(fn, "bias", bias, weight.dtype, (n,), "[N]", "weight")
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise checks.fail(fn, "out_dtype", f"{x.dtype} (that of x) or torch.float32", out_dtype)
+    if not x.is_cpu:
+        raise checks.fail(fn, "x", "on the CPU", x.device)
+    rows = x.numel() // k if k else 0
+    if rows == 0:
+        raise checks.fail(fn, "x", "[..., K] with at least one row and K >= 1",
+                          f"shape {tuple(x.shape)}")
     x2 = x.reshape(rows, k).contiguous()                         # [M, K]
     out = torch.empty(rows, n, dtype=out_dtype)                  # [M, N]
     b = bias.data_ptr() if bias is not None else 0
@@ -63,16 +86,24 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if weight.dtype == torch.bfloat16:
         _gemv.gemv_bf16(x2.data_ptr(), weight.data_ptr(), b, out.data_ptr(),
                         out_dtype == torch.float32, rows, n, k, threads)
-    elif out_dtype == torch.float32:
+    else:                                  # fp32 weights: out_dtype is fp32, checked above
         _gemv.gemv_f32(x2.data_ptr(), weight.data_ptr(), b, out.data_ptr(), rows, n, k, threads)
-    else:
-        raise AssertionError("unreachable: fp32 weights give fp32 outputs")
     return out.view(*x.shape[:-1], n)
 
 
-def build_id() -> str:
-    """Which build of the kernel serves ("library" where PyTorch does)."""
-    if not AVAILABLE:
-        return "library"
-    st = os.stat(_gemv.__file__)
-    return f"{st.st_size}-{st.st_mtime_ns}"
+def _check_operands(fn: str, x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> None:
+    """What every path needs, on any device: x [..., K], weight [N, K], bias [N], one dtype."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "bias"):
+            raise checks.fail(fn, name, "a torch.Tensor", type(t).__name__)
+    if weight.dim() != 2:
+        raise checks.fail(fn, "weight", "2-D [N, K]", f"shape {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise checks.fail(fn, "x", f"[..., K] with K = {weight.shape[1]} (weight [N, K])",
+                          f"shape {tuple(x.shape)}")
+    if x.dtype != weight.dtype:
+        raise checks.fail(fn, "x", f"{weight.dtype} like weight", x.dtype)
+    if bias is not None and (bias.shape != weight.shape[:1] or bias.dtype != weight.dtype):
+        raise checks.fail(fn, "bias", f"[N] = ({weight.shape[0]},) of {weight.dtype} like weight",
+                          f"shape {tuple(bias.shape)} of {bias.dtype}")

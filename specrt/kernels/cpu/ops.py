@@ -1,20 +1,24 @@
 """The per-layer glue of a CPU decode or verify step, through specrt._cpu_ops when it can.
 
-A decode step of a small model on the CPU is ~85% weight streaming (specrt.cpu_gemv) and ~15%
-small ops: two RMSNorms, rotary embeddings, the KV-cache write, attention, SiLU and residual
-adds per layer, each a handful of PyTorch dispatches. csrc/cpu_ops.cpp does each group in one
+A decode step of a small model on the CPU is ~85% weight streaming (specrt.kernels.cpu.gemv) and
+~15% small ops: two RMSNorms, rotary embeddings, the KV-cache write, attention, SiLU and residual
+adds per layer, each a handful of PyTorch dispatches. csrc/cpu/ops.cpp does each group in one
 call, and computes every row on its own, so a verify pass of K + 1 rows gives the same bits as
 K + 1 decode steps (in bf16 too: PyTorch's attention does not).
 
 The PyTorch functions in specrt/model.py (`rms_norm`, `apply_rope`, `Transformer._attention`)
 are the specification and the fallback; the model takes this path only for CPU bf16/fp32
-decode and verify passes (`usable`) and SDPA for prefills.
+decode and verify passes (`usable`) and SDPA for prefills. Every function checks its tensors
+(dtype, shape, strides, device, cache bounds) and raises ValueError before a pointer reaches
+C++, which trusts what it is given.
 """
 from __future__ import annotations
 
 import os
 
 import torch
+
+from specrt.kernels.cpu import checks
 
 try:
     from specrt import _cpu_ops
@@ -29,6 +33,11 @@ except ImportError:     # extension not built: the model keeps its PyTorch path
 MAX_ROWS = 32
 
 
+def build_id() -> str:
+    """Which build serves the fused path: the extension's source hash, "library" for PyTorch."""
+    return _cpu_ops.build_id() if AVAILABLE else "library"
+
+
 def usable(dtype: torch.dtype, device: torch.device, rows: int) -> bool:
     return (AVAILABLE and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
             and 0 < rows <= MAX_ROWS)
@@ -40,7 +49,10 @@ def _bf16(x: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [M, H] -> RMSNorm(x) * weight [H], as model.rms_norm."""
+    checks.require(AVAILABLE, "rms_norm", "specrt._cpu_ops")
+    checks.floating("rms_norm", "x", x, "[M, H]")
     m, h = x.shape
+    checks.tensor("rms_norm", "weight", weight, x.dtype, (h,), "[H]", "x")
     out = torch.empty_like(x)
     _cpu_ops.rms_norm(_bf16(x), x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), m, h)
     return out
@@ -49,7 +61,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> torch.Tensor:
     """The residual add and the next norm: x [M, H] += y (in place); returns RMSNorm(x) * w."""
+    checks.require(AVAILABLE, "add_rms_norm", "specrt._cpu_ops")
+    checks.floating("add_rms_norm", "x", x, "[M, H]")
     m, h = x.shape
+    checks.tensor("add_rms_norm", "y", y, x.dtype, x.shape, "[M, H] like x", "x")
+    checks.tensor("add_rms_norm", "weight", weight, x.dtype, (h,), "[H]", "x")
     out = torch.empty_like(x)
     _cpu_ops.add_rms_norm(_bf16(x), x.data_ptr(), y.data_ptr(), weight.data_ptr(), eps,
                           out.data_ptr(), m, h)
@@ -58,7 +74,12 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [M, 2I] (gate, then up) -> silu(gate) * up [M, I]."""
+    checks.require(AVAILABLE, "silu_mul", "specrt._cpu_ops")
+    checks.floating("silu_mul", "gate_up", gate_up, "[M, 2I]")
     m, two_i = gate_up.shape
+    if two_i % 2:
+        raise checks.fail("silu_mul", "gate_up", "[M, 2I] (an even width: gate, then up)",
+                          f"shape {tuple(gate_up.shape)}")
     out = torch.empty(m, two_i // 2, dtype=gate_up.dtype)
     _cpu_ops.silu_mul(_bf16(gate_up), gate_up.data_ptr(), out.data_ptr(), m, two_i // 2)
     return out
@@ -73,13 +94,12 @@ def rope_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_cache, v_cache: [Bmax, Hkv, S, D] this layer's cache; row b's new k, v go to positions
         starts[b] + t for t < valid[b] (the rest are padding and are not kept).
     cos, sin: [S_rope, D] rotary tables in the model's dtype.
-    starts, valid: [B] int64.
+    starts, valid: [B] int64, with starts[b] + valid[b] <= S.
     Returns [B * tokens, Hq * D]: each query's attention over its row's keys 0..its position.
     """
-    m = qkv.shape[0]
-    b = starts.shape[0]
-    _, hkv, s, d = k_cache.shape
-    out = torch.empty(m, num_heads * d, dtype=qkv.dtype)
+    b, hkv, s, d = _check_attention(qkv, k_cache, v_cache, cos, sin, starts, valid, tokens,
+                                    num_heads)
+    out = torch.empty(qkv.shape[0], num_heads * d, dtype=qkv.dtype)
     _cpu_ops.rope_attention(_bf16(qkv), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                             cos.data_ptr(), sin.data_ptr(), starts.data_ptr(), valid.data_ptr(),
                             out.data_ptr(), b, tokens, num_heads, hkv, d, s, cos.shape[0], scale,
@@ -87,9 +107,36 @@ def rope_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-def build_id() -> str:
-    """Which build of the kernels serves ("library" where PyTorch does)."""
-    if not AVAILABLE:
-        return "library"
-    st = os.stat(_cpu_ops.__file__)
-    return f"{st.st_size}-{st.st_mtime_ns}"
+def _check_attention(qkv, k_cache, v_cache, cos, sin, starts, valid, tokens: int,
+                     num_heads: int) -> tuple[int, int, int, int]:
+    """rope_attention's arguments, checked; returns (B, Hkv, S, D)."""
+    fn = "rope_attention"
+    checks.require(AVAILABLE, fn, "specrt._cpu_ops")
+    checks.floating(fn, "k_cache", k_cache, "[Bmax, Hkv, S, D]")
+    bmax, hkv, s, d = k_cache.shape
+    dt = k_cache.dtype
+    checks.tensor(fn, "v_cache", v_cache, dt, k_cache.shape, "[Bmax, Hkv, S, D] like k_cache",
+                  "k_cache")
+    if not (isinstance(starts, torch.Tensor) and starts.dim() == 1):
+        raise checks.fail(fn, "starts", "a 1-D tensor [B]",
+                          getattr(starts, "shape", type(starts).__name__))
+    b = starts.shape[0]
+    checks.tensor(fn, "starts", starts, torch.int64, (b,), "[B]")
+    checks.tensor(fn, "valid", valid, torch.int64, (b,), "[B] like starts")
+    if bmax < b or hkv < 1 or s < 1 or d < 2 or d % 2:
+        raise checks.fail(fn, "k_cache", f"[Bmax >= B = {b}, Hkv >= 1, S >= 1, D even >= 2]",
+                          f"shape {tuple(k_cache.shape)}")
+    if not (isinstance(tokens, int) and tokens >= 1):
+        raise checks.fail(fn, "tokens", "an int >= 1", repr(tokens))
+    if not (isinstance(num_heads, int) and num_heads >= 1 and num_heads % hkv == 0):
+        raise checks.fail(fn, "num_heads", f"a positive multiple of Hkv = {hkv}", repr(num_heads))
+    checks.tensor(fn, "qkv", qkv, dt, (b * tokens, (num_heads + 2 * hkv) * d),
+                  "[B * tokens, (Hq + 2 * Hkv) * D]", "k_cache")
+    s_rope = cos.shape[0] if isinstance(cos, torch.Tensor) and cos.dim() == 2 else 0
+    checks.tensor(fn, "cos", cos, dt, (max(s_rope, 1), d), "[S_rope >= 1, D]", "k_cache")
+    checks.tensor(fn, "sin", sin, dt, cos.shape, "[S_rope, D] like cos", "k_cache")
+    for i, (p, n) in enumerate(zip(starts.tolist(), valid.tolist())):
+        if p < 0 or not 0 <= n <= tokens or p + n > s:
+            raise checks.fail(fn, f"starts[{i}], valid[{i}]", f"0 <= starts, 0 <= valid <= "
+                              f"tokens = {tokens}, starts + valid <= S = {s}", (p, n))
+    return b, hkv, s, d

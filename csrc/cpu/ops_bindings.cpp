@@ -1,9 +1,13 @@
-// pybind11 bindings of the per-layer CPU operations (csrc/cpu_ops.cpp) -> specrt._cpu_ops.
-// Tensors cross as data pointers: specrt/cpu_ops.py checks dtype, shape and contiguity first.
+// pybind11 bindings of the per-layer CPU operations (ops.cpp) -> specrt._cpu_ops.
+// Tensors cross as raw data pointers plus sizes, which this layer cannot verify: a wrong one reads
+// or writes out of bounds. specrt/kernels/cpu/ops.py is the checked boundary (dtype, shape,
+// strides, device, starts + valid <= S; ValueError otherwise): call these only through it.
 // `bf16` picks the element type: bf16 bits (uint16) or fp32.
 #include <pybind11/pybind11.h>
 
-#include "cpu_ops.h"
+#include "../build_id.h"
+#include "cpu_features.h"
+#include "ops.h"
 
 namespace py = pybind11;
 using specrt::AttentionShape;
@@ -61,8 +65,7 @@ PYBIND11_MODULE(_cpu_ops, m) {
       },
       "RoPE on qkv [B*T, (Hq+2Hkv)*D], k/v written into the caches [Bmax, Hkv, S, D] at "
       "starts[b] + t for t < valid[b], attention of every query -> out [B*T, Hq*D]");
-  m.def("cpu_supported", [] {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  }, "AVX-512F/BW/VL/BF16 available on this CPU");
+  m.def("build_id", [] { return SPECRT_BUILD_ID; },
+        "Hash of the sources and flags this module was built from");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
 }

@@ -1,7 +1,11 @@
-// pybind11 bindings of the skinny CPU matrix products (csrc/gemv.cpp) -> specrt._gemv.
-// Tensors cross as data pointers: specrt/cpu_gemv.py checks dtype, shape and contiguity first.
+// pybind11 bindings of the skinny CPU matrix products (gemv.cpp) -> specrt._gemv.
+// Tensors cross as raw data pointers plus sizes, which this layer cannot verify: a wrong one reads
+// or writes out of bounds. specrt/kernels/cpu/gemv.py is the checked boundary (dtype, shape,
+// strides, device; ValueError otherwise): call these only through it.
 #include <pybind11/pybind11.h>
 
+#include "../build_id.h"
+#include "cpu_features.h"
 #include "gemv.h"
 
 namespace py = pybind11;
@@ -28,5 +32,7 @@ PYBIND11_MODULE(_gemv, m) {
                          K, threads);
       },
       "fp32 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N]");
-  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/BF16 available on this CPU");
+  m.def("build_id", [] { return SPECRT_BUILD_ID; },
+        "Hash of the sources and flags this module was built from");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
 }

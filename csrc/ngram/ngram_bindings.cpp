@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../build_id.h"
 #include "ngram.h"
 
 namespace py = pybind11;
@@ -205,4 +206,6 @@ O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <=
       "Stateless matcher: the draft NgramIndex(min_n, max_n) would propose after extend(history),\n"
       "found by a direct backward scan (O(len(history) * max_n)). For one-off calls; use\n"
       "NgramIndex in a decoding loop.");
+  m.def("build_id", [] { return SPECRT_BUILD_ID; },
+        "Hash of the sources and flags this module was built from");
 }

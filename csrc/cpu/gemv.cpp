@@ -17,10 +17,9 @@
 #include <utility>
 #include <vector>
 
-namespace specrt {
+#include "cpu_features.h"
 
-#define SPECRT_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define SPECRT_INLINE __attribute__((always_inline)) inline
+namespace specrt {
 
 static inline float bf16_to_f32(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t f32_to_bf16(float f) {  // round to nearest even
@@ -202,5 +201,4 @@ void gemv_f32(const float* x, const float* w, const float* bias, float* out, int
   gemv_tiled<float, block_f32_table, 256>(x, w, M, N, K, threads, store);
 }
 
-bool cpu_supported() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"); }
-}
+}  // namespace specrt

@@ -11,7 +11,5 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
 // fp32 throughout.
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
               int64_t K, int threads);
-// AVX-512F/BW/BF16 present on this CPU.
-bool cpu_supported();
 
 }  // namespace specrt

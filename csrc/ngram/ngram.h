@@ -7,7 +7,7 @@
 //   if found, return history[i+n : i+n+k] (possibly shorter than k, never empty).
 //   If no n matches, return [].
 //
-// Plain C++17 with no Python or torch headers: bindings.cpp is the only Python-aware file.
+// Plain C++17 with no Python or torch headers: ngram_bindings.cpp is the only Python-aware file.
 // Token ids are int32 (vocabularies are far below 2^31); inputs of int32 or int64 are
 // validated to lie in [0, kMaxToken] and rejected with std::invalid_argument otherwise.
 #pragma once

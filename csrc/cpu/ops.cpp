@@ -10,9 +10,10 @@
 // order of operations, so the two agree bit for bit (the matmuls in gemv.cpp do the same).
 //
 // The PyTorch functions in specrt/model.py (rms_norm, apply_rope, _attention) are the
-// specification; specrt/cpu_ops.py dispatches. Rounding follows them: fp32 arithmetic, and in
-// bf16 a rounding after each step the reference rounds (x * r, w * n, x + y, silu, products).
-#include "cpu_ops.h"
+// specification; specrt/kernels/cpu/ops.py checks the arguments and dispatches. Rounding follows
+// the reference: fp32 arithmetic, and in bf16 a rounding after each step the reference rounds
+// (x * r, w * n, x + y, silu, products).
+#include "ops.h"
 
 #include <immintrin.h>
 
@@ -20,10 +21,9 @@
 #include <cmath>
 #include <vector>
 
-namespace specrt {
+#include "cpu_features.h"
 
-#define SPECRT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-#define SPECRT_INLINE __attribute__((always_inline)) inline
+namespace specrt {
 
 // --- 16 lanes of T as fp32 ----------------------------------------------------------------
 static inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }

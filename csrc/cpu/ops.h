@@ -1,4 +1,4 @@
-// The small per-layer operations of a CPU decode or verify step (see cpu_ops.cpp). Raw
+// The small per-layer operations of a CPU decode or verify step (see ops.cpp). Raw
 // pointers, row-major, contiguous unless a stride is given. T is float (fp32 models) or
 // uint16_t (bf16 bits). Every output row depends only on its own inputs and position, never on
 // how many rows were computed together: a verify pass and a decode step agree bit for bit.
