@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks import common
+from benchmarks.harness import cli, machine, report, results
 
 WORDS = ["the", "a", "cat", "dog", "sat"]
 P = [0.40, 0.15, 0.20, 0.15, 0.10]
@@ -46,12 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=str(common.DEFAULT_OUT))
-    p.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
-                   help="write the result into benchmarks/RESULTS.md (default on)")
-    p.add_argument("--note", help="a line to add to the RESULTS.md section")
+    p.add_argument("--out", default=str(results.DEFAULT_OUT))
+    cli.add_record_args(p)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--results-md", default=str(common.RESULTS_MD), help=argparse.SUPPRESS)
     return p
 
 
@@ -70,7 +67,7 @@ def simulate(n: int, k: int, chunk: int, seed: int, device: str, show: bool):
     accepted = torch.zeros(k, dtype=torch.int64)                   # ... and accepted it
     tokens_out = 0
     done = 0
-    bar = common.progress(total=n, desc="rows", disable=not show, unit="row", unit_scale=True)
+    bar = cli.progress(total=n, desc="rows", disable=not show, unit="row", unit_scale=True)
     while done < n:
         b = min(chunk, n - done)
         drafts = sample(q.expand(b, k, V), gen)                   # [b, K] drafts from q
@@ -95,15 +92,15 @@ def simulate(n: int, k: int, chunk: int, seed: int, device: str, show: bool):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.tokens < 1 or args.k < 1 or args.chunk < 1:
-        common.fail("--tokens, --k and --chunk must be >= 1")
-    torch = common.setup_torch(args.threads, args.device)
+        cli.fail("--tokens, --k and --chunk must be >= 1")
+    torch = cli.setup_torch(args.threads, args.device)
     import numpy as np
     from scipy import stats
 
-    out = common.out_dir(args)
-    info = common.machine_info(args.threads, args.device)
+    out = cli.out_dir(args)
+    info = machine.machine_info(args.threads, args.device)
     overlap = sum(min(a, b) for a, b in zip(P, Q))
-    common.print_header("rejection sampling simulation (specrt.kernels.rejection_sample)", info,
+    report.print_header("rejection sampling simulation (specrt.kernels.rejection_sample)", info,
                         {"tokens": f"{args.tokens:,}", "K": args.k, "chunk": args.chunk,
                          "seed": args.seed})
 
@@ -131,7 +128,7 @@ def main(argv=None) -> int:
 
     rows = [[w, p, q, f, d] for w, p, q, f, d in zip(WORDS, P, Q, freq, dev)]
     print(f"first emitted token of {n:,} rounds (K = {args.k}) vs the target p")
-    print(common.table(["word", "p (target)", "q (draft)", "output freq", "freq - p"],
+    print(report.table(["word", "p (target)", "q (draft)", "output freq", "freq - p"],
                        [[r[0], f"{r[1]:.4f}", f"{r[2]:.4f}", f"{r[3]:.4f}", f"{r[4]:+.4f}"]
                         for r in rows]))
     print()
@@ -147,7 +144,7 @@ def main(argv=None) -> int:
           f"{max_dev_all:.4f}, chi-square vs p: p-value {chi.pvalue:.3f}")
     print(f"{n:,} rounds in {seconds:.2f} s ({n / seconds / 1e6:.2f} M rounds/s, "
           f"{args.threads} threads)")
-    print(f"goal: max abs deviation <= {GOAL_MAX_DEV}: {common.pass_fail(ok_dev)}")
+    print(f"goal: max abs deviation <= {GOAL_MAX_DEV}: {report.pass_fail(ok_dev)}")
     print()
 
     result = {
@@ -172,19 +169,19 @@ def main(argv=None) -> int:
     }
     if args.record:
         body = "\n".join([
-            common.results_preamble(info, args.note),
+            report.results_preamble(info, args.note),
             "",
             f"Target p = {P}, draft q = {Q} over {WORDS} (sum min(p, q) = {overlap:.2f}); "
             f"{n:,} rounds with K = {args.k} drafts sampled from q (seed {args.seed}), "
             "through `specrt.kernels.rejection_sample` (the CPU reference path) with "
             "`draw_randomness`; the first emitted token of each round is counted.",
             "",
-            common.markdown_table(["word", "p", "q", "output frequency", "freq - p"],
+            report.markdown_table(["word", "p", "q", "output frequency", "freq - p"],
                                   [[r[0], f"{r[1]:.4f}", f"{r[2]:.4f}", f"{r[3]:.4f}",
                                     f"{r[4]:+.4f}"] for r in rows]),
             "",
             f"- Max abs deviation from p: **{max_dev:.4f}** (goal <= {GOAL_MAX_DEV}: "
-            f"{common.pass_fail(ok_dev)}; seed study 0.0006).",
+            f"{report.pass_fail(ok_dev)}; seed study 0.0006).",
             f"- Acceptance rate: **{a:.4f}** vs theory sum min(p, q) = {overlap:.2f} "
             "(seed study 72.0%).",
             f"- Tokens per round {tokens_per_round:.4f} vs (1 - a^(K+1)) / (1 - a) = "
@@ -192,8 +189,8 @@ def main(argv=None) -> int:
             f"{max_dev_all:.4f}, chi-square p-value {chi.pvalue:.3f}.",
             f"- {seconds:.2f} s for {n:,} rounds on {args.threads} threads.",
         ])
-        common.write_results_section(SECTION, body, args.results_md)
-    common.emit_json(result, out / "rejection_sim.json")
+        report.record_section(SECTION, body, args.results_md)
+    report.emit_json(result, out / "rejection_sim.json")
     return 0
 
 
