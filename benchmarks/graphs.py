@@ -163,6 +163,59 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
     return row
 
 
+def sweep(model, shapes: dict, batches, ks, args, repeats: int, device: str, max_seq: int,
+          floor_ms: float) -> list[dict]:
+    """One row per (B, K): eager vs static drafter on the same prompts."""
+    import torch
+
+    from specrt.drafters.draft_model import DraftModelDrafter
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for B in batches:
+        drafters = {"eager": DraftModelDrafter(model, shapes["vocab_size"], B, max_seq,
+                                               static=False),
+                    "static": DraftModelDrafter(model, shapes["vocab_size"], B, max_seq,
+                                                static=True)}
+        for K in ks:
+            prompts = torch.randint(0, shapes["vocab_size"], (B, args.prefix),
+                                    generator=gen).tolist()
+            row = run_config(model, drafters, B, K, prompts, repeats, args.warmup, device)
+            row["graphs_captured"] = sum(
+                loop.graph is not None for loop in drafters["static"]._loops.values())
+            for name in ("eager", "static"):
+                row[f"{name}_x_floor"] = row[f"{name}_ms_per_step"] / floor_ms
+            rows.append(row)
+            print(f"B={B} K={K}: eager {row['eager_ms_per_step']:.3f} ms/step, static "
+                  f"{row['static_ms_per_step']:.3f} ms/step, drafts identical: "
+                  f"{row['drafts_identical']}", flush=True)
+        del drafters
+        gc.collect()
+    return rows
+
+
+def print_report(rows: list[dict], repeats: int, static_label: str, wb: int,
+                 copy_gbps: float, floor_ms: float) -> bool:
+    """The per-step table and any mismatches; -> whether every draft was identical."""
+    print()
+    print(f"ms per draft step (median of {repeats} proposals / K); static = {static_label}; "
+          f"floor = {wb / 1e9:.3f} GB / {copy_gbps:,.0f} GB/s = {floor_ms:.4f} ms")
+    print(report.table(
+        ["B", "K", "eager ms", "static ms", "speedup", "eager x floor", "static x floor",
+         "same drafts"],
+        [[r["B"], r["K"], f"{r['eager_ms_per_step']:.3f}", f"{r['static_ms_per_step']:.3f}",
+          f"{r['speedup']:.2f}x", f"{r['eager_x_floor']:.1f}x", f"{r['static_x_floor']:.1f}x",
+          report.pass_fail(r["drafts_identical"])] for r in rows]))
+    identical = all(r["drafts_identical"] for r in rows)
+    if not identical:
+        for r in rows:
+            if "first_mismatch" in r:
+                print(f"MISMATCH B={r['B']} K={r['K']}: {r['mismatched_rounds']} of "
+                      f"{r['rounds_checked']} rounds differ; first: {r['first_mismatch']}")
+    print()
+    return identical
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.threads = args.threads or (1 if args.quick else 2)
@@ -201,46 +254,8 @@ def main(argv=None) -> int:
           f"weight-read floor per step: {floor_ms:.4f} ms")
     print(flush=True)
 
-    from specrt.drafters.draft_model import DraftModelDrafter
-
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    for B in batches:
-        drafters = {"eager": DraftModelDrafter(model, shapes["vocab_size"], B, max_seq,
-                                               static=False),
-                    "static": DraftModelDrafter(model, shapes["vocab_size"], B, max_seq,
-                                                static=True)}
-        for K in ks:
-            prompts = torch.randint(0, shapes["vocab_size"], (B, args.prefix),
-                                    generator=gen).tolist()
-            row = run_config(model, drafters, B, K, prompts, repeats, args.warmup, device)
-            row["graphs_captured"] = sum(
-                loop.graph is not None for loop in drafters["static"]._loops.values())
-            for name in ("eager", "static"):
-                row[f"{name}_x_floor"] = row[f"{name}_ms_per_step"] / floor_ms
-            rows.append(row)
-            print(f"B={B} K={K}: eager {row['eager_ms_per_step']:.3f} ms/step, static "
-                  f"{row['static_ms_per_step']:.3f} ms/step, drafts identical: "
-                  f"{row['drafts_identical']}", flush=True)
-        del drafters
-        gc.collect()
-
-    print()
-    print(f"ms per draft step (median of {repeats} proposals / K); static = {static_label}; "
-          f"floor = {wb / 1e9:.3f} GB / {copy_gbps:,.0f} GB/s = {floor_ms:.4f} ms")
-    print(report.table(
-        ["B", "K", "eager ms", "static ms", "speedup", "eager x floor", "static x floor",
-         "same drafts"],
-        [[r["B"], r["K"], f"{r['eager_ms_per_step']:.3f}", f"{r['static_ms_per_step']:.3f}",
-          f"{r['speedup']:.2f}x", f"{r['eager_x_floor']:.1f}x", f"{r['static_x_floor']:.1f}x",
-          report.pass_fail(r["drafts_identical"])] for r in rows]))
-    identical = all(r["drafts_identical"] for r in rows)
-    if not identical:
-        for r in rows:
-            if "first_mismatch" in r:
-                print(f"MISMATCH B={r['B']} K={r['K']}: {r['mismatched_rounds']} of "
-                      f"{r['rounds_checked']} rounds differ; first: {r['first_mismatch']}")
-    print()
+    rows = sweep(model, shapes, batches, ks, args, repeats, device, max_seq, floor_ms)
+    identical = print_report(rows, repeats, static_label, wb, copy_gbps, floor_ms)
 
     out = cli.out_dir(args)
     report.emit_json({
