@@ -92,8 +92,8 @@ def run_dtype(dtype: str, target_dir, args, show: bool) -> dict:
                 "seconds": tn, "ids": box["ids"]}
 
     sp_runs, hf_runs = [], []
-    bar = cli.progress(total=args.repeats * (1 if hf_model is None else 2), desc=f"decode {dtype}",
-                          disable=not show)
+    bar = cli.progress(total=args.repeats * (1 if hf_model is None else 2),
+                       desc=f"decode {dtype}", disable=not show)
     for r in range(args.repeats):
         order = ["specrt", "hf"] if r % 2 == 0 else ["hf", "specrt"]
         for who in order:
@@ -105,11 +105,20 @@ def run_dtype(dtype: str, target_dir, args, show: bool) -> dict:
             bar.update(1)
     bar.close()
 
+    out = summarize_runs(dtype, weight_bytes, len(ids), n, sp_runs, hf_runs)
+    del llm, hf_model
+    gc.collect()
+    return out
+
+
+def summarize_runs(dtype: str, weight_bytes: int, prompt_tokens: int, n: int,
+                   sp_runs: list[dict], hf_runs: list[dict]) -> dict:
+    """One dtype's result from its interleaved runs: medians, the floor, the ratio to HF."""
     sp = timing.median([x["tok_s"] for x in sp_runs])
     gb_s = timing.median([x["gb_per_s"] for x in sp_runs])
     floor_tok_s = gb_s * 1e9 / weight_bytes
     out = {
-        "dtype": dtype, "weight_bytes": weight_bytes, "prompt_tokens": len(ids),
+        "dtype": dtype, "weight_bytes": weight_bytes, "prompt_tokens": prompt_tokens,
         "new_tokens": n, "specrt_tok_s": sp,
         "specrt_tok_s_all": [x["tok_s"] for x in sp_runs],
         "specrt_new_tokens": sp_runs[-1]["new_tokens"],
@@ -130,9 +139,70 @@ def run_dtype(dtype: str, target_dir, args, show: bool) -> dict:
                     "hf_prefill_s": timing.median([x["prefill_s"] for x in hf_runs]),
                     "ratio_vs_hf": timing.median(ratios), "ratio_vs_hf_all": ratios,
                     "same_tokens_as_hf": diff is None, "first_difference_vs_hf": diff})
-    del llm, hf_model
-    gc.collect()
     return out
+
+
+HEADERS = ["dtype", "weights GB", "specrt tok/s", "HF tok/s", "specrt/HF", "read GB/s",
+           "floor tok/s", "of floor", "specrt ms/tok", "floor ms/tok", "same as HF"]
+GOAL_LABELS = {"bf16_ge_75pct_of_floor": "bf16 >= 75% of the bandwidth floor",
+               "bf16_ge_1.5x_hf": "bf16 >= 1.5x Hugging Face",
+               "fp32_ge_1.5x_hf": "fp32 >= 1.5x Hugging Face"}
+
+
+def table_rows(results: list[dict]) -> list[list]:
+    rows = []
+    for r in results:
+        same = "-" if "hf_tok_s" not in r else ("yes" if r["same_tokens_as_hf"] else
+                                                f"no (from token {r['first_difference_vs_hf']})")
+        rows.append([r["dtype"], f"{r['weight_bytes'] / 1e9:.2f}", f"{r['specrt_tok_s']:.2f}",
+                     f"{r['hf_tok_s']:.2f}" if "hf_tok_s" in r else "-",
+                     f"{r['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in r else "-",
+                     f"{r['gb_per_s']:.1f}", f"{r['floor_tok_s']:.2f}",
+                     f"{r['fraction_of_floor']:.0%}",
+                     f"{r['specrt_ms_per_token']:.0f}", f"{r['floor_ms_per_token']:.0f}", same])
+    return rows
+
+
+def goals_of(results: list[dict]) -> dict[str, bool]:
+    """GOAL_LABELS key -> met."""
+    goals = {}
+    for r in results:
+        if r["dtype"] == "bfloat16":
+            goals["bf16_ge_75pct_of_floor"] = r["fraction_of_floor"] >= GOAL_FLOOR_BF16
+        if "ratio_vs_hf" in r and r["dtype"] in ("bfloat16", "float32"):
+            key = ("bf16" if r["dtype"] == "bfloat16" else "fp32") + "_ge_1.5x_hf"
+            goals[key] = r["ratio_vs_hf"] >= GOAL_VS_HF
+    return goals
+
+
+def print_report(args, results: list[dict], goals: dict) -> None:
+    print(f"decode-only speed (prefill excluded), {args.new_tokens} new tokens, median of "
+          f"{args.repeats} interleaved rounds; read GB/s: median of the readings taken right "
+          f"before each specrt run; of floor: median of each run against its own reading")
+    print(report.table(HEADERS, table_rows(results)))
+    print()
+    for k, ok in goals.items():
+        print(f"goal: {GOAL_LABELS[k]}: {report.pass_fail(ok)}")
+    print()
+
+
+def markdown(args, info: dict, target_dir, results: list[dict], goals: dict, bw: dict,
+             bw_end: dict) -> str:
+    """The body of this benchmark's RESULTS.md section."""
+    return "\n".join([
+        report.results_preamble(info, args.note),
+        f"Model `{target_dir.name}`, {args.device}, chat prompt of "
+        f"{results[0]['prompt_tokens']} tokens, {args.new_tokens} new tokens, greedy, "
+        f"decode-only (prefill excluded), median of {args.repeats} interleaved rounds. Read "
+        f"bandwidth ({bw['method']}) measured right before each specrt run (read GB/s: "
+        f"their median; of floor: the median of each run against its own reading); "
+        f"{bw['gb_per_s']:.1f} GB/s at the start of the benchmark, "
+        f"{bw_end['gb_per_s']:.1f} GB/s at the end. Load average at the "
+        f"end: {info['load_average_end'][0]:.2f}.",
+        "",
+        report.markdown_table(HEADERS, table_rows(results)),
+        "",
+    ] + [f"- Goal {GOAL_LABELS[k]}: **{report.pass_fail(ok)}**" for k, ok in goals.items()])
 
 
 def main(argv=None) -> int:
@@ -163,55 +233,11 @@ def main(argv=None) -> int:
           f"{info['load_average_end']}; {time.perf_counter() - t0:.0f} s in all")
     print()
 
-    headers = ["dtype", "weights GB", "specrt tok/s", "HF tok/s", "specrt/HF", "read GB/s",
-               "floor tok/s", "of floor", "specrt ms/tok", "floor ms/tok", "same as HF"]
-    rows = []
-    for r in results:
-        same = "-" if "hf_tok_s" not in r else ("yes" if r["same_tokens_as_hf"] else
-                                                f"no (from token {r['first_difference_vs_hf']})")
-        rows.append([r["dtype"], f"{r['weight_bytes'] / 1e9:.2f}", f"{r['specrt_tok_s']:.2f}",
-                     f"{r['hf_tok_s']:.2f}" if "hf_tok_s" in r else "-",
-                     f"{r['ratio_vs_hf']:.2f}x" if "ratio_vs_hf" in r else "-",
-                     f"{r['gb_per_s']:.1f}", f"{r['floor_tok_s']:.2f}",
-                     f"{r['fraction_of_floor']:.0%}",
-                     f"{r['specrt_ms_per_token']:.0f}", f"{r['floor_ms_per_token']:.0f}", same])
-    print(f"decode-only speed (prefill excluded), {args.new_tokens} new tokens, median of "
-          f"{args.repeats} interleaved rounds; read GB/s: median of the readings taken right "
-          f"before each specrt run; of floor: median of each run against its own reading")
-    print(report.table(headers, rows))
-    print()
-
-    goals = {}
-    for r in results:
-        if r["dtype"] == "bfloat16":
-            goals["bf16_ge_75pct_of_floor"] = r["fraction_of_floor"] >= GOAL_FLOOR_BF16
-        if "ratio_vs_hf" in r and r["dtype"] in ("bfloat16", "float32"):
-            key = ("bf16" if r["dtype"] == "bfloat16" else "fp32") + "_ge_1.5x_hf"
-            goals[key] = r["ratio_vs_hf"] >= GOAL_VS_HF
-    labels = {"bf16_ge_75pct_of_floor": "bf16 >= 75% of the bandwidth floor",
-              "bf16_ge_1.5x_hf": "bf16 >= 1.5x Hugging Face",
-              "fp32_ge_1.5x_hf": "fp32 >= 1.5x Hugging Face"}
-    for k, ok in goals.items():
-        print(f"goal: {labels[k]}: {report.pass_fail(ok)}")
-    print()
-
+    goals = goals_of(results)
+    print_report(args, results, goals)
     if args.record:
-        body = "\n".join([
-            report.results_preamble(info, args.note),
-            f"Model `{target_dir.name}`, {args.device}, chat prompt of "
-            f"{results[0]['prompt_tokens']} tokens, {args.new_tokens} new tokens, greedy, "
-            f"decode-only (prefill excluded), median of {args.repeats} interleaved rounds. Read "
-            f"bandwidth ({bw['method']}) measured right before each specrt run (read GB/s: "
-            f"their median; of floor: the median of each run against its own reading); "
-            f"{bw['gb_per_s']:.1f} GB/s at the start of the benchmark, "
-            f"{bw_end['gb_per_s']:.1f} GB/s at the end. Load average at the "
-            f"end: {info['load_average_end'][0]:.2f}.",
-            "",
-            report.markdown_table(headers, rows),
-            "",
-        ] + [f"- Goal {labels[k]}: **{report.pass_fail(ok)}**" for k, ok in goals.items()])
-        report.record_section(SECTION, body, args.results_md)
-
+        report.record_section(SECTION, markdown(args, info, target_dir, results, goals, bw,
+                                                bw_end), args.results_md)
     report.emit_json({
         "benchmark": "decode", "machine": info,
         "config": {"model": str(target_dir), "dtypes": dtypes, "new_tokens": args.new_tokens,
