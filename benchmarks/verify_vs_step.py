@@ -92,6 +92,85 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
     return rows
 
 
+def tables(by: dict, names: list[str], prefixes, ts) -> tuple[list[str], list, list]:
+    """(headers, ms rows, ratio-to-T=1 rows); `by`: (model, P, T) -> row."""
+    headers = ["model", "P"] + [f"T={t}" for t in ts]
+    ms_rows = [[n, P] + [f"{by[(n, P, t)]['ms']:.1f}" for t in ts]
+               for n in names for P in prefixes]
+    ratio_rows = [[n, P] + [f"{by[(n, P, t)]['ratio_to_T1']:.2f}x" for t in ts]
+                  for n in names for P in prefixes]
+    return headers, ms_rows, ratio_rows
+
+
+def step_ratios(by: dict, names: list[str], prefixes) -> dict:
+    """{P: draft step ms / target step ms} (empty without a draft)."""
+    if "draft" not in names:
+        return {}
+    return {P: by[("draft", P, 1)]["ms"] / by[("target", P, 1)]["ms"] for P in prefixes}
+
+
+def print_report(by: dict, prefixes, headers, ms_rows, ratio_rows, step_ratio: dict,
+                 info: dict) -> None:
+    """Both tables, the draft/target step ratios and weight bytes, the load at the end."""
+    print("median ms per forward of T new tokens (KV cache holding P tokens)")
+    print(report.table(headers, ms_rows))
+    print()
+    print("ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x T = 1)")
+    print(report.table(headers, ratio_rows))
+    print()
+    for P, ratio in step_ratio.items():
+        print(f"draft step / target step at P={P}: {by[('draft', P, 1)]['ms']:.1f} / "
+              f"{by[('target', P, 1)]['ms']:.1f} ms = {ratio:.2f} "
+              "(seed study 9.9 / 30.9 ms = 0.32)")
+    if step_ratio:
+        wb_t = by[("target", prefixes[0], 1)]["weight_bytes"]
+        wb_d = by[("draft", prefixes[0], 1)]["weight_bytes"]
+        print(f"weight bytes per step: draft / target = {wb_d / 1e9:.2f} / {wb_t / 1e9:.2f} GB "
+              f"= {wb_d / wb_t:.2f}")
+    print(f"load average at the end: {info['load_average_end']}")
+    print()
+
+
+def plot(by: dict, names: list[str], prefixes, ts, args, path):
+    plt = plots.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n in names:
+        for P in prefixes:
+            ax.plot(ts, [by[(n, P, t)]["ms"] for t in ts], marker="o", label=f"{n}, P={P}")
+    ax.set_xlabel("new tokens T in one forward")
+    ax.set_ylabel("median ms")
+    ax.set_xticks(ts)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Forward latency vs T ({args.dtype}, {args.device}, {args.threads} threads)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return plots.save_figure(fig, path)
+
+
+def markdown(args, info, target_dir, draft_dir, png, headers, ms_rows, ratio_rows,
+             step_ratio: dict) -> str:
+    """The body of this benchmark's RESULTS.md section."""
+    return "\n".join([
+        report.results_preamble(info, args.note),
+        f"Models: target `{target_dir.name}`"
+        + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
+        f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up, the T "
+        "values interleaved in each repeat; ratios: the median of each repeat's ratio; "
+        f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
+        f"`{results.shown_path(png)}`.",
+        "",
+        "Median ms per forward of T new tokens with P tokens in the cache:",
+        "",
+        report.markdown_table(headers, ms_rows),
+        "",
+        "Ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x):",
+        "",
+        report.markdown_table(headers, ratio_rows),
+        "",
+    ] + [f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
+         for P, v in step_ratio.items()])
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
@@ -118,66 +197,15 @@ def main(argv=None) -> int:
     info["load_average_end"] = list(machine.load_average())
 
     by = {(r["model"], r["P"], r["T"]): r for r in rows}
-    headers = ["model", "P"] + [f"T={t}" for t in ts]
-    ms_rows = [[n, P] + [f"{by[(n, P, t)]['ms']:.1f}" for t in ts]
-               for n, _ in models for P in prefixes]
-    ratio_rows = [[n, P] + [f"{by[(n, P, t)]['ratio_to_T1']:.2f}x" for t in ts]
-                  for n, _ in models for P in prefixes]
-    print("median ms per forward of T new tokens (KV cache holding P tokens)")
-    print(report.table(headers, ms_rows))
-    print()
-    print("ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x T = 1)")
-    print(report.table(headers, ratio_rows))
-    print()
-    step_ratio = {}
-    if draft_dir:
-        for P in prefixes:
-            step_ratio[P] = by[("draft", P, 1)]["ms"] / by[("target", P, 1)]["ms"]
-            print(f"draft step / target step at P={P}: {by[('draft', P, 1)]['ms']:.1f} / "
-                  f"{by[('target', P, 1)]['ms']:.1f} ms = {step_ratio[P]:.2f} "
-                  "(seed study 9.9 / 30.9 ms = 0.32)")
-        wb_t = by[("target", prefixes[0], 1)]["weight_bytes"]
-        wb_d = by[("draft", prefixes[0], 1)]["weight_bytes"]
-        print(f"weight bytes per step: draft / target = {wb_d / 1e9:.2f} / {wb_t / 1e9:.2f} GB "
-              f"= {wb_d / wb_t:.2f}")
-    print(f"load average at the end: {info['load_average_end']}")
-    print()
-
-    plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n, _ in models:
-        for P in prefixes:
-            ax.plot(ts, [by[(n, P, t)]["ms"] for t in ts], marker="o", label=f"{n}, P={P}")
-    ax.set_xlabel("new tokens T in one forward")
-    ax.set_ylabel("median ms")
-    ax.set_xticks(ts)
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Forward latency vs T ({args.dtype}, {args.device}, {args.threads} threads)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    png = plots.save_figure(fig, out / "verify_vs_step.png")
-
+    names = [n for n, _ in models]
+    headers, ms_rows, ratio_rows = tables(by, names, prefixes, ts)
+    step_ratio = step_ratios(by, names, prefixes)
+    print_report(by, prefixes, headers, ms_rows, ratio_rows, step_ratio, info)
+    png = plot(by, names, prefixes, ts, args, out / "verify_vs_step.png")
     if args.record:
-        body = "\n".join([
-            report.results_preamble(info, args.note),
-            f"Models: target `{target_dir.name}`"
-            + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
-            f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up, the T "
-            "values interleaved in each repeat; ratios: the median of each repeat's ratio; "
-            f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
-            f"`{results.shown_path(png)}`.",
-            "",
-            "Median ms per forward of T new tokens with P tokens in the cache:",
-            "",
-            report.markdown_table(headers, ms_rows),
-            "",
-            "Ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x):",
-            "",
-            report.markdown_table(headers, ratio_rows),
-            "",
-        ] + [f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
-             for P, v in step_ratio.items()])
-        report.record_section(SECTION, body, args.results_md)
+        report.record_section(SECTION, markdown(args, info, target_dir, draft_dir, png, headers,
+                                                ms_rows, ratio_rows, step_ratio),
+                              args.results_md)
 
     report.emit_json({
         "benchmark": "verify_vs_step", "machine": info,
