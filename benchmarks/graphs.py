@@ -28,7 +28,7 @@ import gc
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks.harness import cli, machine, report, results, timing
 
 # Qwen2.5-Coder-0.5B-Instruct's config.json, shape fields only.
 QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "round, which is untimed too and captures the graph (default 3)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads "
                    "(default 2; --quick 1: a tiny model gains nothing from more)")
-    p.add_argument("--out", default=str(common.DEFAULT_OUT),
+    p.add_argument("--out", default=str(results.DEFAULT_OUT),
                    help="directory for graphs.json (default benchmarks/out)")
     return p
 
@@ -111,9 +111,9 @@ def copy_bandwidth(device: str, nbytes: int, repeats: int) -> float:
 
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    times = common.measure(lambda: dst.copy_(src), repeats, warmup=2, device=device)
+    times = timing.measure(lambda: dst.copy_(src), repeats, warmup=2, device=device)
     del src, dst
-    return 2 * nbytes / common.median(times) / 1e9
+    return 2 * nbytes / timing.median(times) / 1e9
 
 
 def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: int,
@@ -135,8 +135,8 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
         out = {}
         for name, d in drafters.items():
             box = []
-            common.sync(device)
-            secs = common.time_once(lambda: box.append(d.propose(ctx, K)), device)
+            timing.sync(device)
+            secs = timing.time_once(lambda: box.append(d.propose(ctx, K)), device)
             out[name] = box[0].tokens.tolist()                       # [B, K]
             if r > warmup:                                           # round 0 is the prompt
                 times[name].append(secs)
@@ -153,7 +153,7 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
     row = {"B": B, "K": K, "rounds_timed": rounds, "rounds_checked": 1 + warmup + rounds,
            "drafts_identical": mismatched_rounds == 0, "mismatched_rounds": mismatched_rounds}
     for name in drafters:
-        med = common.median(times[name])
+        med = timing.median(times[name])
         row[f"{name}_ms_per_propose"] = med * 1e3
         row[f"{name}_ms_per_step"] = med * 1e3 / K
         row[f"{name}_min_ms_per_step"] = min(times[name]) * 1e3 / K
@@ -163,43 +163,10 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
     return row
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    args.threads = args.threads or (1 if args.quick else 2)
-    torch = common.setup_torch(args.threads, args.device or "cpu")   # fails on cuda w/o CUDA
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = device.startswith("cuda")
-    dtype_name = args.dtype or ("bfloat16" if cuda else "float32")
-    dtype = getattr(torch, dtype_name)
-    shapes_name = args.shapes or ("tiny" if args.quick or not cuda else "qwen0.5b")
-    shapes = TINY if shapes_name == "tiny" else QWEN_05B
-    repeats = args.repeats or (5 if args.quick else 30)
-    batches = common.positive_ints(args.batches, "--batches")
-    ks = common.positive_ints(args.ks, "--ks")
-    if args.prefix < 1 or repeats < 1 or args.warmup < 1:
-        common.fail("--prefix, --repeats and --warmup must be >= 1")
-    static_label = "cuda graph" if cuda else "static-eager (CPU: no CUDA graph)"
-
-    info = common.machine_info(args.threads, device)
-    rounds_total = 1 + args.warmup + repeats
-    max_seq = args.prefix + rounds_total * (max(ks) + 1) + max(ks) + 8
-    common.print_header("draft loop: eager vs CUDA graph, per draft step", info, {
-        "shapes": shapes_name, "dtype": dtype_name, "device": device, "B": batches, "K": ks,
-        "P": args.prefix, "repeats": repeats, "warmup": args.warmup, "static": static_label})
-
-    t0 = time.perf_counter()
-    model = random_model(shapes, dtype, device, max_seq)
-    common.sync(device)
-    build_s = time.perf_counter() - t0
-    copy_bytes = (1 << 30) if cuda else (1 << 26)
-    copy_gbps = copy_bandwidth(device, copy_bytes, repeats=10 if cuda else 5)
-    wb = model.weight_bytes
-    floor_ms = wb / (copy_gbps * 1e9) * 1e3
-    print(f"model: {shapes_name} {dtype_name} on {device}, {wb / 1e9:.3f} GB of weights read "
-          f"per step (built in {build_s:.1f} s)")
-    print(f"copy bandwidth: {copy_gbps:,.1f} GB/s (read + write of {copy_bytes >> 20} MiB); "
-          f"weight-read floor per step: {floor_ms:.4f} ms")
-    print(flush=True)
+def sweep(model, shapes: dict, batches, ks, args, repeats: int, device: str, max_seq: int,
+          floor_ms: float) -> list[dict]:
+    """One row per (B, K): eager vs static drafter on the same prompts."""
+    import torch
 
     from specrt.drafters.draft_model import DraftModelDrafter
 
@@ -224,16 +191,21 @@ def main(argv=None) -> int:
                   f"{row['drafts_identical']}", flush=True)
         del drafters
         gc.collect()
+    return rows
 
+
+def print_report(rows: list[dict], repeats: int, static_label: str, wb: int,
+                 copy_gbps: float, floor_ms: float) -> bool:
+    """The per-step table and any mismatches; -> whether every draft was identical."""
     print()
     print(f"ms per draft step (median of {repeats} proposals / K); static = {static_label}; "
           f"floor = {wb / 1e9:.3f} GB / {copy_gbps:,.0f} GB/s = {floor_ms:.4f} ms")
-    print(common.table(
+    print(report.table(
         ["B", "K", "eager ms", "static ms", "speedup", "eager x floor", "static x floor",
          "same drafts"],
         [[r["B"], r["K"], f"{r['eager_ms_per_step']:.3f}", f"{r['static_ms_per_step']:.3f}",
           f"{r['speedup']:.2f}x", f"{r['eager_x_floor']:.1f}x", f"{r['static_x_floor']:.1f}x",
-          common.pass_fail(r["drafts_identical"])] for r in rows]))
+          report.pass_fail(r["drafts_identical"])] for r in rows]))
     identical = all(r["drafts_identical"] for r in rows)
     if not identical:
         for r in rows:
@@ -241,9 +213,52 @@ def main(argv=None) -> int:
                 print(f"MISMATCH B={r['B']} K={r['K']}: {r['mismatched_rounds']} of "
                       f"{r['rounds_checked']} rounds differ; first: {r['first_mismatch']}")
     print()
+    return identical
 
-    out = common.out_dir(args)
-    common.emit_json({
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.threads = args.threads or (1 if args.quick else 2)
+    torch = cli.setup_torch(args.threads, args.device or "cpu")   # fails on cuda w/o CUDA
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    dtype_name = args.dtype or ("bfloat16" if cuda else "float32")
+    dtype = getattr(torch, dtype_name)
+    shapes_name = args.shapes or ("tiny" if args.quick or not cuda else "qwen0.5b")
+    shapes = TINY if shapes_name == "tiny" else QWEN_05B
+    repeats = args.repeats or (5 if args.quick else 30)
+    batches = cli.positive_ints(args.batches, "--batches")
+    ks = cli.positive_ints(args.ks, "--ks")
+    if args.prefix < 1 or repeats < 1 or args.warmup < 1:
+        cli.fail("--prefix, --repeats and --warmup must be >= 1")
+    static_label = "cuda graph" if cuda else "static-eager (CPU: no CUDA graph)"
+
+    info = machine.machine_info(args.threads, device)
+    rounds_total = 1 + args.warmup + repeats
+    max_seq = args.prefix + rounds_total * (max(ks) + 1) + max(ks) + 8
+    report.print_header("draft loop: eager vs CUDA graph, per draft step", info, {
+        "shapes": shapes_name, "dtype": dtype_name, "device": device, "B": batches, "K": ks,
+        "P": args.prefix, "repeats": repeats, "warmup": args.warmup, "static": static_label})
+
+    t0 = time.perf_counter()
+    model = random_model(shapes, dtype, device, max_seq)
+    timing.sync(device)
+    build_s = time.perf_counter() - t0
+    copy_bytes = (1 << 30) if cuda else (1 << 26)
+    copy_gbps = copy_bandwidth(device, copy_bytes, repeats=10 if cuda else 5)
+    wb = model.weight_bytes
+    floor_ms = wb / (copy_gbps * 1e9) * 1e3
+    print(f"model: {shapes_name} {dtype_name} on {device}, {wb / 1e9:.3f} GB of weights read "
+          f"per step (built in {build_s:.1f} s)")
+    print(f"copy bandwidth: {copy_gbps:,.1f} GB/s (read + write of {copy_bytes >> 20} MiB); "
+          f"weight-read floor per step: {floor_ms:.4f} ms")
+    print(flush=True)
+
+    rows = sweep(model, shapes, batches, ks, args, repeats, device, max_seq, floor_ms)
+    identical = print_report(rows, repeats, static_label, wb, copy_gbps, floor_ms)
+
+    out = cli.out_dir(args)
+    report.emit_json({
         "benchmark": "graphs", "machine": info,
         "config": {"shapes": shapes_name, **shapes, "dtype": dtype_name, "device": device,
                    "static": static_label, "P": args.prefix, "repeats": repeats,

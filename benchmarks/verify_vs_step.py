@@ -18,7 +18,7 @@ import argparse
 import gc
 import time
 
-from benchmarks import common
+from benchmarks.harness import cli, machine, model_dirs, plots, report, results, timing
 
 SECTION = "## Verify cost vs T (benchmarks/verify_vs_step.py)"
 TS = (1, 2, 4, 8, 16, 17)
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
-    common.add_common_args(p)
+    cli.add_common_args(p)
     p.add_argument("--no-draft", action="store_true", help="time the target only")
     p.add_argument("--prefix", default="200,2000", help="prefix lengths P (default 200,2000)")
     p.add_argument("--tokens", default=",".join(map(str, TS)),
@@ -37,9 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10, help="timed repeats per cell (default 10)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="P = 200 only, 5 repeats")
-    p.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
-                   help="write the result into benchmarks/RESULTS.md (default on)")
-    p.add_argument("--note", help="a line to add to the RESULTS.md section (e.g. PRELIMINARY)")
+    cli.add_record_args(p)
     return p
 
 
@@ -53,18 +51,18 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
     try:
         model = Transformer.from_dir(model_dir, args.dtype, args.device, max_seq_len=max_seq)
     except SpecrtError as e:
-        common.fail(str(e))
+        cli.fail(str(e))
     cache = model.new_cache(1, max_seq)
     gen = torch.Generator().manual_seed(0)
     vocab = model.cfg.vocab_size
     rows = []
-    bar = common.progress(total=len(prefixes) * len(ts), desc=name, disable=not show)
+    bar = cli.progress(total=len(prefixes) * len(ts), desc=name, disable=not show)
     for P in prefixes:
         cache.reset()
         prefix = torch.randint(0, vocab, (1, P), generator=gen).to(model.device)
         t0 = time.perf_counter()
         model.forward(prefix, cache, last_only=True)              # the real prefill
-        common.sync(args.device)
+        timing.sync(args.device)
         prefill_s = time.perf_counter() - t0
         # The T values take turns within each repeat, so a change in the machine's speed
         # (other tenants) hits every T alike and the ratios to T = 1 stay paired.
@@ -74,16 +72,16 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
             bar.set_postfix_str(f"P={P} repeat {rep + 1}")
             for T in ts:
                 cache.truncate([P])
-                dt = common.measure(lambda: model.forward(inputs[T], cache), 1, warmup=0,
+                dt = timing.measure(lambda: model.forward(inputs[T], cache), 1, warmup=0,
                                     device=args.device)[0]
                 if rep >= args.warmup:
                     times[T].append(dt)
         for T in ts:
             ratios = [a / b for a, b in zip(times[T], times[1])]     # main() always adds T = 1
-            rows.append({"model": name, "P": P, "T": T, "ms": common.median(times[T]) * 1e3,
+            rows.append({"model": name, "P": P, "T": T, "ms": timing.median(times[T]) * 1e3,
                          "min_ms": min(times[T]) * 1e3, "max_ms": max(times[T]) * 1e3,
                          "repeats": len(times[T]), "prefill_s": prefill_s,
-                         "ratio_to_T1": common.median(ratios)})
+                         "ratio_to_T1": timing.median(ratios)})
             bar.update(1)
     bar.close()
     wb = model.weight_bytes
@@ -94,50 +92,37 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
     return rows
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.quick:
-        args.prefix, args.repeats = "200", min(args.repeats, 5)
-    prefixes = common.positive_ints(args.prefix, "--prefix")
-    ts = common.positive_ints(args.tokens, "--tokens")
-    if 1 not in ts:
-        ts = [1] + ts
-    if args.repeats < 1:
-        common.fail("--repeats must be >= 1")
-    common.setup_torch(args.threads, args.device)
-    target_dir, draft_dir = common.resolve_models(args, need_draft=not args.no_draft)
-    out = common.out_dir(args)
-    info = common.machine_info(args.threads, args.device)
-    common.print_header("verify pass of T tokens vs one decode step", info, {
-        "target": target_dir.name, "draft": draft_dir.name if draft_dir else None,
-        "dtype": args.dtype, "P": prefixes, "T": ts, "repeats": args.repeats,
-        "warmup": args.warmup})
-
-    models = [("target", target_dir)] + ([("draft", draft_dir)] if draft_dir else [])
-    rows = []
-    for name, d in models:
-        rows += time_model(name, d, args, prefixes, ts, not args.no_progress)
-    info["load_average_end"] = list(common.load_average())
-
-    by = {(r["model"], r["P"], r["T"]): r for r in rows}
+def tables(by: dict, names: list[str], prefixes, ts) -> tuple[list[str], list, list]:
+    """(headers, ms rows, ratio-to-T=1 rows); `by`: (model, P, T) -> row."""
     headers = ["model", "P"] + [f"T={t}" for t in ts]
     ms_rows = [[n, P] + [f"{by[(n, P, t)]['ms']:.1f}" for t in ts]
-               for n, _ in models for P in prefixes]
+               for n in names for P in prefixes]
     ratio_rows = [[n, P] + [f"{by[(n, P, t)]['ratio_to_T1']:.2f}x" for t in ts]
-                  for n, _ in models for P in prefixes]
+                  for n in names for P in prefixes]
+    return headers, ms_rows, ratio_rows
+
+
+def step_ratios(by: dict, names: list[str], prefixes) -> dict:
+    """{P: draft step ms / target step ms} (empty without a draft)."""
+    if "draft" not in names:
+        return {}
+    return {P: by[("draft", P, 1)]["ms"] / by[("target", P, 1)]["ms"] for P in prefixes}
+
+
+def print_report(by: dict, prefixes, headers, ms_rows, ratio_rows, step_ratio: dict,
+                 info: dict) -> None:
+    """Both tables, the draft/target step ratios and weight bytes, the load at the end."""
     print("median ms per forward of T new tokens (KV cache holding P tokens)")
-    print(common.table(headers, ms_rows))
+    print(report.table(headers, ms_rows))
     print()
     print("ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x T = 1)")
-    print(common.table(headers, ratio_rows))
+    print(report.table(headers, ratio_rows))
     print()
-    step_ratio = {}
-    if draft_dir:
-        for P in prefixes:
-            step_ratio[P] = by[("draft", P, 1)]["ms"] / by[("target", P, 1)]["ms"]
-            print(f"draft step / target step at P={P}: {by[('draft', P, 1)]['ms']:.1f} / "
-                  f"{by[('target', P, 1)]['ms']:.1f} ms = {step_ratio[P]:.2f} "
-                  "(seed study 9.9 / 30.9 ms = 0.32)")
+    for P, ratio in step_ratio.items():
+        print(f"draft step / target step at P={P}: {by[('draft', P, 1)]['ms']:.1f} / "
+              f"{by[('target', P, 1)]['ms']:.1f} ms = {ratio:.2f} "
+              "(seed study 9.9 / 30.9 ms = 0.32)")
+    if step_ratio:
         wb_t = by[("target", prefixes[0], 1)]["weight_bytes"]
         wb_d = by[("draft", prefixes[0], 1)]["weight_bytes"]
         print(f"weight bytes per step: draft / target = {wb_d / 1e9:.2f} / {wb_t / 1e9:.2f} GB "
@@ -145,9 +130,11 @@ def main(argv=None) -> int:
     print(f"load average at the end: {info['load_average_end']}")
     print()
 
-    plt = common.pyplot()
+
+def plot(by: dict, names: list[str], prefixes, ts, args, path):
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n, _ in models:
+    for n in names:
         for P in prefixes:
             ax.plot(ts, [by[(n, P, t)]["ms"] for t in ts], marker="o", label=f"{n}, P={P}")
     ax.set_xlabel("new tokens T in one forward")
@@ -157,31 +144,70 @@ def main(argv=None) -> int:
     ax.set_title(f"Forward latency vs T ({args.dtype}, {args.device}, {args.threads} threads)")
     ax.grid(alpha=0.3)
     ax.legend()
-    png = common.save_figure(fig, out / "verify_vs_step.png")
+    return plots.save_figure(fig, path)
 
+
+def markdown(args, info, target_dir, draft_dir, png, headers, ms_rows, ratio_rows,
+             step_ratio: dict) -> str:
+    """The body of this benchmark's RESULTS.md section."""
+    return "\n".join([
+        report.results_preamble(info, args.note),
+        f"Models: target `{target_dir.name}`"
+        + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
+        f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up, the T "
+        "values interleaved in each repeat; ratios: the median of each repeat's ratio; "
+        f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
+        f"`{results.shown_path(png)}`.",
+        "",
+        "Median ms per forward of T new tokens with P tokens in the cache:",
+        "",
+        report.markdown_table(headers, ms_rows),
+        "",
+        "Ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x):",
+        "",
+        report.markdown_table(headers, ratio_rows),
+        "",
+    ] + [f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
+         for P, v in step_ratio.items()])
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.prefix, args.repeats = "200", min(args.repeats, 5)
+    prefixes = cli.positive_ints(args.prefix, "--prefix")
+    ts = cli.positive_ints(args.tokens, "--tokens")
+    if 1 not in ts:
+        ts = [1] + ts
+    if args.repeats < 1:
+        cli.fail("--repeats must be >= 1")
+    cli.setup_torch(args.threads, args.device)
+    target_dir, draft_dir = model_dirs.resolve_models(args, need_draft=not args.no_draft)
+    out = cli.out_dir(args)
+    info = machine.machine_info(args.threads, args.device)
+    report.print_header("verify pass of T tokens vs one decode step", info, {
+        "target": target_dir.name, "draft": draft_dir.name if draft_dir else None,
+        "dtype": args.dtype, "P": prefixes, "T": ts, "repeats": args.repeats,
+        "warmup": args.warmup})
+
+    models = [("target", target_dir)] + ([("draft", draft_dir)] if draft_dir else [])
+    rows = []
+    for name, d in models:
+        rows += time_model(name, d, args, prefixes, ts, not args.no_progress)
+    info["load_average_end"] = list(machine.load_average())
+
+    by = {(r["model"], r["P"], r["T"]): r for r in rows}
+    names = [n for n, _ in models]
+    headers, ms_rows, ratio_rows = tables(by, names, prefixes, ts)
+    step_ratio = step_ratios(by, names, prefixes)
+    print_report(by, prefixes, headers, ms_rows, ratio_rows, step_ratio, info)
+    png = plot(by, names, prefixes, ts, args, out / "verify_vs_step.png")
     if args.record:
-        body = "\n".join([
-            common.results_preamble(info, args.note),
-            f"Models: target `{target_dir.name}`"
-            + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
-            f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up, the T "
-            "values interleaved in each repeat; ratios: the median of each repeat's ratio; "
-            f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
-            f"`{common.shown_path(png)}`.",
-            "",
-            "Median ms per forward of T new tokens with P tokens in the cache:",
-            "",
-            common.markdown_table(headers, ms_rows),
-            "",
-            "Ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x):",
-            "",
-            common.markdown_table(headers, ratio_rows),
-            "",
-        ] + [f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
-             for P, v in step_ratio.items()])
-        common.write_results_section(SECTION, body, args.results_md)
+        report.record_section(SECTION, markdown(args, info, target_dir, draft_dir, png, headers,
+                                                ms_rows, ratio_rows, step_ratio),
+                              args.results_md)
 
-    common.emit_json({
+    report.emit_json({
         "benchmark": "verify_vs_step", "machine": info,
         "config": {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None,
                    "dtype": args.dtype, "P": prefixes, "T": ts, "repeats": args.repeats,

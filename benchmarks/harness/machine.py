@@ -1,0 +1,106 @@
+"""Facts about the machine a benchmark ran on, and two probes of how busy it is.
+
+The machine is often shared, so every result carries the CPU, thread counts, load average and
+(on CPU) a contention probe: readers must be able to judge the noise. The facts are a plain
+dict because they go verbatim into the JSON line and RESULTS.md. This module measures and
+returns; it never prints (report.print_header renders these facts).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.harness.timing import measure, median
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> tuple[float, float, float]:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:
+        return (float("nan"),) * 3
+
+
+def machine_info(threads: int, device: str = "cpu") -> dict:
+    """Date, CPU, versions, threads and load; the GPU name on CUDA, else a contention probe.
+    Scripts add "load_average_end" when they finish."""
+    import torch
+
+    info = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host_nproc": os.cpu_count(),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "threads_asked": threads,
+        "python": platform.python_version(),
+        "load_average": list(load_average()),
+        "device": device,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    else:
+        info["contention_probe"] = contention_probe(threads)
+    return info
+
+
+def contention_probe(threads: int) -> dict:
+    """How long one small parallel op (x.mul_ over 1 MB) takes with `threads` threads vs one.
+
+    On a quiet machine the two are within a few x of each other (tens of us). When another job
+    holds a core, every OpenMP parallel region waits for a descheduled worker (milliseconds),
+    and a 2-thread decode step with hundreds of such regions slows down tens of times:
+    the load average alone does not show how bad that is, this does.
+    """
+    import torch
+
+    def probe(n: int) -> float:                    # median us per op
+        torch.set_num_threads(n)
+        x = torch.ones(1 << 18)                    # 2^18 fp32 = 1 MB
+        ts = []
+        for _ in range(120):
+            t0 = time.perf_counter()
+            x.mul_(1.0)
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts[20:]) * 1e6
+
+    before = torch.get_num_threads()
+    try:
+        one, many = probe(1), probe(threads)
+    finally:
+        torch.set_num_threads(before)
+    ratio = many / one if one > 0 else float("nan")
+    return {"us_1_thread": round(one, 1), f"us_{threads}_threads": round(many, 1),
+            "ratio": round(ratio, 1), "contended": bool(threads > 1 and many > 500.0)}
+
+
+def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 7) -> dict:
+    """Measured read bandwidth of this machine: x.sum() over an fp32 tensor of `nbytes`
+    (default 1 GiB, far larger than any cache), with the current torch thread count."""
+    import torch
+
+    x = torch.ones(nbytes // 4, dtype=torch.float32)    # ones: every page really allocated
+    times = measure(lambda: x.sum(), repeats, warmup=2)
+    del x
+    return {"gb_per_s": nbytes / median(times) / 1e9, "best_gb_per_s": nbytes / min(times) / 1e9,
+            "bytes": nbytes, "repeats": repeats, "method": "fp32 tensor.sum() over 1 GiB",
+            "threads": threads}

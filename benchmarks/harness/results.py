@@ -1,0 +1,74 @@
+"""benchmarks/RESULTS.md: where results go, and rewriting one `## ` section of it.
+
+Several benchmarks may finish at once and each owns only its own section, so the write is a
+read-modify-write under an exclusive file lock, written atomically (temp file + os.replace).
+This module never prints and never renders tables: callers hand it a finished body
+(`report.record_section` does that and says so on stderr).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]          # the repository
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+DEFAULT_OUT = ROOT / "benchmarks" / "out"            # PNG/JSON outputs; git-ignored
+
+
+def shown_path(path: Path) -> str:
+    """A path as RESULTS.md shows it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _split_sections(text: str) -> list[tuple[str | None, list[str]]]:
+    """[(heading line or None for the preamble, lines)], cutting at '## ' lines that are not
+    inside a ``` fence."""
+    sections: list[tuple[str | None, list[str]]] = [(None, [])]
+    fence = False
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if not fence and line.startswith("## "):
+            sections.append((line.rstrip("\n"), [line]))
+        else:
+            sections[-1][1].append(line)
+    return sections
+
+
+def replace_section(text: str, heading: str, body: str) -> str:
+    """`text` with the section titled `heading` ('## ...') replaced by heading + body, or
+    appended at the end when absent. Other sections are left byte for byte."""
+    heading = heading.rstrip()
+    assert heading.startswith("## "), heading
+    new = heading + "\n\n" + body.strip("\n") + "\n\n"
+    out, done = [], False
+    for title, lines in _split_sections(text):
+        if title is not None and title.strip() == heading:
+            out.append(new)
+            done = True
+        else:
+            out.append("".join(lines))
+    if done:
+        return "".join(out)
+    joined = "".join(out)
+    if joined and not joined.endswith("\n\n"):
+        joined += "\n" if joined.endswith("\n") else "\n\n"
+    return joined + new
+
+
+def write_section(heading: str, body: str, path: Path = RESULTS_MD) -> Path:
+    """Replace only our `## heading` section of the shared RESULTS.md (others own the rest);
+    returns the path written."""
+    path = Path(path)
+    DEFAULT_OUT.mkdir(parents=True, exist_ok=True)
+    lock = DEFAULT_OUT / ".results-md.lock"      # git-ignored, never removed (no unlink race)
+    with open(lock, "w") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        text = path.read_text() if path.exists() else "# Benchmark results\n\n"
+        new = replace_section(text, heading, body)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(new.rstrip("\n") + "\n")
+        os.replace(tmp, path)
+    return path

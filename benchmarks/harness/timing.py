@@ -1,0 +1,64 @@
+"""Timing: one call, repeated calls, the median. All durations are in seconds.
+
+CUDA work is timed with CUDA events (the host returns before the kernels finish); everything
+else with perf_counter. This module does not print, choose repeat counts or know what is being
+timed: callers pass a closure.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+
+def _on_cuda(device) -> bool:
+    import torch
+
+    return str(device).startswith("cuda") and torch.cuda.is_available()
+
+
+def sync(device) -> None:
+    """Wait for queued device work (a no-op off CUDA)."""
+    if _on_cuda(device):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_once(fn: Callable[[], object], device="cpu") -> float:
+    """Seconds of one call of fn: CUDA events on CUDA, perf_counter elsewhere."""
+    if _on_cuda(device):
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3       # elapsed_time is in ms
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(fn: Callable[[], object], repeats: int, warmup: int = 1, device="cpu",
+            setup: Callable[[], object] | None = None) -> list[float]:
+    """Seconds of `repeats` timed calls of fn after `warmup` untimed ones; `setup` (untimed)
+    runs before every call, e.g. to roll a cache back."""
+    for _ in range(warmup):
+        if setup:
+            setup()
+        fn()
+    sync(device)
+    out = []
+    for _ in range(repeats):
+        if setup:
+            setup()
+        sync(device)
+        out.append(time_once(fn, device))
+    return out
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median, NaN for an empty sequence (a table shows it as '-')."""
+    return statistics.median(xs) if xs else float("nan")
