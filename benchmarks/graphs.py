@@ -70,7 +70,7 @@ def random_model(shapes: dict, dtype, device, max_seq_len: int, seed: int = 0):
     activations stay finite through every layer, so argmax drafts are well defined."""
     import torch
 
-    from specrt.config import ModelConfig
+    from specrt.model.config import ModelConfig
     from specrt.model import Transformer
 
     cfg = ModelConfig(architecture="Qwen2ForCausalLM", head_dim=shapes["hidden_size"]
@@ -119,8 +119,8 @@ def copy_bandwidth(device: str, nbytes: int, repeats: int) -> float:
 def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: int,
                device: str) -> dict:
     """Drive the eager and the static drafter in lockstep; time each proposal."""
-    from specrt.config import SamplingParams
-    from specrt.drafters.base import DraftContext
+    from specrt.spec.drafters.base import DraftContext
+    from specrt.spec.sampling import SamplingParams
 
     params = SamplingParams()
     vocab = model.cfg.vocab_size
@@ -140,7 +140,7 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
             out[name] = box[0].tokens.tolist()                       # [B, K]
             if r > warmup:                                           # round 0 is the prompt
                 times[name].append(secs)
-            d.accepted([accept] * B)
+            d.rollback([accept] * B)
         eager, static = out["eager"], out["static"]
         if eager != static:
             mismatched_rounds += 1
@@ -168,7 +168,7 @@ def sweep(model, shapes: dict, batches, ks, args, repeats: int, device: str, max
     """One row per (B, K): eager vs static drafter on the same prompts."""
     import torch
 
-    from specrt.drafters.draft_model import DraftModelDrafter
+    from specrt.spec.drafters.draft_model import DraftModelDrafter
 
     gen = torch.Generator().manual_seed(0)
     rows = []

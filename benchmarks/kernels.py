@@ -40,8 +40,8 @@ import triton  # noqa: E402
 
 from specrt.kernels import reference  # noqa: E402
 
-attention_kernel = importlib.import_module("specrt.kernels.verify_attention")
-acceptance_kernel = importlib.import_module("specrt.kernels.acceptance")
+attention_kernel = importlib.import_module("specrt.kernels.triton.verify_attention")
+acceptance_kernel = importlib.import_module("specrt.kernels.triton.acceptance")
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

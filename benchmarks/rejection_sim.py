@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 def simulate(n: int, k: int, chunk: int, seed: int, device: str, show: bool):
     torch = __import__("torch")
     from specrt.kernels import draw_randomness, rejection_sample
-    from specrt.sampling import sample
+    from specrt.spec.sampling import sample
 
     p = torch.tensor(P, dtype=torch.float32, device=device)
     q = torch.tensor(Q, dtype=torch.float32, device=device)

@@ -415,7 +415,7 @@ def test_dispatch_routes_to_the_forced_backend(monkeypatch, forced):
     u, noise = reference.draw_randomness(2, 2, 100, _gen(2), DEVICE)
 
     calls = []
-    for module, backend in ((dispatch._attention, "triton"), (dispatch._acceptance, "triton"),
+    for module, backend in ((attention_kernel, "triton"), (acceptance_kernel, "triton"),
                             (dispatch.reference, "reference")):
         for name in ("verify_attention", "greedy_accept", "rejection_sample"):
             if not hasattr(module, name):

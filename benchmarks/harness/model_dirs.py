@@ -1,8 +1,7 @@
 """Which model directories a benchmark runs on: --model / --draft, or the fetched default pair.
 
-`default_pair()` is the only place in benchmarks/ that asks specrt where the default pair
-lives; when the package moves that question (e.g. to one `resolve_pair` function), only it
-changes. Nothing here downloads: a missing default model is an error that says how to fetch it.
+`default_pair()` is the only place in benchmarks/ that asks specrt (`specrt.hub`) where the
+default pair lives. Unlike `specrt.hub.resolve_pair`, nothing here downloads: a missing default model is an error that says how to fetch it.
 """
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ FETCH_HINT = "python -m specrt.models fetch"
 
 def default_pair() -> tuple[Path, Path]:
     """(target_dir, draft_dir) of the default pair once fetched; not checked, never fetched."""
-    from specrt import models
+    from specrt.hub import DEFAULT_DRAFT, DEFAULT_TARGET, model_dir
 
-    return (Path(models.model_dir(models.DEFAULT_TARGET)),
-            Path(models.model_dir(models.DEFAULT_DRAFT)))
+    return model_dir(DEFAULT_TARGET), model_dir(DEFAULT_DRAFT)
 
 
 def _check(path: Path, role: str, default: bool) -> Path:

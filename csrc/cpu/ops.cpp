@@ -9,7 +9,7 @@
 // from plain greedy. Here each output row depends only on its own inputs and position, in a fixed
 // order of operations, so the two agree bit for bit (the matmuls in gemv.cpp do the same).
 //
-// The PyTorch functions in specrt/model.py (rms_norm, apply_rope, _attention) are the
+// The PyTorch functions in specrt/model/backends/torch_ref.py (rms_norm, apply_rope, sdpa_attention) are the
 // specification; specrt/kernels/cpu/ops.py checks the arguments and dispatches. Rounding follows
 // the reference: fp32 arithmetic, and in bf16 a rounding after each step the reference rounds
 // (x * r, w * n, x + y, silu, products).
