@@ -191,17 +191,8 @@ def _default_num_splits(q: torch.Tensor, programs: int, s_max: int) -> int:
     return max(1, min(triton.cdiv(target, programs), s_max // 256, 32))
 
 
-def verify_attention(
-    q: torch.Tensor,  # [B, T, Hq, D]
-    k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
-    v_cache: torch.Tensor,  # [B, Hkv, S_max, D]
-    lens: torch.Tensor,  # [B] int32/int64, valid positions per row including the T new ones
-    scale: float | None = None,
-    *,
-    num_splits: int | None = None,  # flash-decoding splits; None: from SM count (1 on CPU)
-    block_n: int | None = None,  # keys per inner step; None: 64 (32 for fp32)
-) -> torch.Tensor:  # [B, T, Hq, D], q.dtype
-    """Launch the verify-attention kernel; see the module docstring for the math."""
+def _check_inputs(q, k_cache, v_cache, lens) -> torch.Tensor:
+    """Shapes, dtypes, devices and strides the kernel relies on; returns lens contiguous."""
     assert q.dim() == 4 and k_cache.dim() == 4, "q must be [B, T, Hq, D], caches [B, Hkv, S_max, D]"
     B, T, Hq, D = q.shape
     Bk, Hkv, S_max, Dk = k_cache.shape
@@ -221,7 +212,23 @@ def verify_attention(
             "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
         )
         assert bool((lens >= T).all()) and bool((lens <= S_max).all()), "lens out of [T, S_max]"
+    return lens
 
+
+def verify_attention(
+    q: torch.Tensor,  # [B, T, Hq, D]
+    k_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    v_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    lens: torch.Tensor,  # [B] int32/int64, valid positions per row including the T new ones
+    scale: float | None = None,
+    *,
+    num_splits: int | None = None,  # flash-decoding splits; None: from SM count (1 on CPU)
+    block_n: int | None = None,  # keys per inner step; None: 64 (32 for fp32)
+) -> torch.Tensor:  # [B, T, Hq, D], q.dtype
+    """Launch the verify-attention kernel; see the module docstring for the math."""
+    lens = _check_inputs(q, k_cache, v_cache, lens)
+    B, T, Hq, D = q.shape
+    Hkv, S_max = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     M = T * G
     BLOCK_M = min(128, max(16, triton.next_power_of_2(M)))
