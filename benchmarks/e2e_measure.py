@@ -66,11 +66,12 @@ class Runner:
         t0 = time.perf_counter()
         try:
             # = llm.generate, keeping each round's drafted/accepted counts on the way
-            run = self.llm.start([ids], max_new_tokens=max_new, speculative=m.spec())
-            for _row, _delta, ev in run.deltas():
-                if ev.index > 0 and ev.draft_tokens and ev.draft_tokens[0]:
-                    rounds.append((len(ev.draft_tokens[0]), ev.num_accepted[0]))
-            res = run.results()[0]
+            run = self.llm.submit(ids, max_new_tokens=max_new, speculative=m.spec())
+            for chunk in run.chunks():
+                step = chunk.step
+                if step.index > 0 and step.draft_tokens:
+                    rounds.append((len(step.draft_tokens), step.num_accepted))
+            res = run.result()
         except SpecrtError as e:
             cli.fail(f"{m.label}: {e}")
         wall = time.perf_counter() - t0

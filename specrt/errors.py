@@ -24,3 +24,7 @@ class CapacityError(SpecrtError, ValueError):
 
 class ModelFetchError(SpecrtError):
     """Fetching or converting a model failed; the message says what to do."""
+
+
+class QueueFullError(SpecrtError):
+    """Every slot is busy and the waiting queue is full; retry later (HTTP 503)."""

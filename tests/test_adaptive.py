@@ -4,6 +4,8 @@ import torch
 
 import specrt
 from specrt.spec.planners.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens
+from specrt.engine.request import Request
+from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 from specrt.spec.calibration import forward_seconds
 from specrt.spec.costs import CostModel
@@ -23,7 +25,7 @@ class OracleDrafter:
         self.vocab, self.right = vocab, right
         self.calls = 0
 
-    def begin(self, batch_size):
+    def reset(self, rows):
         self.calls = 0
 
     def propose(self, ctx, k):
@@ -56,9 +58,11 @@ def _run_with(llm, drafter, n_new, max_k=8):
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(max_k + 1)],
                       draft=[0.2 + 0.01 * t for t in range(max_k + 1)])
     planner = AdaptivePlanner(max_k, costs, draft_model=oracle, ngram=None)
-    gen = llm.engine.generate([PROMPTS[0]], n_new, SamplingParams(), planner=planner)
-    plans = [event.plan for event in gen]
-    assert gen.outputs[0] == answers[0]
+    request = Request(tuple(PROMPTS[0]), n_new, SamplingParams(),
+                      SpecConfig(method="draft_model", num_speculative_tokens=max_k))
+    steps = [s for batch in llm.engine.run([request], planner=planner) for s in batch]
+    plans = [s.plan for s in steps]
+    assert [t for s in steps for t in s.new_tokens] == answers[0]
     return plans, oracle
 
 
@@ -125,7 +129,7 @@ class TwoKindsOfMatch:
     def __init__(self):
         self.round = 0
 
-    def begin(self, batch_size):
+    def reset(self, rows):
         self.round = 0
 
     def matches(self, ctx, k):
@@ -141,8 +145,9 @@ def test_ngram_acceptance_is_kept_per_match_length():
     drafter = TwoKindsOfMatch()
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
     planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
-    planner.begin(1)
-    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True])
+    planner.reset([0])
+    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True], params=[SamplingParams()],
+                          generators=[None])
     plans = {1: [], 3: []}
     for _ in range(80):
         plan = planner.choose(ctx)

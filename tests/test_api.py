@@ -29,7 +29,9 @@ def test_stream_yields_the_same_text_in_multi_token_chunks(llm):
     prompt = "The quick brown fox"
     full = llm.generate(prompt, max_new_tokens=40, speculative=SPEC)
     chunks = list(llm.stream(prompt, max_new_tokens=40, speculative=SPEC))
-    assert "".join(chunks) == full.text
+    assert "".join(c.text for c in chunks) == full.text
+    assert [t for c in chunks for t in c.token_ids] == full.token_ids
+    assert chunks[-1].finish_reason == full.finish_reason and chunks[-1].stats is not None
     assert len(chunks) < 40          # rounds commit several tokens at once
 
 
@@ -49,8 +51,8 @@ def test_stop_string_cuts_text_and_ids(llm, spec):
     assert res.text == text[:cut]
     assert res.finish_reason == "stop"
     assert stop not in res.text
-    streamed = "".join(llm.stream("for i in range", max_new_tokens=40, stop=stop,
-                                  speculative=spec))
+    streamed = "".join(c.text for c in llm.stream("for i in range", max_new_tokens=40,
+                                                  stop=stop, speculative=spec))
     assert streamed == text[:cut]
 
 

@@ -114,10 +114,12 @@ def test_token_ids_outside_vocabulary(tiny_dir):
         llm.generate([1, 100000], max_new_tokens=4)
 
 
-def test_too_many_prompts_for_batch(tiny_dir):
+def test_more_prompts_than_slots_queue_and_each_equals_its_single_run(tiny_dir):
+    """Continuous batching: a third prompt waits for a free slot instead of failing."""
     llm = specrt.LLM(tiny_dir, max_seq_len=32, max_batch_size=2)
-    with pytest.raises(SpecrtError, match="exceed max_batch_size=2"):
-        llm.generate([[1], [2], [3]], max_new_tokens=2)
+    batch = llm.generate([[1], [2], [3]], max_new_tokens=2)
+    assert [r.token_ids for r in batch] == [llm.generate(p, max_new_tokens=2).token_ids
+                                            for p in ([1], [2], [3])]
 
 
 def test_bad_sampling_params(tiny_dir):

@@ -99,19 +99,19 @@ def _run(args) -> int:
         spec = default_speculative(llm.engine.draft is not None)
     chat = not args.no_chat and isinstance(prompt, str) and llm.tokenizer is not None \
         and llm.tokenizer.has_chat_template
-    run = llm.start([prompt], max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=args.seed, stop=args.stop, chat=chat, speculative=spec)
+    run = llm.submit(prompt, max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                     seed=args.seed, stop=args.stop, chat=chat, speculative=spec)
     try:
-        for _row, delta, event in run.deltas():
-            if args.trace and event.index > 0:
-                print(_trace_line(llm, event), file=sys.stderr)
-            if delta and not args.json:
-                sys.stdout.write(delta)
+        for chunk in run.chunks():
+            if args.trace and chunk.step is not None and chunk.step.index > 0:
+                print(_trace_line(llm, chunk.step), file=sys.stderr)
+            if chunk.text and not args.json:
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
     finally:
-        run.close()
-    result = run.results()[0]
+        llm.close()
+    result = run.result()
     if args.json:
         print(json.dumps({"token_ids": result.token_ids, "text": result.text,
                           "finish_reason": result.finish_reason, "stats": result.stats}))
@@ -132,16 +132,16 @@ def summary_line(stats: dict, spec) -> str:
             f"{stats['mean_acceptance_length']:.2f} | {stats['target_passes']} target passes")
 
 
-def _trace_line(llm, event) -> str:
+def _trace_line(llm, step) -> str:
     def show(ids):
         if llm.tokenizer is None:
             return ",".join(str(t) for t in ids)
         return ",".join(json.dumps(llm.tokenizer.token_text(t)) for t in ids)
 
-    drafts = event.draft_tokens[0] if event.draft_tokens else []
-    kept = event.num_accepted[0]
-    target = event.new_tokens[0][kept:] if event.new_tokens[0] else []
-    return (f"round {event.index} | {event.plan} | draft: {show(drafts) or '-'} | "
+    drafts = step.draft_tokens
+    kept = step.num_accepted
+    target = step.new_tokens[kept:]
+    return (f"round {step.index} | {step.plan} | draft: {show(drafts) or '-'} | "
             f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}")
 
 

@@ -11,6 +11,9 @@ from pathlib import Path
 from specrt.errors import SpecrtError
 
 
+ROLES = ("system", "user", "assistant")
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
@@ -18,8 +21,14 @@ class Tokenizer:
             from transformers import AutoTokenizer
             from transformers.utils import logging as hf_logging
 
+            # Quiet transformers' load-time notices for this call only: a host process's own
+            # logging settings are not ours to change.
+            verbosity = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()
-            self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+            try:
+                self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+            finally:
+                hf_logging.set_verbosity(verbosity)
         except (OSError, ValueError) as e:
             raise SpecrtError(f"cannot load the tokenizer in {model_dir}: {e}") from None
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
@@ -33,10 +42,26 @@ class Tokenizer:
             if not self.has_chat_template:
                 raise SpecrtError("chat=True but this tokenizer has no chat template; "
                                   "pass chat=False (CLI: --no-chat)")
-            text = self._tok.apply_chat_template([{"role": "user", "content": text}],
-                                                 tokenize=False, add_generation_prompt=True)
-            return self._tok.encode(text, add_special_tokens=False)
+            return self.encode_messages([{"role": "user", "content": text}])
         return self._tok.encode(text)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Chat messages [{"role": "system" | "user" | "assistant", "content": str}, ...]
+        through the chat template, ending with the prompt for the assistant's next turn."""
+        if not self.has_chat_template:
+            raise SpecrtError("chat messages need a chat template, and this tokenizer has none; "
+                              "pass a plain prompt instead")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise SpecrtError("messages must be a non-empty list of {\"role\", \"content\"}")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES \
+                    or not isinstance(m.get("content"), str):
+                raise SpecrtError(f"message {i} must be {{\"role\": one of {', '.join(ROLES)}, "
+                                  f"\"content\": a string}}, got {m!r}")
+        text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
+                                              for m in messages],
+                                             tokenize=False, add_generation_prompt=True)
+        return self._tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

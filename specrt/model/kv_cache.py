@@ -68,6 +68,19 @@ class StaticKVCache:
         self._host_lengths.zero_()
         self.lengths.zero_()
 
+    def rows(self, start: int, stop: int) -> "StaticKVCache":
+        """Rows start..stop-1 as a cache of their own: a view sharing storage and lengths, so
+        a pass over some rows (one request's prefill, a chunk of a batch) reads and writes
+        exactly what a pass over the whole cache would."""
+        view = object.__new__(StaticKVCache)
+        view.max_batch_size = stop - start
+        view.max_seq_len = self.max_seq_len
+        view.k = self.k[:, start:stop]                                # [L, b, Hkv, S, D]
+        view.v = self.v[:, start:stop]
+        view._host_lengths = self._host_lengths[start:stop]
+        view.lengths = self.lengths[start:stop]
+        return view
+
     def _set(self, new: torch.Tensor) -> None:
         n = new.shape[0]
         self._host_lengths[:n] = new

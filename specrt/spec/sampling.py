@@ -75,6 +75,25 @@ def choose(logits: torch.Tensor, params: SamplingParams,
     return sample(probs, generator), probs
 
 
+def choose_rows(logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator | None], rows: list[bool] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`choose` for a batch whose rows sample differently: logits [B, V] -> tokens [B] and,
+    when any row samples, probs [B, V] (zero rows where greedy). Each sampled row draws from its
+    own generator, so a request's draws never depend on which requests share its batch.
+    rows: [B] which rows to choose for (default all); the others get an argmax and draw nothing."""
+    tokens = logits.argmax(dim=-1)                                      # [B]
+    probs = None
+    for b, (p, gen) in enumerate(zip(params, generators)):
+        if p.greedy or (rows is not None and not rows[b]):
+            continue
+        if probs is None:
+            probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        probs[b] = warp(logits[b], p)
+        tokens[b] = sample(probs[b], gen)
+    return tokens, probs
+
+
 def make_generator(seed: int | None, device) -> torch.Generator:
     gen = torch.Generator(device=device)
     if seed is None:

@@ -87,18 +87,19 @@ class AdaptivePlanner:
         self.states: dict[str, DrafterState] = {}
 
     # --- planner protocol -------------------------------------------------------------------
-    def begin(self, batch_size: int) -> None:
-        self.states = {}
-        names = []
-        if self.draft_model is not None:
-            names.append(("draft_model", "draft_model"))
-        if self.ngram is not None:
-            names += [(_ngram_state(n), "ngram")
-                      for n in range(self.ngram.min_n, self.ngram.max_n + 1)]
-        for name, drafter in names:
-            prior = PRIORS.get(name, PRIORS[drafter])
-            self.states[name] = DrafterState(name, drafter,
-                                             [[prior] * self.max_k for _ in range(batch_size)])
+    def reset(self, rows: list[int]) -> None:
+        if not self.states:
+            names = [("draft_model", "draft_model")] if self.draft_model is not None else []
+            if self.ngram is not None:
+                names += [(_ngram_state(n), "ngram")
+                          for n in range(self.ngram.min_n, self.ngram.max_n + 1)]
+            self.states = {name: DrafterState(name, drafter, []) for name, drafter in names}
+        for state in self.states.values():
+            prior = PRIORS.get(state.name, PRIORS[state.drafter])
+            while len(state.alphas) <= max(rows, default=-1):
+                state.alphas.append([prior] * self.max_k)
+            for r in rows:
+                state.alphas[r] = [prior] * self.max_k
 
     def choose(self, ctx: DraftContext) -> Plan:
         """The drafter and K for this round (a plain step when nothing pays), from past rounds
