@@ -16,13 +16,14 @@ steps inside the same verify pass.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import time
 from typing import Iterator
 
 from specrt.engine.metrics import RequestStats, Timing
 from specrt.engine.request import Request, Step
-from specrt.engine.round import prefill, run_round
+from specrt.engine.round import prefill, prefill_rows, run_round
 from specrt.errors import CapacityError, ConfigError, SpecrtError
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
@@ -36,7 +37,7 @@ log = logging.getLogger("specrt.engine")
 _GREEDY = SamplingParams()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Row:
     """A request in its slot."""
 
@@ -76,9 +77,12 @@ class Engine:
             self.draft_drafter = DraftModelDrafter(draft, target.cfg.vocab_size, max_batch_size,
                                                    max_seq_len, static=static)
         self.slots: list[_Row | None] = [None] * max_batch_size
+        self._free = list(range(max_batch_size))     # a heap: the lowest free slot first
+        self._spec_rows = 0                           # running requests that speculate
         self._planners: dict[SpecConfig, Planner] = {}
         self.planner: Planner | None = None      # the running batch's, while rows speculate
         self.batch_spec: SpecConfig | None = None
+        self._reserved: list[int] = []           # slots admitted, waiting for their prefill
 
     # --- planners ---------------------------------------------------------------------------
     def planner_for(self, spec: SpecConfig | None) -> Planner | None:
@@ -101,11 +105,11 @@ class Engine:
     # --- admission ----------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return any(r is not None for r in self.slots)
+        return len(self._free) < self.max_batch_size
 
     def can_admit(self, request: Request) -> bool:
         """A slot is free and the request's speculative config fits the running batch."""
-        if None not in self.slots:
+        if not self._free:
             return False
         return request.spec is None or self.batch_spec in (None, request.spec)
 
@@ -114,6 +118,13 @@ class Engine:
         """Give `request` a slot and prefill it; returns its first step (which may already be
         its last). `planner` overrides the one its spec describes (custom drafters); `queued`:
         seconds it waited for a slot (for its stats)."""
+        self.reserve(request, planner, queued)
+        return self.prefill_reserved()[0]
+
+    def reserve(self, request: Request, planner: Planner | None = None,
+                queued: float = 0.0) -> int:
+        """Check `request` and give it a slot; `prefill_reserved` must follow before the next
+        `step`. Several reservations prefill together."""
         self.check(request)
         if not self.can_admit(request):
             raise CapacityError("no free slot for this request (or another speculative config "
@@ -121,19 +132,52 @@ class Engine:
         if request.spec is not None:
             self.planner = planner or self.planner or self.planner_for(request.spec)
             self.batch_spec = request.spec
-        slot = self.slots.index(None)
+        slot = heapq.heappop(self._free)
+        self._spec_rows += request.spec is not None
         row = _Row(request, None if request.params.greedy
                    else make_generator(request.params.seed, self.target.device))
         row.timing.queued = queued
         self.slots[slot] = row
         self._reset_slot(slot)
-        t0 = time.perf_counter()
-        first = prefill(self.target, self.cache.rows(slot, slot + 1), list(request.prompt),
-                        request.params, row.generator)
-        row.timing.prefill = time.perf_counter() - t0
-        row.stats.target_passes += 1
-        new = self._commit(row, [first])
-        return self._step(slot, row, new, "prefill", [], 0)
+        self._reserved.append(slot)
+        return slot
+
+    def prefill_reserved(self) -> list[Step]:
+        """Prefill every reserved slot and choose each one's first token. Prompts short enough
+        for the backend's batch-invariant passes share one pass; longer ones run alone, so a
+        request's first token never depends on who else was admitted with it."""
+        slots, self._reserved = self._reserved, []
+        limit = self.target.backend.batch_invariant_tokens
+        together = [s for s in slots if len(self.slots[s].request.prompt) <= limit]
+        groups = [together] if together else []
+        alone = set(slots) - set(together)
+        groups += [[s] for s in slots if s in alone]
+        first: dict[int, int] = {}
+        for group in groups:
+            t0 = time.perf_counter()
+            first.update(zip(group, self._prefill(group)))
+            for s in group:
+                self.slots[s].timing.prefill = time.perf_counter() - t0
+        steps = []
+        for slot in slots:
+            row = self.slots[slot]
+            row.stats.target_passes += 1
+            steps.append(self._step(slot, row, self._commit(row, [first[slot]]), "prefill", [], 0))
+        return steps
+
+    def _prefill(self, group: list[int]) -> list[int]:
+        if len(group) == 1:
+            row = self.slots[group[0]]
+            return [prefill(self.target, self.cache.rows(group[0], group[0] + 1),
+                            list(row.request.prompt), row.request.params, row.generator)]
+        hi = max(group) + 1
+        members = set(group)
+        prompts = [list(self.slots[s].request.prompt) if s in members else [] for s in range(hi)]
+        rows = [self.slots[s] for s in range(hi)]
+        return prefill_rows(self.target, self.cache, prompts,
+                            [r.request.params if r is not None else _GREEDY for r in rows],
+                            [r.generator if s in members else None for s, r in enumerate(rows)],
+                            group)
 
     def _reset_slot(self, slot: int) -> None:
         self.cache.rows(slot, slot + 1).truncate([0])
@@ -176,9 +220,9 @@ class Engine:
     # --- rounds -------------------------------------------------------------------------------
     def step(self) -> list[Step]:
         """One round over every running request; a Step for each of them."""
-        hi = max((s for s, r in enumerate(self.slots) if r is not None), default=-1) + 1
-        if hi == 0:
+        if not self.busy:
             return []
+        hi = max(s for s, r in enumerate(self.slots) if r is not None) + 1
         rows = self.slots[:hi]
         generating = [r is not None for r in rows]
         speculating = [r is not None and r.request.spec is not None for r in rows]
@@ -234,8 +278,10 @@ class Engine:
             and self.batch_spec is not None else 0
         stats = row.stats.as_dict(row.timing, max_k)
         self.slots[slot] = None
+        heapq.heappush(self._free, slot)
+        self._spec_rows -= row.request.spec is not None
         self.cache.rows(slot, slot + 1).truncate([0])
-        if not any(r is not None and r.request.spec is not None for r in self.slots):
+        if not self._spec_rows:
             self.planner, self.batch_spec = None, None    # the next batch may speculate anew
         log.debug("%s finished (%s) after %d tokens", row.request.request_id, reason,
                   len(row.outputs))

@@ -40,9 +40,9 @@ import torch
 from specrt.kernels import draw_randomness, greedy_accept, rejection_sample
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.transformer import Transformer
-from specrt.spec.drafters.base import DraftContext, Proposal
+from specrt.spec.drafters.base import DraftContext, Proposal, right_pad
 from specrt.spec.planners.base import PLAIN, Plan, Planner
-from specrt.spec.sampling import SamplingParams, choose_rows, warp
+from specrt.spec.sampling import SamplingParams, choose_rows, sampling_groups, warp
 
 if TYPE_CHECKING:
     from specrt.model.graphs import StaticForward
@@ -146,17 +146,37 @@ def _accept(logits: torch.Tensor, proposal: Proposal | None, counts: list[int], 
         n, toks = greedy_accept(logits[greedy], proposal.tokens[greedy].to(logits.device))
         for b, a, row in zip(greedy, n.tolist(), toks.tolist()):
             num_acc[b], out[b] = a, row
-    for b in (b for b in drafted if not ctx.params[b].greedy):
-        p = warp(logits[b:b + 1], ctx.params[b])                             # [1, K + 1, V]
-        # Drawn for the planned K, whatever this round's width: a seeded request consumes
-        # the same randomness alone or beside requests whose drafts are longer.
-        uniforms, noise = draw_randomness(1, max(k_plan, proposal.k), p.shape[-1],
-                                          ctx.generators[b], logits.device)
-        q = proposal.probs[b:b + 1] if proposal.probs is not None else None
-        n, toks = rejection_sample(p, q, proposal.tokens[b:b + 1].to(logits.device),
-                                   uniforms[:, : proposal.k], noise)
-        num_acc[b], out[b] = int(n[0]), toks[0].tolist()
+    drafted_rows = set(drafted)
+    sampled = [b in drafted_rows for b in range(B)]
+    for rows, params in sampling_groups(ctx.params, sampled):
+        p = warp(logits[rows], params)                                       # [n, K + 1, V]
+        # Drawn per row, for the planned K whatever this round's width: a seeded request
+        # consumes the same randomness alone or beside requests whose drafts are longer.
+        draws = [draw_randomness(1, max(k_plan, proposal.k), p.shape[-1], ctx.generators[b],
+                                 logits.device) for b in rows]
+        uniforms = torch.cat([u[:, : proposal.k] for u, _ in draws])        # [n, K]
+        noise = torch.cat([e for _, e in draws])                             # [n, V]
+        q = proposal.probs[rows] if proposal.probs is not None else None
+        n, toks = rejection_sample(p, q, proposal.tokens[rows].to(logits.device), uniforms,
+                                   noise)
+        for b, a, row in zip(rows, n.tolist(), toks.tolist()):
+            num_acc[b], out[b] = a, row
     return num_acc, out
+
+
+def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[int]],
+                 params: list[SamplingParams], generators: list[torch.Generator | None],
+                 rows: list[int]) -> list[int]:
+    """Prefill the given rows (their prompts right-padded into one pass; rows not listed take
+    no tokens) and choose each listed row's first new token, in the order of `rows`."""
+    B = len(prompts)
+    ids = right_pad(prompts)
+    logits = target.forward(ids.to(target.device), cache,
+                            num_valid=[len(p) for p in prompts], last_only=True)   # [B, 1, V]
+    members = set(rows)
+    listed = [b in members for b in range(B)]
+    tokens, _ = choose_rows(logits[:, 0], params, generators, listed)
+    return [int(tokens[b]) for b in rows]
 
 
 def prefill(target: Transformer, cache: StaticKVCache, prompt: list[int],

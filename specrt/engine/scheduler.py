@@ -109,20 +109,31 @@ class Scheduler:
                                         stats=None))
 
     def _admit(self) -> None:
+        """Reserve slots for every queued request that fits now (FIFO), then prefill them."""
+        steps, reserved = [], []
         while True:
             with self._lock:
                 if not self._queue or not self.engine.can_admit(self._queue[0][0].request):
-                    return
+                    break
                 handle, queued_at = self._queue.popleft()
             try:
-                step = self.engine.admit(handle.request,
-                                         queued=time.perf_counter() - queued_at)
+                self.engine.reserve(handle.request, queued=time.perf_counter() - queued_at)
+                reserved.append(handle.request_id)
             except Exception as e:      # this request alone fails; the engine stays clean
-                log.exception("request %s failed at admission", handle.request_id)
-                self.engine.cancel(handle.request_id, "error")
-                step = Step(handle.request_id, 0, [], "prefill", [], 0, finish_reason="error",
-                            error=e)
+                steps.append(self._failed(handle.request_id, e, "at admission"))
+        if reserved:
+            try:
+                steps += self.engine.prefill_reserved()
+            except Exception as e:
+                steps += [self._failed(rid, e, "in prefill") for rid in reserved]
+        for step in steps:
             self._deliver(step)
+
+    def _failed(self, request_id: str, error: BaseException, where: str) -> Step:
+        if not isinstance(error, SpecrtError):
+            log.error("request %s failed %s: %r", request_id, where, error, exc_info=error)
+        self.engine.cancel(request_id, "error")
+        return Step(request_id, 0, [], "prefill", [], 0, finish_reason="error", error=error)
 
     def _round(self) -> None:
         try:

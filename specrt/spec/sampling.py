@@ -84,14 +84,28 @@ def choose_rows(logits: torch.Tensor, params: list[SamplingParams],
     rows: [B] which rows to choose for (default all); the others get an argmax and draw nothing."""
     tokens = logits.argmax(dim=-1)                                      # [B]
     probs = None
-    for b, (p, gen) in enumerate(zip(params, generators)):
-        if p.greedy or (rows is not None and not rows[b]):
-            continue
+    for group, p in sampling_groups(params, rows):
         if probs is None:
             probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        probs[b] = warp(logits[b], p)
-        tokens[b] = sample(probs[b], gen)
+        warped = warp(logits[group], p)                                 # [n, V]
+        noise = torch.stack([exponential_noise(warped.shape[-1:], generators[b], logits.device)
+                             for b in group])                           # [n, V]
+        probs[group] = warped
+        tokens[group] = (warped / noise).argmax(dim=-1)
     return tokens, probs
+
+
+def sampling_groups(params: list[SamplingParams], rows: list[bool] | None = None
+                    ) -> list[tuple[list[int], SamplingParams]]:
+    """The sampled rows (of those selected), grouped by identical warp settings, so each group
+    warps in one call; greedy rows are left out."""
+    groups: dict[tuple, tuple[list[int], SamplingParams]] = {}
+    for b, p in enumerate(params):
+        if p.greedy or (rows is not None and not rows[b]):
+            continue
+        key = (p.temperature, p.top_k, p.top_p)
+        groups.setdefault(key, ([], p))[0].append(b)
+    return list(groups.values())
 
 
 def make_generator(seed: int | None, device) -> torch.Generator:

@@ -34,6 +34,7 @@ class GemvLinear(TorchLinear):
 
 class CpuNative(TorchReference):
     name = "cpu_native"
+    batch_invariant_tokens = ops.MAX_ROWS    # every row computed on its own, in chunks
 
     @property
     def build_id(self) -> str:
