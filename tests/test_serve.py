@@ -261,6 +261,11 @@ BAD = {
     "empty prompt": {"model": "tiny", "prompt": ""},
     "bad speculative config": {"model": "tiny", "prompt": "hi",
                                "speculative": {"method": "magic"}},
+    "draft model named by a request": {"model": "tiny", "prompt": "hi", "speculative": {
+        "method": "draft_model", "model": "/etc"}},
+    "negative temperature": {"model": "tiny", "prompt": "hi", "temperature": -1},
+    "top_p 0": {"model": "tiny", "prompt": "hi", "top_p": 0},
+    "string temperature": {"model": "tiny", "prompt": "hi", "temperature": "0.5"},
 }
 
 

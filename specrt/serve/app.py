@@ -122,6 +122,10 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         ids = state.llm.encode(body.prompt, chat=False)
     if body.speculative is None:
         spec = state.config.default_speculative
+    elif body.speculative and "model" in body.speculative:
+        # a path from a client would make the server load any directory it can read
+        raise APIError("a request's speculative config may not name a draft \"model\"; the "
+                       "server's draft is set with --draft", param="speculative")
     else:
         spec = body.speculative or None           # false: plain decoding
     parsed = SpecConfig.parse(spec)
