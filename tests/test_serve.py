@@ -247,6 +247,26 @@ def test_client_disconnect_mid_stream_frees_the_slot(server, client):
     assert complete(client, "The quick brown fox").choices[0].text == before
 
 
+def test_client_gone_before_a_non_streaming_answer_cancels_it(server):
+    server.wait_idle()
+    m0 = server.metrics()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0}),
+        {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 10
+    while not server.llm.engine.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    server.wait_idle()
+    m1 = server.metrics()
+    key = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"}'
+    assert m1[key] - m0.get(key, 0) == 1
+    assert server.llm.engine.slots == [None] * 4
+
+
 # --- bad input, failures, back-pressure -------------------------------------------------------------
 BAD = {
     "malformed JSON": b'{"model": "tiny", "prompt": ',

@@ -11,6 +11,7 @@ request state of its own: every request is a `Generation` that ends when its res
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -49,12 +50,12 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     install_handlers(app)
 
     @app.post("/v1/completions")
-    async def completions(body: schemas.CompletionRequest):
-        return await _respond(state, body, chat=False)
+    async def completions(request: Request, body: schemas.CompletionRequest):
+        return await _respond(state, request, body, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: schemas.ChatCompletionRequest):
-        return await _respond(state, body, chat=True)
+    async def chat_completions(request: Request, body: schemas.ChatCompletionRequest):
+        return await _respond(state, request, body, chat=True)
 
     @app.get("/v1/models")
     async def models():
@@ -71,7 +72,7 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     return app
 
 
-async def _respond(state: _State, body, chat: bool):
+async def _respond(state: _State, request: Request, body, chat: bool):
     arrived = time.perf_counter()
     gen = None
     try:
@@ -93,11 +94,13 @@ async def _respond(state: _State, body, chat: bool):
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
-        text = await collect(gen, first)
+        text = await _unless_disconnected(request, collect(gen, first))
     except Exception as e:      # noqa: BLE001
         err = as_api_error(e)
         state.metrics.failed(err.status)
         return error_response(err)
+    if text is None:
+        return Response(status_code=499)        # nginx's "client closed request"; unread
     if chat:
         out = schemas.chat_completion(schemas.new_id("chatcmpl"), name, text, gen.finish_reason,
                                       gen.usage())
@@ -105,6 +108,31 @@ async def _respond(state: _State, body, chat: bool):
         out = schemas.completion(schemas.new_id("cmpl"), name, text, gen.finish_reason,
                                  gen.usage())
     return JSONResponse(out)
+
+
+async def _unless_disconnected(request: Request, work):
+    """`await work`, or cancel it and return None if the client disconnects first (Starlette
+    cancels a streaming response's iterator by itself, but not a plain handler)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()           # collect's finally closes the generation: cancelled
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watch.cancelled() or not watch.done():
+            raise                   # we are being cancelled ourselves
+        return None
+
+
+async def _disconnected(request: Request) -> None:
+    # the body was read already, so the next message is the disconnect
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
