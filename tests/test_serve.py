@@ -142,6 +142,10 @@ def test_completion_text_usage_and_finish_reason(server, client):
     # token ids as the prompt give the same answer
     ids = server.llm.encode("The quick brown fox")
     assert complete(client, ids, max_tokens=20).choices[0].text == alone.text
+    # specrt's extra field: plain decoding for this request (greedy: the same tokens)
+    plain = complete(client, "The quick brown fox", max_tokens=20,
+                     extra_body={"speculative": False})
+    assert plain.choices[0].text == alone.text
     # OpenAI's default budget is 16 tokens
     res = client.completions.create(model="tiny", prompt="Once upon a time", temperature=0)
     assert res.usage.completion_tokens == 16
