@@ -326,15 +326,15 @@ def test_an_internal_error_fails_that_request_alone(server, client, monkeypatch)
         return real_encode(text, chat)
 
     monkeypatch.setattr(tok, "encode", encode)
-    real_admit = server.llm.engine.admit
+    real_reserve = server.llm.engine.reserve
     poison = tuple(server.llm.encode("def add(a, b):"))
 
-    def admit(request, *a, **kw):      # an engine-side fault, on the scheduler's thread
+    def reserve(request, *a, **kw):      # an engine-side fault, on the scheduler's thread
         if request.prompt == poison:
             raise RuntimeError("injected engine fault")
-        return real_admit(request, *a, **kw)
+        return real_reserve(request, *a, **kw)
 
-    monkeypatch.setattr(server.llm.engine, "admit", admit)
+    monkeypatch.setattr(server.llm.engine, "reserve", reserve)
     expected = complete(client, "The quick brown fox").choices[0].text
 
     async def mixed():

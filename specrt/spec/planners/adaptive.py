@@ -16,9 +16,12 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the draft model, K = 1..K_max, run only when it wins.
 
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
-with a prior; costs come from a calibration at first use (specrt.costs) scaled by the ratio
-of measured to predicted round times. The choice depends only on past rounds, never on the
-current round's outcome, so greedy output stays identical and sampling stays exact.
+with a prior; costs come from a calibration at first use (specrt.spec.costs) scaled by the
+ratio of measured to predicted round times. Costs are for the round's whole batch: with more
+requests in flight a verify pass of K + 1 tokens each costs more (and past the backend's
+batch-invariant pass size, a chunk more), so a busy batch drafts less. The choice depends only
+on past rounds, never on the current round's outcome, so greedy output stays identical and
+sampling stays exact.
 
 A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
 doubling after each probe until the drafter wins a round on merit, so a text that turns
@@ -60,6 +63,7 @@ class Decision:
     feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none)
     probe: str | None = None        # the state probed, if not a choice on merit
     predicted_draft: float = 0.0    # calibrated seconds of this round's drafting
+    batch: int = 1                  # requests in the round's passes (costs grow with them)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -105,7 +109,8 @@ class AdaptivePlanner:
         """The drafter and K for this round (a plain step when nothing pays), from past rounds
         only: never from this round's outcome, so greedy output stays identical."""
         rows = [b for b, a in enumerate(ctx.active) if a]
-        cv = [self.verify_scale * self.costs.verify_seconds(t)
+        batch = len(ctx.histories)
+        cv = [self.verify_scale * self.costs.verify_seconds(t, batch)
               for t in range(1, self.max_k + 2)]
         best = ("plain", 0, 1.0 / cv[0])
         can_probe = []
@@ -120,9 +125,9 @@ class AdaptivePlanner:
         catchup = 0.0
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            cd = self.draft_scale * self.costs.draft_step
+            cd = self.draft_scale * self.costs.draft_seconds(1, batch)
             catchup = self.draft_scale * self.costs.draft_seconds(
-                max(self.draft_model.unseen(ctx), 1))
+                max(self.draft_model.unseen(ctx), 1), batch)
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
                 cost = catchup + (k - 1) * cd + cv[k]
@@ -135,19 +140,21 @@ class AdaptivePlanner:
                 if state.idle_rounds + 1 >= state.probe_gap:
                     name, k, probe = state.drafter, 1, state.name
                     break
-        return self._plan(ctx, name, k, probe, matches, catchup)
+        return self._plan(ctx, name, k, probe, matches, batch)
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
-              catchup: float) -> Plan:
+              batch: int) -> Plan:
         if k == 0:
-            return dataclasses.replace(PLAIN, notes=Decision(feeds=(None,) * len(ctx.active)))
+            return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
+                                                             batch=batch))
         if name == "ngram":
             feeds = tuple(_ngram_state(n) if n else None for _, n in matches)
-            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe))
+            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, batch=batch))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        predicted = (self.costs.draft_seconds(max(self.draft_model.unseen(ctx), 1))
-                     + (k - 1) * self.costs.draft_step)
-        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, predicted))
+        predicted = (self.costs.draft_seconds(max(self.draft_model.unseen(ctx), 1), batch)
+                     + (k - 1) * self.costs.draft_seconds(1, batch))
+        return Plan(self.draft_model, k, f"draft_model:{k}",
+                    Decision(feeds, probe, predicted, batch))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
                 verify_seconds) -> None:
@@ -156,8 +163,8 @@ class AdaptivePlanner:
         for state in self.states.values():
             state.idle_rounds = 0 if state.name in used else state.idle_rounds + 1
         if plan.k == 0:
-            self.verify_scale = _ewma(self.verify_scale,
-                                      verify_seconds / self.costs.verify_seconds(1))
+            self.verify_scale = _ewma(self.verify_scale, verify_seconds
+                                      / self.costs.verify_seconds(1, decision.batch))
             return
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
             if d and decision.feeds[row] is not None:
@@ -168,8 +175,8 @@ class AdaptivePlanner:
                 state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
             else:
                 state.probe_gap = PROBE_BASE
-        self.verify_scale = _ewma(self.verify_scale,
-                                  verify_seconds / self.costs.verify_seconds(plan.k + 1))
+        self.verify_scale = _ewma(self.verify_scale, verify_seconds
+                                  / self.costs.verify_seconds(plan.k + 1, decision.batch))
         if plan.drafter is self.draft_model and decision.predicted_draft > 0:
             self.draft_scale = _ewma(self.draft_scale, draft_seconds / decision.predicted_draft)
 
