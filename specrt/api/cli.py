@@ -55,6 +55,9 @@ def default_speculative(has_draft: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from specrt.logs import configure_logging
+
+    configure_logging()
     from specrt.errors import SpecrtError
 
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specrt.logs import configure_logging
 from specrt.errors import ModelFetchError
 from specrt.hub.fetch import cached_models, fetch, fetch_command
 from specrt.hub.paths import cache_dir, is_present, model_dir
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     p_path.add_argument("name", metavar="NAME")
     sub.add_parser("list", help="show cached models with their size on disk")
     args = parser.parse_args(argv)
+    configure_logging()
     try:
         if args.command == "fetch":
             fetch(args.names, progress=not args.quiet)

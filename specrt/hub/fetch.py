@@ -18,6 +18,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, ModelSpec, spec_f
 __all__ = ["verify_file", "ensure_gguf", "ensure_model", "fetch", "cached_models",
            "fetch_command"]
 
+log = logging.getLogger("specrt.hub")
 _TMP_PREFIX = ".tmp-"
 _READ_CHUNK = 1 << 22
 
@@ -44,8 +46,8 @@ def fetch_command(name: str) -> str:
 
 
 def _say(msg: str, progress: bool) -> None:
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
+    """Progress notes go to the `specrt.hub` logger: INFO when progress was asked for."""
+    log.log(logging.INFO if progress else logging.DEBUG, msg)
 
 
 def _check_digest(label: str, size: int, digest: str, want_size: int, want_sha256: str) -> None:
