@@ -22,9 +22,9 @@ import time
 from typing import Iterator
 
 from specrt.engine.metrics import RequestStats, Timing
-from specrt.engine.request import Request, Step
+from specrt.engine.request import Request, Step, check_request
 from specrt.engine.round import prefill, prefill_rows, run_round
-from specrt.errors import CapacityError, ConfigError, SpecrtError
+from specrt.errors import CapacityError, ConfigError
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
@@ -288,32 +288,10 @@ class Engine:
         return Step(row.request.request_id, row.rounds, new, plan, drafts or [], accepted,
                     finish_reason=reason, stats=stats)
 
-    # --- checks -------------------------------------------------------------------------------
     def check(self, request: Request) -> None:
         """Raise SpecrtError naming the problem if `request` cannot run on this engine."""
-        p = request.prompt
-        if not isinstance(request.max_new_tokens, int) or isinstance(request.max_new_tokens, bool) \
-                or request.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be a positive integer, got "
-                              f"{request.max_new_tokens!r}")
-        if len(p) == 0:
-            raise SpecrtError("the prompt is empty: give at least one token")
-        vocab = self.target.cfg.vocab_size
-        bad = [t for t in p if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-        if bad:
-            raise SpecrtError(f"the prompt has token id {bad[0]!r} outside the model's "
-                              f"vocabulary 0..{vocab - 1}")
-        if request.spec is not None and request.spec.method == "draft_model" \
-                and self.draft is None:
-            raise ConfigError("speculative method 'draft_model' needs a draft model: pass "
-                              "LLM(draft=DIR), --draft DIR, or \"model\" in the speculative config")
-        k = request.spec.num_speculative_tokens if request.spec is not None else 0
-        need = len(p) + request.max_new_tokens + (k + 1 if k else 0)
-        if need > self.max_seq_len:
-            raise CapacityError(
-                f"the prompt ({len(p)} tokens) + max_new_tokens ({request.max_new_tokens})"
-                + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
-                f"({self.max_seq_len}); raise max_seq_len or shorten the request")
+        check_request(request, self.target.cfg.vocab_size, self.max_seq_len,
+                      has_draft=self.draft is not None)
 
 
 def _drafts_as_lists(proposal, rows: int) -> list[list[int]]:

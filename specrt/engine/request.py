@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from specrt.errors import CapacityError, ConfigError, SpecrtError
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 
@@ -49,3 +50,30 @@ class Step:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft: bool) -> None:
+    """Raise SpecrtError naming the problem if `request` cannot run on an engine whose target
+    has `vocab_size` tokens and whose caches hold `max_seq_len` positions."""
+    p = request.prompt
+    n = request.max_new_tokens
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {n!r}")
+    if len(p) == 0:
+        raise SpecrtError("the prompt is empty: give at least one token")
+    bad = [t for t in p if not isinstance(t, int) or isinstance(t, bool)
+           or not 0 <= t < vocab_size]
+    if bad:
+        raise SpecrtError(f"the prompt has token id {bad[0]!r} outside the model's "
+                          f"vocabulary 0..{vocab_size - 1}")
+    spec = request.spec
+    if spec is not None and spec.method == "draft_model" and not has_draft:
+        raise ConfigError("speculative method 'draft_model' needs a draft model: pass "
+                          "LLM(draft=DIR), --draft DIR, or \"model\" in the speculative config")
+    k = spec.num_speculative_tokens if spec is not None else 0
+    need = len(p) + n + (k + 1 if k else 0)
+    if need > max_seq_len:
+        raise CapacityError(
+            f"the prompt ({len(p)} tokens) + max_new_tokens ({n})"
+            + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
+            f"({max_seq_len}); raise max_seq_len or shorten the request")
