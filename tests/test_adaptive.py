@@ -158,3 +158,19 @@ def test_ngram_acceptance_is_kept_per_match_length():
     late_short, late_long = plans[1][-20:], plans[3][-20:]
     assert late_long == ["ngram:4"] * 20
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
+
+
+def test_seeded_auto_sampling_gives_one_output_in_five_runs(llm):
+    """auto's plans decide how a sampled request's randomness is consumed; with a seed they
+    follow the calibrated costs only, so timing noise (and earlier requests that moved the
+    planner's online scales) never changes the output."""
+    spec = {"method": "auto", "num_speculative_tokens": 6}
+    planner = llm.engine.planner_for(SpecConfig.parse(spec))
+    outputs = set()
+    for i in range(5):
+        # a machine that turned 5x slower or faster between runs, as the planner measured it
+        planner.verify_scale, planner.draft_scale = (0.2, 5.0, 1.0, 5.0, 0.2)[i], \
+            (5.0, 0.2, 1.0, 0.2, 5.0)[i]
+        outputs.add(tuple(llm.generate(PROMPTS[1], max_new_tokens=32, temperature=1.0, seed=7,
+                                       speculative=spec).token_ids))
+    assert len(outputs) == 1

@@ -125,3 +125,15 @@ def test_batch_of_text_prompts_returns_list(llm):
     res = llm.generate(["def add", "The quick"], max_new_tokens=8)
     assert isinstance(res, list) and len(res) == 2
     assert res[1].token_ids == llm.generate("The quick", max_new_tokens=8).token_ids
+
+
+def test_request_joining_a_running_batch_gives_its_solo_tokens(llm):
+    """Continuous batching: a request admitted while another is mid-generation joins at a
+    round boundary and gives exactly the tokens it gives alone (and so does the other)."""
+    solo_a = llm.generate("Once upon a time", max_new_tokens=40, speculative=SPEC).token_ids
+    solo_b = llm.generate("def add", max_new_tokens=20).token_ids
+    stream = llm.stream("Once upon a time", max_new_tokens=40, speculative=SPEC)
+    got_a = list(next(stream).token_ids)           # a is running: b joins its batch
+    got_b = llm.generate("def add", max_new_tokens=20).token_ids
+    got_a += [t for chunk in stream for t in chunk.token_ids]
+    assert got_a == solo_a and got_b == solo_b

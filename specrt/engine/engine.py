@@ -130,7 +130,9 @@ class Engine:
             raise CapacityError("no free slot for this request (or another speculative config "
                                 "is running); wait for a running request to finish")
         if request.spec is not None:
-            self.planner = planner or self.planner or self.planner_for(request.spec)
+            if self.planner is None:
+                self.planner = planner or self.planner_for(request.spec)
+                self.planner.new_batch()
             self.batch_spec = request.spec
         slot = heapq.heappop(self._free)
         self._spec_rows += request.spec is not None

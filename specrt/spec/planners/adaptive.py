@@ -91,6 +91,10 @@ class AdaptivePlanner:
         self.states: dict[str, DrafterState] = {}
 
     # --- planner protocol -------------------------------------------------------------------
+    def new_batch(self) -> None:
+        """A batch starts with no other request running: forget every row and probe."""
+        self.states = {}
+
     def reset(self, rows: list[int]) -> None:
         if not self.states:
             names = [("draft_model", "draft_model")] if self.draft_model is not None else []
@@ -110,7 +114,12 @@ class AdaptivePlanner:
         only: never from this round's outcome, so greedy output stays identical."""
         rows = [b for b, a in enumerate(ctx.active) if a]
         batch = len(ctx.histories)
-        cv = [self.verify_scale * self.costs.verify_seconds(t, batch)
+        # A seeded request must reproduce: its plans (which decide how its randomness is
+        # consumed) then follow the calibrated costs alone, never this run's timings.
+        seeded = any(ctx.params[b].seed is not None for b in rows)
+        verify_scale, draft_scale = (1.0, 1.0) if seeded else (self.verify_scale,
+                                                               self.draft_scale)
+        cv = [verify_scale * self.costs.verify_seconds(t, batch)
               for t in range(1, self.max_k + 2)]
         best = ("plain", 0, 1.0 / cv[0])
         can_probe = []
@@ -125,8 +134,8 @@ class AdaptivePlanner:
         catchup = 0.0
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            cd = self.draft_scale * self.costs.draft_seconds(1, batch)
-            catchup = self.draft_scale * self.costs.draft_seconds(
+            cd = draft_scale * self.costs.draft_seconds(1, batch)
+            catchup = draft_scale * self.costs.draft_seconds(
                 max(self.draft_model.unseen(ctx), 1), batch)
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)

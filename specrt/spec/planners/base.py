@@ -28,6 +28,10 @@ class Planner(Protocol):
     max_k: int                     # the largest K any plan may ask for
     drafters: tuple[Drafter, ...]  # every drafter a plan may name (the engine resets them)
 
+    def new_batch(self) -> None:
+        """The planner starts serving a batch with no request running: forget everything
+        per-batch (so a request alone is planned the same way every time)."""
+
     def reset(self, rows: list[int]) -> None:
         """New requests take these rows: forget their per-row statistics."""
 

@@ -14,6 +14,9 @@ class FixedPlanner:
         self.drafters = (drafter,)
         self._plan = Plan(drafter, k, f"{drafter.name}:{k}")
 
+    def new_batch(self) -> None:
+        pass
+
     def reset(self, rows: list[int]) -> None:
         pass
 
