@@ -90,14 +90,14 @@ def test_unknown_name_lists_known_ones(capsys, private_cache):
     with pytest.raises(ModelFetchError) as e:
         models.ensure_model("qwen-9000")
     assert all(name in str(e.value) for name in KNOWN_MODELS)
-    assert models.main(["fetch", "qwen-9000"]) == 1
+    assert models.main(["fetch", "qwen-9000"]) == 2      # input error, as in generate
     err = capsys.readouterr().err
     assert "unknown model 'qwen-9000'" in err and DEFAULT_TARGET in err and DEFAULT_DRAFT in err
     assert not (private_cache / "models").exists() or not any((private_cache / "models").iterdir())
 
 
 def test_path_of_missing_model_says_how_to_fetch(capsys, private_cache):
-    assert models.main(["path", DEFAULT_DRAFT]) == 1
+    assert models.main(["path", DEFAULT_DRAFT]) == 2
     err = capsys.readouterr().err
     assert f"python -m specrt.models fetch {DEFAULT_DRAFT}" in err
 
@@ -106,7 +106,7 @@ def test_cli_entry_point_errors_without_traceback(private_cache):
     proc = subprocess.run([sys.executable, "-m", "specrt.models", "path", "nope"], cwd=REPO,
                           capture_output=True, text=True,
                           env={**os.environ, "SPECRT_CACHE": str(private_cache)})
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "known models" in proc.stderr and "Traceback" not in proc.stderr
 
 

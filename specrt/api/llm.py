@@ -20,15 +20,16 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
+                              check_stop, check_text)
 from specrt.api.run import GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
-from specrt.errors import ConfigError, SpecrtError
+from specrt.errors import ConfigError, SpecrtError, check_bool
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
-from specrt.model.loader import parse_dtype
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
@@ -39,26 +40,31 @@ MAX_DRAFT_ENGINES = 2    # engines kept for drafts named per request (each holds
 
 class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
-                 dtype: str = "float32", device: str = "cpu", max_seq_len: int = 4096,
+                 dtype: str = "float32", device: str | None = "cpu", max_seq_len: int = 4096,
                  max_batch_size: int = 1, cuda_graphs: bool | None = None,
                  max_queue: int = 256):
-        self.dtype = parse_dtype(dtype)
-        self.device = _check_device(device)
+        """device None: CUDA if available, else the CPU. cuda_graphs None: on with CUDA.
+        Every argument is checked (specrt.api.args) before any file is read."""
+        args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
+                       max_queue)
+        self.dtype, self.device = args.dtype, args.device
+        max_seq_len, max_batch_size = args.max_seq_len, args.max_batch_size
         # No model: the default pair, fetched on first use.
-        self.model_dir, draft_dir = resolve_pair(model, draft)
+        self.model_dir, draft_dir = resolve_pair(args.model, args.draft)
         self.target = Transformer.from_dir(self.model_dir, self.dtype, self.device, max_seq_len)
         self.tokenizer = Tokenizer(self.model_dir) if Tokenizer.available(self.model_dir) else None
         self.eos_ids = set(self.target.cfg.eos_token_ids)
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
-        self.max_queue = max_queue
+        self.max_queue = args.max_queue
         # CUDA graphs for the draft loop: on by default on CUDA, meaningless elsewhere.
-        self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        self.cuda_graphs = (self.device.type == "cuda") if args.cuda_graphs is None \
+            else args.cuda_graphs
         self.draft_dir = draft_dir
         draft_model = self._load_draft(draft_dir) if draft_dir is not None else None
         self.engine = Engine(self.target, draft_model, max_batch_size, max_seq_len,
                              static=self.cuda_graphs)
-        self.scheduler = Scheduler(self.engine, max_queue)
+        self.scheduler = Scheduler(self.engine, self.max_queue)
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
 
     def _load_draft(self, draft_dir: Path) -> Transformer:
@@ -96,9 +102,12 @@ class LLM:
         if messages is not None:
             if prompt is not None:
                 raise SpecrtError("give a prompt or messages, not both")
+            for m in messages if isinstance(messages, (list, tuple)) else ():
+                if isinstance(m, dict) and isinstance(m.get("content"), str):
+                    check_text("a message's content", m["content"])
             return self._need_tokenizer().encode_messages(messages)
         if isinstance(prompt, str):
-            ids = self._need_tokenizer().encode(prompt, chat=chat)
+            ids = self._need_tokenizer().encode(check_text("the prompt", prompt), chat=chat)
         elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -122,12 +131,11 @@ class LLM:
                top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
                chat: bool = False, speculative=None) -> TextRun:
         """Start one request; its chunks come from the returned run (`chunks()`)."""
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
-            raise ConfigError(f"temperature must be a number >= 0, got {temperature!r}")
-        params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=top_p,
-                                seed=seed)
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         spec = SpecConfig.parse(speculative)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = check_stop(stop)
+        chat = check_bool("chat", chat)
         text = TextStream(self.tokenizer, stops)
         ids = self.encode(prompt, chat, messages)
         request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))
@@ -136,10 +144,15 @@ class LLM:
     def generate(self, prompt=None, **kwargs):
         """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
         for a list of prompts -> list[GenerationResult], each equal to its single run."""
-        if _is_batch(prompt):
-            runs = [self.submit(p, **kwargs) for p in prompt]
-        else:
-            runs = [self.submit(prompt, **kwargs)]
+        check_request_kwargs(kwargs)
+        runs: list[TextRun] = []
+        try:
+            for p in (prompt if _is_batch(prompt) else [prompt]):
+                runs.append(self.submit(p, **kwargs))
+        except BaseException:
+            for run in runs:               # a bad prompt in a batch: the others do not run on
+                run.handle.cancel()
+            raise
         for run in runs:
             for _ in run.chunks():
                 pass
@@ -149,6 +162,7 @@ class LLM:
     def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
         each round commits. Closing or dropping the iterator cancels the request."""
+        check_request_kwargs(kwargs)
         if _is_batch(prompt):
             raise SpecrtError("stream takes one prompt; use generate for a batch")
         yield from self.submit(prompt, **kwargs).chunks()
@@ -161,16 +175,3 @@ def _is_batch(prompt) -> bool:
 
 def _real(path: Path | None) -> str | None:
     return os.path.realpath(path) if path is not None else None
-
-
-def _check_device(device: str):
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise SpecrtError(f"invalid device {device!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecrtError(f"device {device!r} requested but CUDA is not available; use "
-                          "--device cpu")
-    return dev

@@ -3,14 +3,17 @@
     python -m specrt.models fetch [NAME ...]   download, verify, convert (default: both)
     python -m specrt.models path NAME          print the model directory
     python -m specrt.models list               what is cached, with sizes
+
+Exit status as in every specrt command (specrt.errors.run_command): 0 done, 2 bad input (an
+unknown name, a model not fetched yet, an unusable SPECRT_CACHE), 1 a failed fetch (network or
+disk), 130 on Ctrl-C.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from specrt.logs import configure_logging
-from specrt.errors import ModelFetchError
+from specrt.errors import ArgumentError, OneLineParser, SpecrtError, run_command
 from specrt.hub.fetch import cached_models, fetch, fetch_command
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, spec_for
@@ -24,10 +27,19 @@ def _human(n: int) -> str:
     return str(n)
 
 
+def _check_names(names: list[str]) -> None:
+    """An unknown name is the user's typo (exit 2), not a failed fetch (exit 1)."""
+    for name in names:
+        if name not in KNOWN_MODELS:
+            raise ArgumentError(f"unknown model {name!r}; known models: "
+                                f"{', '.join(KNOWN_MODELS)}")
+
+
 def _cmd_path(name: str) -> int:
+    _check_names([name])
     spec_for(name)
     if not is_present(name):
-        raise ModelFetchError(f"{name} is not in the cache ({model_dir(name)}); fetch it with "
+        raise SpecrtError(f"{name} is not in the cache ({model_dir(name)}); fetch it with "
                               f"`{fetch_command(name)}`")
     print(model_dir(name))
     return 0
@@ -49,8 +61,8 @@ def _cmd_list() -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specrt.models",
-                                     description="Fetch, list and locate the models specrt knows.")
+    parser = OneLineParser(prog="python -m specrt.models",
+                           description="Fetch, list and locate the models specrt knows.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_fetch = sub.add_parser("fetch", help="download, verify and convert models (default: both)")
     p_fetch.add_argument("names", nargs="*", metavar="NAME",
@@ -61,21 +73,18 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="show cached models with their size on disk")
     args = parser.parse_args(argv)
     configure_logging()
-    try:
-        if args.command == "fetch":
-            fetch(args.names, progress=not args.quiet)
-            return 0
-        if args.command == "path":
-            return _cmd_path(args.name)
-        return _cmd_list()
-    except ModelFetchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; unfinished files were removed (a verified GGUF is kept for the next "
-              "fetch)", file=sys.stderr)
-        return 130
+    return run_command(lambda: _command(args), interrupted="interrupted; unfinished files were "
+                       "removed (a verified GGUF is kept for the next fetch)")
 
+
+def _command(args) -> int:
+    if args.command == "fetch":
+        _check_names(args.names)
+        fetch(args.names, progress=not args.quiet)
+        return 0
+    if args.command == "path":
+        return _cmd_path(args.name)
+    return _cmd_list()
 
 if __name__ == "__main__":
     sys.exit(main())

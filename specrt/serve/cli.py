@@ -16,7 +16,9 @@ log = logging.getLogger("specrt.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specrt.serve",
+    from specrt.errors import OneLineParser
+
+    p = OneLineParser(prog="python -m specrt.serve",
                                 description="Serve a model over OpenAI's HTTP API, with "
                                             "speculative decoding.")
     p.add_argument("--model", help="target model directory or known name "
@@ -61,15 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from specrt.errors import SpecrtError
+    from specrt.errors import run_command
 
-    try:
-        return _serve(args)
-    except SpecrtError as e:
-        log.error("%s", e)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    # Exit status as in every specrt command: 2 bad input, 1 runtime failure, 130 Ctrl-C.
+    return run_command(lambda: _serve(args), interrupted="")
 
 
 def _serve(args) -> int:
