@@ -43,8 +43,8 @@ class Tokenizer:
             # bare Exception all mean "these files are bad", and become one clear error.
             raise TokenizerFileError(
                 f"cannot load the tokenizer in {model_dir} ({type(e).__name__}: {_first_line(e)}); "
-                "its tokenizer.json / tokenizer_config.json are malformed: re-download them from "
-                "the model's source, or remove tokenizer.json to pass token ids only") from None
+                "its tokenizer.json, tokenizer_config.json or config.json is malformed: re-download "
+                "them from the model's source, or remove tokenizer.json to pass token ids only") from None
         self.model_dir = model_dir
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
 

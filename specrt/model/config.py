@@ -106,7 +106,8 @@ class ModelConfig:
             head_dim = hidden // num_heads
         vocab_size = f.int("vocab_size")
         gen = _Fields(generation or {}, source.replace("config.json", "generation_config.json"))
-        eos = gen.ids("eos_token_id", vocab_size) or f.ids("eos_token_id", vocab_size)
+        own_eos = f.ids("eos_token_id", vocab_size)   # checked even where generation overrides
+        eos = gen.ids("eos_token_id", vocab_size) or own_eos
         bos = (gen if "bos_token_id" in gen.raw else f).ids("bos_token_id", vocab_size)
         return cls(
             architecture=arch,

@@ -93,3 +93,11 @@ def read_json(path: str | Path, what: str, fix: str = "", error=ConfigError) -> 
     if not isinstance(raw, dict):
         raise error(f"{what} {path} must hold a JSON object, got {type(raw).__name__}")
     return raw
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specrt.errors import CapacityError, MemoryCapacityError
+from specrt.model.files import human_bytes
 
 
 class StaticKVCache:
@@ -112,7 +113,7 @@ def check_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device 
     have = available_memory(device)
     if need > have:
         raise MemoryCapacityError(
-            f"the KV cache needs {need / 1e9:,.2f} GB (K and V x {layers} layers x "
+            f"the KV cache needs {human_bytes(need)} (K and V x {layers} layers x "
             f"max_batch_size {batch} x {heads} KV heads x max_seq_len {seq} x head_dim "
-            f"{head_dim} x {elsize} bytes), this machine has {have / 1e9:,.2f} GB available on "
+            f"{head_dim} x {elsize} bytes), this machine has {human_bytes(have)} available on "
             f"{torch.device(device)}; lower max_seq_len or max_batch_size")

@@ -20,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from specrt.errors import CheckpointError, IndexFileError, WeightsSizeError
 from specrt.model import checksum
 from specrt.model.config import ModelConfig
-from specrt.model.files import check_regular, read_json
+from specrt.model.files import check_regular, human_bytes, read_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -94,10 +94,10 @@ def _index_files(model_dir: Path, index: Path) -> dict[str, Path]:
     root = model_dir.resolve()
     files, shards = {}, {}
     for name, fname in weight_map.items():
+        if not isinstance(fname, str) or not fname:
+            raise IndexFileError(f"{index}: weight_map[{name!r}] must be a shard file name, "
+                                 f"got {_short(fname)}; {fix}")
         if fname not in shards:
-            if not isinstance(fname, str) or not fname:
-                raise IndexFileError(f"{index}: weight_map[{name!r}] must be a shard file name, "
-                                     f"got {_short(fname)}; {fix}")
             path = model_dir / fname
             if os.path.isabs(fname) or not path.resolve().is_relative_to(root):
                 raise IndexFileError(f"{index}: weight_map[{name!r}] names {fname!r}, which is "
@@ -164,14 +164,6 @@ def check_sizes(cfg: ModelConfig, paths, model_dir: Path) -> None:
         f"{human_bytes(4 * need)} at 2-4 bytes each; largest part: {field}={value}), but the "
         f"weight files hold {human_bytes(total)}; config.json does not match the checkpoint "
         "(check num_hidden_layers, hidden_size, intermediate_size and vocab_size)")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("bytes", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return ""
 
 
 def _header_len(path: Path) -> int:
