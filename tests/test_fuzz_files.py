@@ -8,8 +8,8 @@ regular files (run in a subprocess with a timeout, so a regression cannot hang t
 checked before allocation, tokenizer files, and the chat template.
 
 Distinct bad-file inputs exercised by the plain tests: 20 config values + 6 index + 4 file
-types + 3 size/memory + 9 tokenizer/template = 42 (listed in the parametrizations below), on
-top of the ~300 generated ones.
+types + 4 size/memory + 9 tokenizer/template = 43 (listed below), on top of the 240 generated
+ones; test_errors.py and test_models.py (checksum, stale leftovers) add 5 more.
 """
 import json
 import os
@@ -25,9 +25,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import specrt
-from specrt.errors import (ConfigValueError, IndexFileError, MemoryCapacityError,
-                           NotRegularFileError, SpecrtError, TokenizerFileError,
-                           WeightsSizeError)
+from specrt.errors import (ConfigValueError, IndexFileError, MemoryCapacityError, SpecrtError,
+                           TokenizerFileError, WeightsSizeError)
 
 REPO = Path(__file__).resolve().parents[1]
 TIME_BOUND_S = 5.0
@@ -187,7 +186,8 @@ def test_fuzz_shard_index(sharded_dir, index):
 
 TOKENIZER_KEYS = ["chat_template", "eos_token", "pad_token", "bos_token", "unk_token",
                   "model_max_length", "added_tokens_decoder", "tokenizer_class",
-                  "additional_special_tokens", "extra_special_tokens", "clean_up_tokenization_spaces"]
+                  "additional_special_tokens", "extra_special_tokens",
+                  "clean_up_tokenization_spaces"]
 templates = st.sampled_from(["{% for m in messages %}", "{{ 1/0 }}", "{{ raise_exception('x') }}",
                              "{{ messages | nofilter }}", "{% if %}", "ok", ""])
 

@@ -42,9 +42,10 @@ class Tokenizer:
             # huggingface_hub's validation), KeyError/TypeError (a wrong schema) and tokenizers'
             # bare Exception all mean "these files are bad", and become one clear error.
             raise TokenizerFileError(
-                f"cannot load the tokenizer in {model_dir} ({type(e).__name__}: {_first_line(e)}); "
-                "its tokenizer.json, tokenizer_config.json or config.json is malformed: re-download "
-                "them from the model's source, or remove tokenizer.json to pass token ids only") from None
+                f"cannot load the tokenizer in {model_dir} ({type(e).__name__}: "
+                f"{_first_line(e)}); its tokenizer.json, tokenizer_config.json or config.json is "
+                "malformed: re-download them from the model's source, or remove tokenizer.json to "
+                "pass token ids only") from None
         self.model_dir = model_dir
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
 

@@ -176,8 +176,9 @@ class _Fields:
     def int(self, key: str, default=_REQUIRED, lo: int = 1) -> int:
         value = self.get(key, default)
         hi = _MAX.get(key, 1 << 31)
-        if (value is None and default is None) or (isinstance(value, int) and not isinstance(value, bool)
-                             and lo <= value <= hi):
+        if value is None and default is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
             return value
         return self.bad(key, value, f"an integer in [{lo}, {hi}]")
 
