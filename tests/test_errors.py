@@ -135,3 +135,22 @@ def test_bad_dtype_and_device(tiny_dir):
         specrt.LLM(tiny_dir, dtype="int8")
     with pytest.raises(SpecrtError, match="device"):
         specrt.LLM(tiny_dir, device="tpu:0")
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be an integer"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+])
+def test_config_value_names_field_value_and_fix(tiny_dir, tmp_path, changes, pattern):
+    """More of this family, and the other bad-file families, in test_fuzz_files.py."""
+    d = _copy(tiny_dir, tmp_path / "m")
+    _edit_config(d, **changes)
+    with pytest.raises(SpecrtError, match=pattern + ".*fix"):
+        specrt.LLM(d)
+
+
+def test_sharded_index_weight_map_list(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": []}')
+    with pytest.raises(SpecrtError, match="weight_map must be a non-empty object"):
+        specrt.LLM(d)

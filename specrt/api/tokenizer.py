@@ -6,17 +6,25 @@ lives in `specrt.api.text_stream`.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from specrt.errors import SpecrtError
+from specrt.errors import SpecrtError, TokenizerFileError
+from specrt.model.files import check_model_dir, read_json
 
 
 ROLES = ("system", "user", "assistant")
 
 
+_TOKEN_FIELDS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
+                 "mask_token")
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
+        check_model_dir(model_dir)
+        _check_files(model_dir)
         try:
             from transformers import AutoTokenizer
             from transformers.utils import logging as hf_logging
@@ -29,13 +37,22 @@ class Tokenizer:
                 self._tok = AutoTokenizer.from_pretrained(str(model_dir))
             finally:
                 hf_logging.set_verbosity(verbosity)
-        except (OSError, ValueError) as e:
-            raise SpecrtError(f"cannot load the tokenizer in {model_dir}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the `tokenizers` library raises bare Exception
+            # The boundary of a third-party reader of user files: OSError, ValueError (JSON,
+            # huggingface_hub's validation), KeyError/TypeError (a wrong schema) and tokenizers'
+            # bare Exception all mean "these files are bad", and become one clear error.
+            raise TokenizerFileError(
+                f"cannot load the tokenizer in {model_dir} ({type(e).__name__}: "
+                f"{_first_line(e)}); its tokenizer.json, tokenizer_config.json or config.json is "
+                "malformed: re-download them from the model's source, or remove tokenizer.json to "
+                "pass token ids only") from None
+        self.model_dir = model_dir
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
 
     @staticmethod
     def available(model_dir: str | Path) -> bool:
-        return (Path(model_dir) / "tokenizer.json").is_file()
+        # lexists, not is_file: a FIFO or directory named tokenizer.json is reported, not skipped
+        return os.path.lexists(Path(model_dir) / "tokenizer.json")
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if chat:
@@ -58,10 +75,23 @@ class Tokenizer:
                     or not isinstance(m.get("content"), str):
                 raise SpecrtError(f"message {i} must be {{\"role\": one of {', '.join(ROLES)}, "
                                   f"\"content\": a string}}, got {m!r}")
-        text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
-                                              for m in messages],
-                                             tokenize=False, add_generation_prompt=True)
+        try:
+            text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
+                                                  for m in messages],
+                                                 tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - the template is user code run by jinja2: a
+            # TemplateError, or anything its expressions raise ({{ 1/0 }}), is the file's fault
+            raise TokenizerFileError(
+                f"the chat template in {self._template_file()} fails ({type(e).__name__}: "
+                f"{_first_line(e)}); fix the template, or pass a plain prompt with chat=False "
+                "(CLI: --no-chat)") from None
         return self._tok.encode(text, add_special_tokens=False)
+
+    def _template_file(self) -> Path:
+        for name in ("chat_template.jinja", "chat_template.json"):
+            if (self.model_dir / name).exists():
+                return self.model_dir / name
+        return self.model_dir / "tokenizer_config.json"
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -75,6 +105,52 @@ class Tokenizer:
 
     def special_tokens(self) -> dict[str, int]:
         return {t: self._tok.convert_tokens_to_ids(t) for t in self._tok.all_special_tokens}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else "no details"
+
+
+def _check_files(model_dir: Path) -> None:
+    """The shapes transformers assumes without checking, checked before it reads the files."""
+    fix = "re-download the tokenizer files from the model's source"
+    path = model_dir / "tokenizer.json"
+    tok = read_json(path, "tokenizer", fix=fix, error=TokenizerFileError)
+    added = tok.get("added_tokens")
+    if not isinstance(tok.get("model"), dict) or not isinstance(added, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("id"), int)
+            and isinstance(t.get("content"), str) for t in added):
+        raise TokenizerFileError(
+            f"{path} is not a tokenizers file: it needs a \"model\" object and an "
+            f"\"added_tokens\" list of {{\"id\": int, \"content\": str}}; {fix}")
+    path = model_dir / "tokenizer_config.json"
+    if not os.path.lexists(path):
+        return
+    cfg = read_json(path, "tokenizer config", fix=fix, error=TokenizerFileError)
+
+    def bad(key, want):
+        raise TokenizerFileError(f"{path}: {key} must be {want}, got {cfg[key]!r:.80}; {fix}")
+
+    template = cfg.get("chat_template")
+    if template is not None and not isinstance(template, str) and not (
+            isinstance(template, list) and all(isinstance(t, dict) and isinstance(
+                t.get("name"), str) and isinstance(t.get("template"), str) for t in template)):
+        bad("chat_template", "a string or a list of {\"name\", \"template\"}")
+    for key in _TOKEN_FIELDS:
+        if cfg.get(key) is not None and not isinstance(cfg[key], (str, dict)):
+            bad(key, "a token string or an added-token object")
+    length = cfg.get("model_max_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, (int, float))
+                               or length <= 0):
+        bad("model_max_length", "a positive number")
+    for key, kind in (("added_tokens_decoder", dict), ("tokenizer_class", str)):
+        if cfg.get(key) is not None and not isinstance(cfg[key], kind):
+            bad(key, f"a JSON {'object' if kind is dict else 'string'}")
+    extra = cfg.get("additional_special_tokens", cfg.get("extra_special_tokens"))
+    if extra is not None and not isinstance(extra, (list, dict)):
+        bad("additional_special_tokens" if "additional_special_tokens" in cfg
+            else "extra_special_tokens", "a list of token strings")
 
 
 def check_compatible(target: Tokenizer | None, draft: Tokenizer | None,

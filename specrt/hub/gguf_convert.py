@@ -1,8 +1,9 @@
 """Convert a llama.cpp GGUF file of a Qwen2 model into a Hugging Face-style model directory.
 
 The output directory holds `config.json`, `generation_config.json`, `tokenizer.json`,
-`tokenizer_config.json` (with the chat template inline), `chat_template.jinja` and a single
-`model.safetensors` in bfloat16, loadable by `transformers` and by specrt's own loader.
+`tokenizer_config.json` (with the chat template inline), `chat_template.jinja`, a single
+`model.safetensors` in bfloat16, loadable by `transformers` and by specrt's own loader, and
+`specrt-checksum.json`, its sha256, which specrt's loader verifies.
 
 Weights are dequantized tensor by tensor (in row chunks) with `gguf.quants.dequantize` and
 rounded to bf16 with torch's round-to-nearest-even, so every output tensor equals
@@ -20,6 +21,7 @@ This module knows nothing about where GGUF files come from (see `specrt.models`)
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from specrt.model import checksum
 
 # Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
 _CHUNK_ELEMENTS = 1 << 24
@@ -163,8 +167,9 @@ def dequantize_bf16(tensor, row_start: int = 0, row_stop: int | None = None) -> 
     return torch.from_numpy(fp32).to(torch.bfloat16)
 
 
-def write_safetensors(plan, path: Path, progress: bool = True) -> None:
-    """Stream every planned tensor, dequantized to bf16, into one safetensors file."""
+def write_safetensors(plan, path: Path, progress: bool = True) -> str:
+    """Stream every planned tensor, dequantized to bf16, into one safetensors file; returns
+    the file's sha256, hashed as it is written (no second read of 3 GB)."""
     from tqdm import tqdm
 
     header, offset = {"__metadata__": {"format": "pt"}}, 0
@@ -178,18 +183,24 @@ def write_safetensors(plan, path: Path, progress: bool = True) -> None:
 
     bar = tqdm(total=offset, unit="B", unit_scale=True, desc="convert weights",
                disable=not progress)
+    digest = hashlib.sha256()
     with open(path, "wb") as f, bar:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
+        def write(data) -> None:  # bytes or a contiguous array: both are buffers
+            digest.update(data)
+            f.write(data)
+
+        write(struct.pack("<Q", len(blob)))
+        write(blob)
         for _, tensor, shape in plan:
             rows = shape[0] if len(shape) == 2 else 1
             step = max(1, _CHUNK_ELEMENTS // (int(np.prod(shape)) // rows))
             for r in range(0, rows, step):
                 chunk = dequantize_bf16(tensor, r, r + step)
-                f.write(chunk.view(torch.int16).numpy())
+                write(chunk.view(torch.int16).numpy())
                 bar.update(2 * chunk.numel())
         f.flush()
         os.fsync(f.fileno())
+    return digest.hexdigest()
 
 
 def write_tokenizer(gguf_path: Path, out_dir: Path, context_length: int,
@@ -269,7 +280,10 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
             json.dumps(generation_config(config, token_ids), indent=2) + "\n")
-        write_safetensors(plan, tmp / "model.safetensors", progress)
+        sha256 = write_safetensors(plan, tmp / "model.safetensors", progress)
+        # verified in full at the first load, then by size + mtime (specrt.model.checksum)
+        checksum.record_conversion(tmp, "model.safetensors",
+                                   (tmp / "model.safetensors").stat().st_size, sha256)
         del plan, reader  # unmap the GGUF before transformers reads it once more
         write_tokenizer(gguf_path, tmp, config["max_position_embeddings"], chat_template)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal dir
