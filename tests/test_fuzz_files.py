@@ -294,7 +294,7 @@ def test_kv_cache_checked_against_available_memory(tiny_dir, monkeypatch):
     from specrt.model import kv_cache
 
     with pytest.raises(MemoryCapacityError, match="lower max_seq_len or max_batch_size"):
-        specrt.LLM(tiny_dir, max_seq_len=2 ** 40)
+        specrt.LLM(tiny_dir, max_seq_len=2 ** 20, max_batch_size=1024)   # ~550 GB
     # one row (checked at load) fits in 8 MB, the engine's 8-row cache (16.8 MB) does not
     monkeypatch.setattr(kv_cache, "available_memory", lambda device: 8 << 20)
     with pytest.raises(MemoryCapacityError,
