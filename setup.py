@@ -74,8 +74,8 @@ class OptionalBuildExt(build_ext):
                 self.finish_flags(ext)
                 self.build_extension(ext)
             except BUILD_ERRORS as e:
-                note(f"{ext.name} not built ({str(e).strip() or type(e).__name__}); "
-                     "using its Python/PyTorch fallback")
+                note(f"{ext.name} not built ({type(e).__name__}, see the compiler output "
+                     "above); using its Python/PyTorch fallback")
                 continue
             built.append(ext)
         self.extensions = built     # what --inplace copies and what get_outputs() lists
