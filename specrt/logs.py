@@ -29,3 +29,20 @@ def configure_logging(level: str | int = "INFO") -> None:
     if not any(isinstance(h, _Stderr) for h in logger.handlers):
         logger.addHandler(_Stderr())
     logger.setLevel(level if isinstance(level, int) else level.upper())
+
+
+_reported: set[str] = set()
+
+
+def extension_missing(module: str, what: str, fallback: str, reason: object = None) -> None:
+    """Say once per process, at INFO on the `specrt` logger, that C++ extension `module`
+    (e.g. "specrt._ngram") is not available and `fallback` serves `what` instead.
+    The extensions are optional (see setup.py), so this is a note, not a warning."""
+    if module in _reported:
+        return
+    _reported.add(module)
+    because = f" ({reason})" if reason else ""
+    logging.getLogger("specrt").info(
+        "%s (%s) is not available%s; using %s. Build it with "
+        "`python setup.py build_ext --inplace` (needs a C++17 compiler).",
+        module, what, because, fallback)
