@@ -47,7 +47,7 @@ class OracleDrafter:
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3)
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
 
 
 def _run_with(llm, drafter, n_new, max_k=8):
@@ -100,7 +100,7 @@ def test_auto_greedy_equals_plain(llm, batch):
 
 
 def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
     prompt = [7, 8, 9, 10, 11, 12] * 6
     plain = llm.generate(prompt, max_new_tokens=40).token_ids
     res = llm.generate(prompt, max_new_tokens=40,

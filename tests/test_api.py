@@ -12,7 +12,7 @@ SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2)
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
 
 
 def test_text_prompt_and_chat_template(llm):

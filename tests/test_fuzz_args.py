@@ -37,7 +37,7 @@ SECONDS = 20          # no single call may take longer: a hang is a failure
 
 @pytest.fixture(scope="module")
 def llm(tiny_dir):
-    llm = specrt.LLM(tiny_dir, max_seq_len=64)
+    llm = specrt.LLM(tiny_dir, max_seq_len=64, dtype="float32")
     yield llm
     llm.close()
 
@@ -251,7 +251,7 @@ def test_auto_survives_a_bad_calibration_file(tiny_dir, tmp_path, monkeypatch, c
     for content in ("0", "[]", '"x"', '{"k": [0, -1]}', '{"k": [NaN]}', "{"):
         calibration._cache.clear()
         path.write_text(content)
-        llm = specrt.LLM(tiny_dir, max_seq_len=64)
+        llm = specrt.LLM(tiny_dir, max_seq_len=64, dtype="float32")
         try:
             res = llm.generate([1, 2, 3], max_new_tokens=4,
                                speculative={"method": "auto", "num_speculative_tokens": 3})

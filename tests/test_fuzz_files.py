@@ -49,7 +49,7 @@ def _edit(path: Path, mutate) -> None:
 
 
 def _load_and_generate(d: Path) -> None:
-    llm = specrt.LLM(d, max_seq_len=32)
+    llm = specrt.LLM(d, max_seq_len=32, dtype="float32")
     try:
         llm.generate([1, 2], max_new_tokens=2)
         if llm.tokenizer is not None:
@@ -237,7 +237,7 @@ def test_config_values_are_checked(tiny_dir, changes, pattern):
     d = _copy(tiny_dir)
     _edit(d / "config.json", lambda raw: {**raw, **changes})
     with pytest.raises(ConfigValueError, match=pattern):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 @pytest.mark.parametrize("weight_map, pattern", [
@@ -252,7 +252,7 @@ def test_shard_index_is_checked(sharded_dir, weight_map, pattern):
     d = _copy(sharded_dir)
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(IndexFileError, match=pattern):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 @pytest.mark.parametrize("name, make", [
@@ -283,23 +283,23 @@ def test_config_size_checked_against_weight_files(tiny_dir):
     _edit(d / "config.json", lambda raw: {**raw, "num_hidden_layers": 4000})
     start = time.perf_counter()
     with pytest.raises(WeightsSizeError, match="num_hidden_layers=4000.*does not match"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
     assert time.perf_counter() - start < 2.0      # no per-layer table was built
     _edit(d / "config.json", lambda raw: {**raw, "num_hidden_layers": 1})
     with pytest.raises(WeightsSizeError):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_kv_cache_checked_against_available_memory(tiny_dir, monkeypatch):
     from specrt.model import kv_cache
 
     with pytest.raises(MemoryCapacityError, match="lower max_seq_len or max_batch_size"):
-        specrt.LLM(tiny_dir, max_seq_len=2 ** 20, max_batch_size=1024)   # ~550 GB
+        specrt.LLM(tiny_dir, max_seq_len=2 ** 20, max_batch_size=1024, dtype="float32")   # ~550 GB
     # one row (checked at load) fits in 8 MB, the engine's 8-row cache (16.8 MB) does not
     monkeypatch.setattr(kv_cache, "available_memory", lambda device: 8 << 20)
     with pytest.raises(MemoryCapacityError,
                        match=r"needs 16.8 MB .*max_batch_size 8 .*max_seq_len 4096.*has 8.4 MB"):
-        specrt.LLM(tiny_dir, max_seq_len=4096, max_batch_size=8)
+        specrt.LLM(tiny_dir, max_seq_len=4096, max_batch_size=8, dtype="float32")
 
 
 def _drop(key):
@@ -322,7 +322,7 @@ def test_tokenizer_files_are_checked(tiny_dir, fname, mutate, pattern):
     d = _copy(tiny_dir)
     _edit(d / fname, mutate)
     with pytest.raises(TokenizerFileError, match=pattern):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 @pytest.mark.parametrize("template", ["{% for m in messages %}", "{{ 1/0 }}",
@@ -330,7 +330,7 @@ def test_tokenizer_files_are_checked(tiny_dir, fname, mutate, pattern):
 def test_broken_chat_template(tiny_dir, template):
     d = _copy(tiny_dir)
     (d / "chat_template.jinja").write_text(template)
-    llm = specrt.LLM(d, max_seq_len=32)
+    llm = specrt.LLM(d, max_seq_len=32, dtype="float32")
     try:
         with pytest.raises(TokenizerFileError, match="chat_template.jinja fails.*chat=False"):
             llm.generate("hi", max_new_tokens=2, chat=True)

@@ -172,16 +172,16 @@ def test_converted_weights_checksum_recorded_and_verified(tiny_dir, tmp_path):
     weights = d / "model.safetensors"
     checksum.record_conversion(d, "model.safetensors", weights.stat().st_size,
                                checksum.file_sha256(weights))
-    specrt.LLM(d, max_seq_len=16).close()
+    specrt.LLM(d, max_seq_len=16, dtype="float32").close()
     record = json.loads((d / checksum.CHECKSUM_FILE).read_text())
     assert record["verified"] == [weights.stat().st_size, weights.stat().st_mtime_ns]
     blob = bytearray(weights.read_bytes())
     blob[-3] ^= 0x40                                     # one flipped bit in the last tensor
     weights.write_bytes(bytes(blob))
     with pytest.raises(ChecksumError, match="changed since conversion.*specrt.models fetch"):
-        specrt.LLM(d, max_seq_len=16)
+        specrt.LLM(d, max_seq_len=16, dtype="float32")
     (d / checksum.CHECKSUM_FILE).unlink()               # a user checkpoint: not hashed
-    specrt.LLM(d, max_seq_len=16).close()
+    specrt.LLM(d, max_seq_len=16, dtype="float32").close()
 
 
 def test_disk_full_is_explained(private_cache, monkeypatch, capsys):

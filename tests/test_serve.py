@@ -96,7 +96,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tiny_noeos_dir, tiny_draft_dir):
-    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=2048, max_batch_size=4)
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=2048, max_batch_size=4, dtype="float32")
     with Server(llm) as s:
         yield s
 
@@ -181,7 +181,7 @@ def test_chat_with_system_message_stream_and_usage(server, client):
 
 
 def test_chat_default_budget_is_capped_by_the_model_length(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1, dtype="float32")
     with Server(llm, spec=None) as s:
         res = s.client().chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0)
@@ -353,7 +353,7 @@ def test_an_internal_error_fails_that_request_alone(server, client, monkeypatch)
 
 
 def test_a_full_queue_is_a_503_with_retry_after(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, max_queue=1)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, max_queue=1, dtype="float32")
     with Server(llm, spec=None) as s:
         async def flood():
             aclient = s.aclient()
@@ -406,7 +406,7 @@ def test_speculative_metrics_add_up(server, client):
 # --- the library's streams, from threads (no HTTP) ------------------------------------------------
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2)
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
     yield llm
     llm.close()
 

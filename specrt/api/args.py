@@ -18,7 +18,7 @@ from specrt.errors import ArgumentError, check_bool, check_int, show
 MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
 MAX_BATCH_SIZE = 1024
 MAX_QUEUE = 2**20
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_TYPES = ("cpu", "cuda")
 REQUEST_ARGS = ("prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                 "stop", "chat", "speculative")
@@ -36,16 +36,30 @@ def check_path_arg(name: str, value, allow_none: bool = True) -> str | Path | No
     return value
 
 
-def check_dtype(dtype):
-    """'float32' | 'bfloat16' | 'float16' or the matching torch.dtype -> torch.dtype."""
+def check_dtype(dtype, device=None):
+    """'auto' | 'float32' | 'bfloat16' | 'float16' or the matching torch.dtype -> torch.dtype.
+    'auto': bfloat16 where `device` computes it natively (CUDA with bf16 support; a CPU with
+    AVX-512 BF16, where specrt's CPU kernels serve it), else float32."""
     import torch
 
-    by_name = {n: getattr(torch, n) for n in DTYPE_NAMES}
+    if isinstance(dtype, str) and dtype == "auto":
+        return auto_dtype(device if device is not None else check_device(None))
+    by_name = {n: getattr(torch, n) for n in DTYPE_NAMES if n != "auto"}
     if isinstance(dtype, str) and dtype in by_name:
         return by_name[dtype]
     if isinstance(dtype, torch.dtype) and dtype in by_name.values():
         return dtype
     raise ArgumentError(f"unsupported dtype {show(dtype)}; choose {', '.join(DTYPE_NAMES)}")
+
+
+def auto_dtype(device):
+    import torch
+
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    from specrt.kernels.cpu import ops
+
+    return torch.bfloat16 if ops.AVAILABLE else torch.float32
 
 
 def check_device(device):
@@ -81,8 +95,8 @@ class LLMArgs:
 
     model: str | Path | None = None
     draft: str | Path | None = None
-    dtype: object = "float32"
-    device: object = "cpu"
+    dtype: object = "auto"
+    device: object = None
     max_seq_len: int = 4096
     max_batch_size: int = 1
     cuda_graphs: bool | None = None
@@ -100,8 +114,8 @@ class LLMArgs:
         set_(self, "max_queue", check_int("max_queue", self.max_queue, 0, MAX_QUEUE,
                                           fix="requests waiting for a slot"))
         set_(self, "cuda_graphs", check_bool("cuda_graphs", self.cuda_graphs, allow_none=True))
-        set_(self, "dtype", check_dtype(self.dtype))
         set_(self, "device", check_device(self.device))
+        set_(self, "dtype", check_dtype(self.dtype, self.device))
 
 
 def check_max_new_tokens(n) -> int:

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model directory or known name (default with no "
                    "--model: qwen2.5-coder-0.5b-instruct)")
     p.add_argument("--prompt", help="prompt text (default: a built-in coding prompt)")
+    p.add_argument("--prompt-file", metavar="PATH", help="read the prompt text from a file "
+                   "('-': standard input)")
+    p.add_argument("--system", help="a system message before the prompt (chat template)")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids (instead of text)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -40,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None,
                    help="stop string (repeatable); text from it on is not printed")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): bfloat16 where the device computes it natively, "
+                        "else float32")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--speculative-config", default=None,
@@ -94,8 +99,16 @@ def check_flags(args) -> _Request:
 
     llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
                   max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs)
-    if args.prompt is not None and args.prompt_ids is not None:
-        raise ArgumentError("give --prompt or --prompt-ids, not both")
+    given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
+                            ("--prompt-file", args.prompt_file)) if v is not None]
+    if len(given) > 1:
+        raise ArgumentError(f"give one of --prompt, --prompt-ids, --prompt-file, not "
+                            f"{' and '.join(given)}")
+    if args.prompt_file is not None:
+        args.prompt = _read_prompt_file(args.prompt_file)
+    if args.system is not None and (args.prompt_ids is not None or args.no_chat):
+        raise ArgumentError("--system goes through the chat template: it cannot be used with "
+                            "--prompt-ids or --no-chat")
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
@@ -116,6 +129,19 @@ def check_flags(args) -> _Request:
     spec = None if args.no_spec else SpecConfig.parse(args.speculative_config) or "default"
     return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
                     check_stop(args.stop), spec)
+
+
+def _read_prompt_file(path: str) -> str:
+    from specrt.errors import ArgumentError
+
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArgumentError(f"--prompt-file {path}: cannot read it as UTF-8 text "
+                            f"({e.__class__.__name__}: {e})") from None
 
 
 def _check_fits(req: _Request, spec) -> None:
@@ -143,18 +169,21 @@ def _run(args) -> int:
     spec = SpecConfig.parse(default_speculative(draft is not None)) if req.spec == "default" \
         else req.spec
     _check_fits(req, spec)
-    print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({args.dtype}, "
+    dtype = str(req.llm.dtype).removeprefix("torch.")
+    print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "
           f"{req.llm.device})", file=sys.stderr)
     llm = LLM(model=model, draft=draft, dtype=req.llm.dtype, device=req.llm.device,
               max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs)
-    prompt = req.prompt
-    chat = not args.no_chat and isinstance(prompt, str) and llm.tokenizer is not None \
-        and llm.tokenizer.has_chat_template
+    prompt, messages = req.prompt, None
+    if args.system is not None:
+        prompt, messages = None, [{"role": "system", "content": args.system},
+                                  {"role": "user", "content": req.prompt}]
     p = req.params
     try:
-        run = llm.submit(prompt, max_new_tokens=req.max_new_tokens, temperature=p.temperature,
-                         top_k=p.top_k, top_p=p.top_p, seed=p.seed, stop=req.stop or None,
-                         chat=chat, speculative=spec)
+        run = llm.submit(prompt, messages=messages, max_new_tokens=req.max_new_tokens,
+                         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
+                         stop=req.stop or None, chat=False if args.no_chat else None,
+                         speculative=spec)
         for chunk in run.chunks():
             if args.trace and chunk.step is not None and chunk.step.index > 0:
                 print(_trace_line(llm, chunk.step), file=sys.stderr)

@@ -40,11 +40,13 @@ MAX_DRAFT_ENGINES = 2    # engines kept for drafts named per request (each holds
 
 class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
-                 dtype: str = "float32", device: str | None = "cpu", max_seq_len: int = 4096,
+                 dtype: str = "auto", device: str | None = None, max_seq_len: int = 4096,
                  max_batch_size: int = 1, cuda_graphs: bool | None = None,
                  max_queue: int = 256):
-        """device None: CUDA if available, else the CPU. cuda_graphs None: on with CUDA.
-        Every argument is checked (specrt.api.args) before any file is read."""
+        """The defaults (the same as the CLIs'): device None = CUDA if available, else the CPU;
+        dtype "auto" = bfloat16 where the device computes it natively, else float32;
+        cuda_graphs None = on with CUDA. Every argument is checked (specrt.api.args) before any
+        file is read."""
         args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
                        max_queue)
         self.dtype, self.device = args.dtype, args.device
@@ -129,13 +131,18 @@ class LLM:
     def submit(self, prompt=None, *, messages: list[dict] | None = None,
                max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
-               chat: bool = False, speculative=None) -> TextRun:
-        """Start one request; its chunks come from the returned run (`chunks()`)."""
+               chat: bool | None = None, speculative=None) -> TextRun:
+        """Start one request; its chunks come from the returned run (`chunks()`). chat None:
+        a text prompt goes through the chat template when the tokenizer has one (instruct
+        models); chat=False sends the raw text."""
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         spec = SpecConfig.parse(speculative)
         stops = check_stop(stop)
-        chat = check_bool("chat", chat)
+        chat = check_bool("chat", chat, allow_none=True)
+        if chat is None:
+            chat = isinstance(prompt, str) and self.tokenizer is not None \
+                and self.tokenizer.has_chat_template
         text = TextStream(self.tokenizer, stops)
         ids = self.encode(prompt, chat, messages)
         request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests decoded together (KV-cache slots)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a slot before new ones get 503")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): bfloat16 where the device computes it natively")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])

@@ -192,9 +192,10 @@ def _default_num_splits(q: torch.Tensor, programs: int, s_max: int) -> int:
 
 
 def attention_num_warps(block_m: int, head_dim: int) -> int:
-    """Warps per program: 8 once a query tile holds 64 x 128 values (a 4-warp bf16 program of
-    that size spills registers on sm_80 and sm_90: `python -m specrt.kernels.compile_check`)."""
-    return 8 if block_m * head_dim >= 64 * 128 else 4
+    """Warps per program (the compile check compiles the same choice). Several bf16 tiles still
+    spill registers on sm_80/sm_90 with it (`python -m specrt.kernels.compile_check`; see
+    benchmarks/RESULTS.md): retuning them needs a GPU to measure."""
+    return 8 if block_m * head_dim >= 128 * 128 else 4
 
 
 def _check_inputs(q, k_cache, v_cache, lens) -> torch.Tensor:
