@@ -141,9 +141,12 @@ def test_config_tokenizer_and_generation_config(converted):
     kind, hf_dir, out = converted
     cfg = json.loads((out / "config.json").read_text())
     gen = json.loads((out / "generation_config.json").read_text())
-    with safe_open(str(out / "model.safetensors"), framework="pt") as st:
+    with safe_open(str(out / "model.safetensors"), framework="pt") as st, \
+            safe_open(str(hf_dir / "model.safetensors"), framework="pt") as orig_st:
         has_head = "lm_head.weight" in st.keys()
         has_bias = "model.layers.0.self_attn.q_proj.bias" in st.keys()
+        for name in orig_st.keys():  # every tensor, q/k included, is the original in bf16
+            assert torch.equal(st.get_tensor(name), orig_st.get_tensor(name).bfloat16()), name
     tok, orig = AutoTokenizer.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(hf_dir))
     text = "def add(a, b):\n    return a + b  # the quick fox"
     assert tok.encode(text, add_special_tokens=False) == orig.encode(text, add_special_tokens=False)
