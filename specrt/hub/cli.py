@@ -1,20 +1,30 @@
-"""`python -m specrt.models` (console script `specrt-models`): fetch, list and locate models.
+"""`python -m specrt.models` (console script `specrt-models`): fetch, list, locate, convert.
 
     python -m specrt.models fetch [NAME ...]   download, verify, convert (default: both)
     python -m specrt.models path NAME          print the model directory
     python -m specrt.models list               what is cached, with sizes
+    python -m specrt.models convert PATH.gguf OUT_DIR   a user's own Qwen2 / Llama GGUF
 
 Exit status as in every specrt command (specrt.errors.run_command): 0 done, 2 bad input (an
-unknown name, a model not fetched yet, an unusable SPECRT_CACHE), 1 a failed fetch (network or
-disk), 130 on Ctrl-C.
+unknown name, a model not fetched yet, an unusable SPECRT_CACHE, a missing or unsupported GGUF,
+an existing OUT_DIR), 1 a failed fetch or conversion (network or disk), 130 on Ctrl-C.
 """
 from __future__ import annotations
 
+import errno
+import json
+import logging
+import os
+import stat
 import sys
+import time
+from pathlib import Path
 
 from specrt.logs import configure_logging
-from specrt.errors import ArgumentError, OneLineParser, SpecrtError, run_command
+from specrt.errors import (ArgumentError, ModelFetchError, NotRegularFileError, OneLineParser,
+                           SpecrtError, run_command)
 from specrt.hub.fetch import cached_models, fetch, fetch_command
+from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, spec_for
 
@@ -60,6 +70,41 @@ def _cmd_list() -> int:
     return 0
 
 
+def _check_convert_paths(gguf: Path, out: Path) -> None:
+    """Refuse, before reading anything, what is the user's to fix (exit 2)."""
+    try:
+        mode = os.stat(gguf).st_mode
+    except FileNotFoundError:
+        raise SpecrtError(f"{gguf}: no such file; give the path of a .gguf file") from None
+    except OSError as e:
+        raise SpecrtError(f"{gguf}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise NotRegularFileError(f"{gguf} is not a regular file (a directory, FIFO or "
+                                  "device); give the path of a .gguf file")
+    if not os.access(gguf, os.R_OK):
+        raise SpecrtError(f"{gguf}: permission denied; make the file readable")
+    if os.path.lexists(out):
+        raise SpecrtError(f"{out} already exists; choose a new output directory or remove it")
+
+
+def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
+    _check_convert_paths(gguf, out)
+    start = time.perf_counter()
+    try:
+        convert_gguf(gguf, out, progress=progress)
+    except UnsupportedGGUF as e:
+        raise UnsupportedGGUF(f"cannot convert {gguf}: {e}") from None
+    except OSError as e:
+        why = "disk full" if e.errno == errno.ENOSPC else str(e)
+        raise ModelFetchError(f"converting {gguf} to {out} failed: {why} (partial files were "
+                              "removed)") from None
+    cfg = json.loads((out / "config.json").read_text())
+    logging.getLogger("specrt.hub").log(
+        logging.INFO if progress else logging.DEBUG, "converted %s (%s, %d layers) in %.1f s: %s",
+        gguf, cfg["model_type"], cfg["num_hidden_layers"], time.perf_counter() - start, out)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = OneLineParser(prog="python -m specrt.models",
                            description="Fetch, list and locate the models specrt knows.")
@@ -71,6 +116,11 @@ def main(argv=None) -> int:
     p_path = sub.add_parser("path", help="print the directory of a fetched model")
     p_path.add_argument("name", metavar="NAME")
     sub.add_parser("list", help="show cached models with their size on disk")
+    p_conv = sub.add_parser("convert", help="convert your own Qwen2 or Llama GGUF into a model "
+                            "directory (bf16 safetensors + tokenizer)")
+    p_conv.add_argument("gguf", metavar="PATH.gguf", type=Path, help="the GGUF file")
+    p_conv.add_argument("out", metavar="OUT_DIR", type=Path, help="must not exist yet")
+    p_conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     configure_logging()
     return run_command(lambda: _command(args), interrupted="interrupted; unfinished files were "
@@ -84,6 +134,8 @@ def _command(args) -> int:
         return 0
     if args.command == "path":
         return _cmd_path(args.name)
+    if args.command == "convert":
+        return _cmd_convert(args.gguf, args.out, progress=not args.quiet)
     return _cmd_list()
 
 if __name__ == "__main__":
