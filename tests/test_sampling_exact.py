@@ -132,8 +132,9 @@ def _binned(expected_p, *counts, min_expected=5.0):
 def test_first_three_tokens_distribution_matches_plain(small_pair, method, k):
     target, draft = small_pair
     params = SamplingParams(temperature=1.0, top_k=8)
-    llm = specrt.LLM(target, draft=draft, max_seq_len=16, max_batch_size=1000,  # the rest of a round wait in the queue
-                     max_queue=BATCH, dtype="float32")
+    # 1000 slots: the rest of each round's requests wait in the queue for a free one
+    llm = specrt.LLM(target, draft=draft, max_seq_len=16, max_batch_size=1000, max_queue=BATCH,
+                     dtype="float32")
     spec_counts, drafted = _samples(llm, params, {"method": method, "num_speculative_tokens": k})
     plain_counts, _ = _samples(llm, params, None)
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
