@@ -102,7 +102,7 @@ def check_flags(args) -> _Request:
     given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
                             ("--prompt-file", args.prompt_file)) if v is not None]
     if len(given) > 1:
-        raise ArgumentError(f"give one of --prompt, --prompt-ids, --prompt-file, not "
+        raise ArgumentError(f"give one of --prompt, --prompt-ids and --prompt-file, not both "
                             f"{' and '.join(given)}")
     if args.prompt_file is not None:
         args.prompt = _read_prompt_file(args.prompt_file)

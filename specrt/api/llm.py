@@ -140,6 +140,8 @@ class LLM:
         spec = SpecConfig.parse(speculative)
         stops = check_stop(stop)
         chat = check_bool("chat", chat, allow_none=True)
+        if isinstance(prompt, str) and not prompt:     # before a template wraps it in turns
+            raise SpecrtError("the prompt is empty: give some text or at least one token id")
         if chat is None:
             chat = isinstance(prompt, str) and self.tokenizer is not None \
                 and self.tokenizer.has_chat_template
