@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads "
                    "(default 2; --quick 1: a tiny model gains nothing from more)")
     p.add_argument("--out", default=str(results.DEFAULT_OUT),
-                   help="directory for graphs.json (default benchmarks/out)")
+                   help="directory for graphs.json (default benchmarks/results)")
     return p
 
 

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import cli, machine, plots, report
+from benchmarks.harness import cli, machine, plots, report, results
 from benchmarks.harness.model_dirs import resolve_models
 
 SECTION = "## Serving (HTTP)"
@@ -254,7 +254,7 @@ def markdown(info, config, runs, goals, png, note) -> str:
     return (report.results_preamble(info, note) + "\nConfig: " + ", ".join(
         f"{k}={v}" for k, v in config.items()) + "\n\n" + report.markdown_table(HEADERS, rows(runs))
         + "\n\n" + "\n".join(f"- {line}" for line in goals["lines"])
-        + f"\n\n![serve](results/{png.name})\n")
+        + "\n\n" + results.image(png, "serving throughput and TTFT") + "\n")
 
 
 def main(argv=None) -> int:

@@ -87,7 +87,7 @@ GENERATE_CASES = [
     (([1, 2], {"stop": {"a"}}), "stop must be"), (([1, 2], {"stop": [["a"]]}), "non-empty"),
     (([1, 2], {"stop": "\udcff"}), "not valid Unicode"),
     (([1, 2], {"chat": "yes"}), "chat must be"), (([1, 2], {"chat": 1}), "chat must be"),
-    (([1, 2], {"chat": None}), "chat must be"),
+    (([1, 2], {"chat": [True]}), "chat must be"),
     (([1, 2], {"temprature": 0.5}), "did you mean 'temperature'"),
     (([1, 2], {"max_tokens": 5}), "did you mean 'max_new_tokens'"),
     (([1, 2], {"bogus": 1}), "unknown argument"),
