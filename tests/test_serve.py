@@ -7,7 +7,6 @@ Every client call has a timeout and no retries; the whole file runs in well unde
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import re

@@ -13,7 +13,8 @@ import difflib
 import os
 from pathlib import Path
 
-from specrt.errors import ArgumentError, check_bool, check_int, show
+from specrt.errors import ArgumentError
+from specrt.checks import check_bool, check_int, show
 
 MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
 MAX_BATCH_SIZE = 1024

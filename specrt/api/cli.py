@@ -23,7 +23,7 @@ DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that mer
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specrt.errors import OneLineParser
+    from specrt.commands import OneLineParser
 
     p = OneLineParser(prog="python -m specrt.generate",
                                 description="Generate text with speculative decoding.")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 done, 2 bad input (one `error:` line), 1 a runtime failure, 130 Ctrl-C
     (specrt.errors.run_command; SPECRT_DEBUG=1 shows an internal error's traceback)."""
     args = build_parser().parse_args(argv)
-    from specrt.errors import run_command
+    from specrt.commands import run_command
     from specrt.logs import configure_logging
 
     configure_logging()
@@ -93,7 +93,8 @@ def check_flags(args) -> _Request:
     """The same validators as the API (LLMArgs, SamplingParams, SpecConfig, check_stop), run
     on the flags alone: a typo costs no model load."""
     from specrt.api.args import LLMArgs, check_max_new_tokens, check_stop, check_text
-    from specrt.errors import ArgumentError, check_int, show
+    from specrt.errors import ArgumentError
+    from specrt.checks import check_int, show
     from specrt.spec.config import SpecConfig
     from specrt.spec.sampling import SamplingParams
 

@@ -28,7 +28,8 @@ from specrt.api.tokenizer import Tokenizer, check_compatible
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
-from specrt.errors import ConfigError, SpecrtError, check_bool
+from specrt.errors import ConfigError, SpecrtError
+from specrt.checks import check_bool
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig

@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from specrt.logs import configure_logging
-from specrt.errors import (ArgumentError, ModelFetchError, NotRegularFileError, OneLineParser,
-                           SpecrtError, run_command)
+from specrt.commands import OneLineParser, run_command
+from specrt.errors import ArgumentError, ModelFetchError, NotRegularFileError, SpecrtError
 from specrt.hub.fetch import cached_models, fetch, fetch_command
 from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, spec_for
+from specrt.logs import configure_logging
 
 
 def _human(n: int) -> str:

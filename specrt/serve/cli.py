@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 
 log = logging.getLogger("specrt.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specrt.errors import OneLineParser
+    from specrt.commands import OneLineParser
 
     p = OneLineParser(prog="python -m specrt.serve",
                                 description="Serve a model over OpenAI's HTTP API, with "
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from specrt.errors import run_command
+    from specrt.commands import run_command
 
     # Exit status as in every specrt command: 2 bad input, 1 runtime failure, 130 Ctrl-C.
     return run_command(lambda: _serve(args), interrupted="")

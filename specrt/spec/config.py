@@ -9,7 +9,8 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
-from specrt.errors import ArgumentError, check_int, show
+from specrt.errors import ArgumentError
+from specrt.checks import check_int, show
 
 SPEC_METHODS = ("draft_model", "ngram", "auto")
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",

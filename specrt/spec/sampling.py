@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from specrt.errors import check_int, check_number
+from specrt.checks import check_int, check_number
 from specrt.kernels.reference import exponential_noise
 
 MAX_SEED = 2**63 - 1      # torch seeds are 64-bit; negative ones are a user's slip
