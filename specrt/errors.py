@@ -67,3 +67,7 @@ class ArgumentError(ConfigError):
 
 class CachePathError(SpecrtError):
     """A cache or state path (`SPECRT_CACHE`, `SPECRT_CALIBRATION`) cannot be used."""
+
+
+class UnsupportedGGUF(SpecrtError, ValueError):
+    """The GGUF file is not a Qwen2 / Llama model this converter understands."""

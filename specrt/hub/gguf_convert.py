@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specrt.errors import SpecrtError
+from specrt.errors import UnsupportedGGUF
+from specrt.hub.gguf_tokenizer import (QWEN_STOPS, generation_config, special_token_ids,
+                                       write_tokenizer)
 from specrt.model import checksum
 
 # Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
@@ -66,10 +68,6 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-
-
-class UnsupportedGGUF(SpecrtError, ValueError):
-    """The GGUF file is not a Qwen2 / Llama model this converter understands."""
 
 
 def hf_name(gguf_name: str) -> str:
@@ -268,64 +266,6 @@ def write_safetensors(plan, path: Path, progress: bool = True,
     return digest.hexdigest()
 
 
-def write_tokenizer(gguf_path: Path, out_dir: Path, config: dict,
-                    chat_template: str | None) -> None:
-    """tokenizer.json, tokenizer_config.json and (when the GGUF has a chat template)
-    chat_template.jinja, via transformers' GGUF reader."""
-    from tokenizers import normalizers
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                        local_files_only=True)
-    if config["model_type"] == "qwen2":
-        # Upstream Qwen2 tokenizers NFC-normalize; GGUF has no field for it, so it is lost.
-        tok.backend_tokenizer.normalizer = normalizers.NFC()
-    tok.model_max_length = config["max_position_embeddings"]
-    tok.chat_template = chat_template
-    tok.save_pretrained(str(out_dir))
-    # transformers 5 writes the template to chat_template.jinja only; readers that use plain
-    # `tokenizers` + jinja2 expect it inline, as upstream Qwen ships it.
-    cfg_path = out_dir / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    for key in ("is_local", "local_files_only"):  # artefacts of loading from a local path
-        cfg.pop(key, None)
-    if chat_template is not None:
-        cfg["chat_template"] = chat_template
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
-
-
-# Qwen's end of a chat turn and end of text: stop tokens too when the vocabulary has them.
-_QWEN_STOPS = ("<|im_end|>", "<|endoftext|>")
-
-
-def generation_config(config: dict, token_ids: dict[str, int], pad: int | None = None) -> dict:
-    """Stop on the GGUF's eos token and, like Qwen's, on <|im_end|> and <|endoftext|> when the
-    vocabulary has them. Pad with <|endoftext|> when there is one, else the GGUF's `pad`.
-
-    No sampling settings: the GGUF does not carry them, so transformers defaults to greedy.
-    """
-    eos = [config["eos_token_id"]]
-    eos += [token_ids[t] for t in _QWEN_STOPS if t in token_ids and token_ids[t] not in eos]
-    pad = token_ids.get("<|endoftext|>", pad)
-    gen = {"bos_token_id": config["bos_token_id"], "pad_token_id": pad, "eos_token_id": eos}
-    return {k: v for k, v in gen.items() if v is not None}
-
-
-def _token_ids(reader, names: tuple[str, ...]) -> dict[str, int]:
-    """{name: id} of those `names` the vocabulary holds (possibly none)."""
-    field, found = reader.fields.get("tokenizer.ggml.tokens"), {}
-    if field is None:
-        raise UnsupportedGGUF("GGUF metadata lacks 'tokenizer.ggml.tokens'")
-    # Special tokens sit at the end of the vocabulary: scan backwards, decoding only what we pass.
-    for idx in range(len(field.data) - 1, -1, -1):
-        text = bytes(field.parts[field.data[idx]]).decode("utf-8", "replace")
-        if text in names:
-            found[text] = idx
-            if len(found) == len(names):
-                break
-    return found
-
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -353,7 +293,7 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
         raise UnsupportedGGUF(f"not a readable GGUF file ({e})") from None
     config = read_config(reader)
     plan = plan_tensors(reader, config)
-    token_ids = _token_ids(reader, _QWEN_STOPS)
+    token_ids = special_token_ids(reader, QWEN_STOPS)
     tokenizer = _field(reader, "tokenizer.ggml.model", None)
     if tokenizer not in ("gpt2", "llama"):  # what transformers' GGUF reader builds for these
         raise UnsupportedGGUF(f"tokenizer {tokenizer!r} is not supported ('gpt2' BPE or "
