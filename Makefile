@@ -19,12 +19,14 @@ install: $(STAMP)
 build: $(STAMP)
 	$(PY) setup.py --quiet build_ext --inplace
 
+# Everything, the packaging tests too (tests/test_packaging.py: build the sdist and wheels and
+# install them outside the repo, ~1-2 min); a quicker local run: PYTEST_ARGS='-m "not packaging"'
 test: build
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 demo: build
 	$(PY) -m specrt.models fetch
 	$(PY) -m specrt.generate
 
 clean:
-	rm -rf build specrt/*.so $(VENV)
+	rm -rf build dist *.egg-info specrt/*.so $(VENV)

@@ -1,21 +1,32 @@
-"""Builds specrt and its C++ extensions, one folder of csrc/ each:
+"""Builds specrt's optional C++ extensions, one folder of csrc/ each:
 specrt._ngram (csrc/ngram: the prompt-lookup matcher), specrt._gemv (csrc/cpu: skinny matrix
 products for decode/verify) and specrt._cpu_ops (csrc/cpu: the per-layer norms, SwiGLU and
-RoPE + attention of a CPU decode/verify step).
+RoPE + attention of a CPU decode/verify step). The package metadata is in pyproject.toml.
 
 `make test` / `make demo` run `python setup.py build_ext --inplace`, so the extensions sit
 next to the Python sources and no install step is needed to import them from the repo root.
 Each extension is compiled with SPECRT_BUILD_ID, a hash of its sources, headers and flags, and
 returns it from build_id(): timings cached for one build are not reused with another.
+
+Every extension is optional: specrt has a Python/PyTorch path for each. An extension that
+cannot be compiled (no compiler, an unsupported platform) is left out with a one-line note and
+the package installs without it. _gemv and _cpu_ops use x86 intrinsics (AVX-512), so they are
+built on x86-64 only; -fopenmp is passed only when the compiler accepts it (probed once).
 """
 import hashlib
+import platform
+import sys
+import tempfile
 from pathlib import Path
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
-from setuptools import find_packages, setup
+from setuptools import setup
+from setuptools.errors import CCompilerError, CompileError, LinkError, PlatformError
 
 ROOT = Path(__file__).resolve().parent
 GCC12_NOISE = ["-Wno-uninitialized", "-Wno-maybe-uninitialized", "-Wno-psabi"]  # intrinsics
+X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+BUILD_ERRORS = (CCompilerError, CompileError, LinkError, PlatformError, OSError)
 
 
 def build_id(files: list[str], flags: list[str]) -> str:
@@ -27,12 +38,73 @@ def build_id(files: list[str], flags: list[str]) -> str:
 
 
 def extension(name: str, sources: list[str], headers: list[str], flags: list[str],
-              openmp: bool = False) -> Pybind11Extension:
-    flags = ["-O3"] + flags + (["-fopenmp"] if openmp else [])
-    return Pybind11Extension(
+              openmp: bool = False, x86_only: bool = False) -> Pybind11Extension:
+    ext = Pybind11Extension(
         name, sources, depends=headers,            # a header edit rebuilds (and re-ids) it
-        cxx_std=17, extra_compile_args=flags, extra_link_args=["-fopenmp"] if openmp else [],
-        define_macros=[("SPECRT_BUILD_ID", f'"{build_id(sources + headers, flags)}"')])
+        cxx_std=17, extra_compile_args=["-O3"] + flags)
+    # What OptionalBuildExt needs to finish the flags (and the build id) on the build machine.
+    ext.specrt_files, ext.specrt_flags = sources + headers, ["-O3"] + flags
+    ext.specrt_openmp, ext.specrt_x86_only = openmp, x86_only
+    return ext
+
+
+def note(message: str) -> None:
+    print(f"specrt: {message}", file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that finishes each extension's flags for this machine and skips, with a note,
+    an extension that cannot be built there: the package then uses its Python path."""
+
+    def run(self):
+        try:
+            super().run()
+        except BUILD_ERRORS as e:   # no usable compiler at all
+            note(f"no C++ extensions built ({e}); using the Python/PyTorch fallbacks")
+
+    def build_extensions(self):
+        self._openmp = None
+        built = []
+        for ext in self.extensions:
+            if ext.specrt_x86_only and not X86_64:
+                note(f"{ext.name} skipped: its kernels need x86-64 (this is "
+                     f"{platform.machine()}); using the PyTorch fallback")
+                continue
+            try:
+                self.finish_flags(ext)
+                self.build_extension(ext)
+            except BUILD_ERRORS as e:
+                note(f"{ext.name} not built ({type(e).__name__}, see the compiler output "
+                     "above); using its Python/PyTorch fallback")
+                continue
+            built.append(ext)
+        self.extensions = built     # what --inplace copies and what get_outputs() lists
+
+    def finish_flags(self, ext) -> None:
+        flags = list(ext.specrt_flags)
+        if ext.specrt_openmp and self.accepts_openmp():
+            flags.append("-fopenmp")
+            ext.extra_compile_args.append("-fopenmp")
+            ext.extra_link_args.append("-fopenmp")
+        ext.define_macros = [m for m in ext.define_macros if m[0] != "SPECRT_BUILD_ID"]
+        ext.define_macros.append(("SPECRT_BUILD_ID", f'"{build_id(ext.specrt_files, flags)}"'))
+
+    def accepts_openmp(self) -> bool:
+        """Whether the compiler compiles and links -fopenmp (Apple clang, MSVC: no)."""
+        if self._openmp is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                src = Path(tmp) / "omp_probe.cpp"
+                src.write_text("#include <omp.h>\nint probe() { return omp_get_max_threads(); }\n")
+                try:
+                    objs = self.compiler.compile([str(src)], output_dir=tmp,
+                                                 extra_postargs=["-fopenmp"])
+                    self.compiler.link_shared_object(objs, str(Path(tmp) / "omp_probe.so"),
+                                                     extra_postargs=["-fopenmp"])
+                    self._openmp = True
+                except BUILD_ERRORS:
+                    self._openmp = False
+                    note("the compiler does not accept -fopenmp; CPU kernels run single-threaded")
+        return self._openmp
 
 
 ext_modules = [
@@ -40,20 +112,12 @@ ext_modules = [
               ["csrc/ngram/ngram.h", "csrc/build_id.h"], []),
     extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_bindings.cpp"],
               ["csrc/cpu/gemv.h", "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
-              GCC12_NOISE, openmp=True),
+              GCC12_NOISE, openmp=True, x86_only=True),
     # -ffp-contract=off: no multiply-adds fused behind the code's back; the ops round where the
     # PyTorch reference rounds
     extension("specrt._cpu_ops", ["csrc/cpu/ops.cpp", "csrc/cpu/ops_bindings.cpp"],
               ["csrc/cpu/ops.h", "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
-              ["-ffp-contract=off"] + GCC12_NOISE, openmp=True),
+              ["-ffp-contract=off"] + GCC12_NOISE, openmp=True, x86_only=True),
 ]
 
-setup(
-    name="specrt",
-    version="0.1.0",
-    description="Speculative-decoding runtime for Qwen2-family language models",
-    packages=find_packages(include=["specrt", "specrt.*"]),
-    ext_modules=ext_modules,
-    cmdclass={"build_ext": build_ext},
-    python_requires=">=3.10",
-)
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

@@ -20,8 +20,8 @@ output is compared token for token with plain greedy of the same engine.
 Prints per task x method: tokens/s, speedup vs plain, acceptance rate, mean acceptance length,
 tokens per target pass, draft share of time, mismatches; specrt's best per task vs HF's best;
 goals as PASS/FAIL; where specrt stands vs the seed study. Writes the section
-"End-to-end speedup" of benchmarks/RESULTS.md (--no-record to skip), benchmarks/out/e2e.json,
-e2e_speedup.png and e2e_theory.png; JSON on the last line.
+"End-to-end speedup" of benchmarks/RESULTS.md (--no-record to skip), benchmarks/results/e2e.json,
+e2e_speedup.png, e2e_theory.png and e2e_auto_choices.png; JSON on the last line.
 
 --quick: one prompt per task, K in {2, 4}, auto:8, HF with K = 4 only, and 64 new tokens
 (unless --max-new-tokens is given), for a run of well under 10 minutes.

@@ -23,6 +23,7 @@ class Generation:
     wall: float                         # s
     stats: dict | None                  # specrt's result stats; None for HF
     rounds: tuple[tuple[int, int], ...] = ()    # (drafted, accepted) per round with drafts
+    plans: tuple[str, ...] = ()                  # every round's plan ("plain", "ngram:3", ...)
 
 
 class Runner:
@@ -62,19 +63,22 @@ class Runner:
     def _run_specrt(self, m: Method, ids: list[int], max_new: int) -> Generation:
         from specrt.errors import SpecrtError
 
-        rounds = []
+        rounds, plans = [], []
         t0 = time.perf_counter()
         try:
             # = llm.generate, keeping each round's drafted/accepted counts on the way
-            run = self.llm.start([ids], max_new_tokens=max_new, speculative=m.spec())
-            for _row, _delta, ev in run.deltas():
-                if ev.index > 0 and ev.draft_tokens and ev.draft_tokens[0]:
-                    rounds.append((len(ev.draft_tokens[0]), ev.num_accepted[0]))
-            res = run.results()[0]
+            run = self.llm.submit(ids, max_new_tokens=max_new, speculative=m.spec())
+            for chunk in run.chunks():
+                step = chunk.step
+                if step.index > 0:
+                    plans.append(step.plan if step.draft_tokens else "plain")
+                if step.index > 0 and step.draft_tokens:
+                    rounds.append((len(step.draft_tokens), step.num_accepted))
+            res = run.result()
         except SpecrtError as e:
             cli.fail(f"{m.label}: {e}")
         wall = time.perf_counter() - t0
-        return Generation(tuple(res.token_ids), wall, res.stats, tuple(rounds))
+        return Generation(tuple(res.token_ids), wall, res.stats, tuple(rounds), tuple(plans))
 
     def _run_hf(self, m: Method, ids: list[int], max_new: int) -> Generation:
         kw = {}
@@ -136,7 +140,7 @@ def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement]
             ids=g.ids, wall=timing.median(walls[(task, pid, m)]),
             walls=tuple(walls[(task, pid, m)]), first_diff=diff,
             a=per_position_acceptance(g.rounds), drafted_rounds=len(g.rounds),
-            rejections=sum(a < d for d, a in g.rounds), stats=g.stats))
+            rejections=sum(a < d for d, a in g.rounds), stats=g.stats, plans=g.plans))
     del runner
     gc.collect()
     return out, elapsed

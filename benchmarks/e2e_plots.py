@@ -93,7 +93,37 @@ def plot_theory(result: E2EResult, path: Path) -> Path:
     return plots.save_figure(fig, path)
 
 
-def draw(result: E2EResult, out: Path) -> tuple[Path, Path]:
-    """Both figures into `out`: (e2e_speedup.png, e2e_theory.png)."""
-    return (plot_speedup(result, out / "e2e_speedup.png"),
-            plot_theory(result, out / "e2e_theory.png"))
+def plot_auto_choices(result: E2EResult, path: Path) -> Path | None:
+    """auto's plan per round over one generation per task: which drafter, and K (0: plain)."""
+    picks = {}
+    for r in result.measurements:
+        if r.method.kind == "auto" and r.plans and r.task not in picks:
+            picks[r.task] = r
+    if not picks:
+        return None
+    plt = plots.pyplot()
+    fig, axes = plt.subplots(len(picks), 1, figsize=(9, 2.2 * len(picks)), squeeze=False)
+    for ax, (task, r) in zip(axes.flat, picks.items()):
+        for kind, (color, marker, _) in list(STYLES.items())[:2] + [("plain", ("gray", ".",
+                                                                                None))]:
+            pts = [(i, int(p.split(":")[1]) if ":" in p else 0)
+                   for i, p in enumerate(r.plans) if p.split(":")[0] == kind]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color=color,
+                        ls="none", label=kind)
+        ax.set_ylabel("K")
+        ax.set_title(f"{task} / {r.prompt}: {r.method.label}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    axes.flat[-1].set_xlabel("round")
+    fig.suptitle("auto's choice of drafter and K per round - " + title(result), fontsize=9)
+    return plots.save_figure(fig, path)
+
+
+def draw(result: E2EResult, out: Path) -> tuple[Path, ...]:
+    """The figures into `out`: e2e_speedup.png, e2e_theory.png and (with auto in the run)
+    e2e_auto_choices.png."""
+    pngs = (plot_speedup(result, out / "e2e_speedup.png"),
+            plot_theory(result, out / "e2e_theory.png"),
+            plot_auto_choices(result, out / "e2e_auto_choices.png"))
+    return tuple(p for p in pngs if p is not None)

@@ -96,6 +96,7 @@ class Measurement:
     drafted_rounds: int
     rejections: int               # drafted rounds that stopped before the end of their drafts
     stats: dict | None            # specrt's result stats; None for HF
+    plans: tuple[str, ...] = ()   # every round's plan (auto's choices over the generation)
 
     @property
     def new_tokens(self) -> int:

@@ -147,7 +147,7 @@ def print_report(result: E2EResult) -> None:
     print()
 
 
-def markdown(result: E2EResult, pngs: tuple[Path, Path], note: str | None) -> str:
+def markdown(result: E2EResult, pngs: tuple[Path, ...], note: str | None) -> str:
     """The body of the "End-to-end speedup" section of RESULTS.md."""
     c, info = result.config, result.machine
     return "\n".join([
@@ -183,12 +183,12 @@ def markdown(result: E2EResult, pngs: tuple[Path, Path], note: str | None) -> st
         "",
         f"- {exactness_line(result)}.",
     ] + [f"- Goal {g}: **{report.pass_fail(ok)}**" for g, ok in result.goals.items()]
-      + [f"- Plots: `{results.shown_path(pngs[0])}` (speedup vs K per task and method), "
-         f"`{results.shown_path(pngs[1])}` (measured tokens per round vs "
-         "(1 - a^(K+1)) / (1 - a))."])
+      + ["", "Speedup vs K per task and method; measured tokens per round vs "
+         "(1 - a^(K+1)) / (1 - a); auto's drafter and K per round:", ""]
+      + [results.image(p, p.stem) for p in pngs])
 
 
-def json_payload(result: E2EResult, pngs: tuple[Path, Path]) -> dict:
+def json_payload(result: E2EResult, pngs: tuple[Path, ...]) -> dict:
     """The object of the JSON last line (and out/e2e.json)."""
     return {
         "benchmark": "e2e", "machine": result.machine, "config": result.config.json(),

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads "
                    "(default 2; --quick 1: a tiny model gains nothing from more)")
     p.add_argument("--out", default=str(results.DEFAULT_OUT),
-                   help="directory for graphs.json (default benchmarks/out)")
+                   help="directory for graphs.json (default benchmarks/results)")
     return p
 
 
@@ -129,9 +129,9 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
     mismatched_rounds, first_mismatch = 0, None
     accept = min(2, K)
     for d in drafters.values():
-        d.begin(B)
+        d.reset(list(range(B)))
     for r in range(1 + warmup + rounds):
-        ctx = DraftContext([list(h) for h in histories], [True] * B, params, None)
+        ctx = DraftContext([list(h) for h in histories], [True] * B, [params] * B, [None] * B)
         out = {}
         for name, d in drafters.items():
             box = []

@@ -156,8 +156,9 @@ def markdown(args, info, target_dir, draft_dir, png, headers, ms_rows, ratio_row
         + (f", draft `{draft_dir.name}`" if draft_dir else "") + f", {args.dtype}, "
         f"{args.device}. Median of {args.repeats} repeats after {args.warmup} warm-up, the T "
         "values interleaved in each repeat; ratios: the median of each repeat's ratio; "
-        f"load average at the end: {info['load_average_end'][0]:.2f}. Plot: "
-        f"`{results.shown_path(png)}`.",
+        f"load average at the end: {info['load_average_end'][0]:.2f}.",
+        "",
+        results.image(png, "verify vs step"),
         "",
         "Median ms per forward of T new tokens with P tokens in the cache:",
         "",

@@ -2,7 +2,8 @@
 
 Every bad-input path (missing files, bad config, incompatible draft, cache too small, invalid
 K, ...) raises SpecrtError with a message that names the problem and the fix. Subclasses
-exist only where a caller may want to tell cases apart.
+exist only where a caller may want to tell cases apart (one per family of bad input). The
+argument checks live in `specrt.checks`, the command lines' exit policy in `specrt.commands`.
 """
 
 
@@ -24,3 +25,49 @@ class CapacityError(SpecrtError, ValueError):
 
 class ModelFetchError(SpecrtError):
     """Fetching or converting a model failed; the message says what to do."""
+
+
+class QueueFullError(SpecrtError):
+    """Every slot is busy and the waiting queue is full; retry later (HTTP 503)."""
+
+
+# --- bad model files, one family each (issue 18) -------------------------------------------
+class ConfigValueError(ConfigError):
+    """A config.json / generation_config.json field has the wrong type or an impossible value."""
+
+
+class IndexFileError(CheckpointError):
+    """model.safetensors.index.json is malformed or names a file outside the model directory."""
+
+
+class NotRegularFileError(CheckpointError, ConfigError):
+    """A model file is a FIFO, device or directory; reading it could block forever."""
+
+
+class WeightsSizeError(CheckpointError):
+    """The config implies more (or fewer) parameters than the weight files can hold."""
+
+
+class MemoryCapacityError(CapacityError):
+    """A KV cache would not fit in the memory this machine has available."""
+
+
+class TokenizerFileError(CheckpointError):
+    """tokenizer.json, tokenizer_config.json or the chat template is malformed."""
+
+
+class ChecksumError(CheckpointError):
+    """Converted weights changed since conversion (their sha256 no longer matches)."""
+
+
+class ArgumentError(ConfigError):
+    """A public argument (of `LLM`, `generate`/`stream`/`submit`, a CLI flag, the speculative
+    config) has the wrong type or is out of range; the message names it, the value and the fix."""
+
+
+class CachePathError(SpecrtError):
+    """A cache or state path (`SPECRT_CACHE`, `SPECRT_CALIBRATION`) cannot be used."""
+
+
+class UnsupportedGGUF(SpecrtError, ValueError):
+    """The GGUF file is not a Qwen2 / Llama model this converter understands."""

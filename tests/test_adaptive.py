@@ -4,6 +4,8 @@ import torch
 
 import specrt
 from specrt.spec.planners.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens
+from specrt.engine.request import Request
+from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 from specrt.spec.calibration import forward_seconds
 from specrt.spec.costs import CostModel
@@ -23,7 +25,7 @@ class OracleDrafter:
         self.vocab, self.right = vocab, right
         self.calls = 0
 
-    def begin(self, batch_size):
+    def reset(self, rows):
         self.calls = 0
 
     def propose(self, ctx, k):
@@ -45,7 +47,7 @@ class OracleDrafter:
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3)
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
 
 
 def _run_with(llm, drafter, n_new, max_k=8):
@@ -56,9 +58,11 @@ def _run_with(llm, drafter, n_new, max_k=8):
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(max_k + 1)],
                       draft=[0.2 + 0.01 * t for t in range(max_k + 1)])
     planner = AdaptivePlanner(max_k, costs, draft_model=oracle, ngram=None)
-    gen = llm.engine.generate([PROMPTS[0]], n_new, SamplingParams(), planner=planner)
-    plans = [event.plan for event in gen]
-    assert gen.outputs[0] == answers[0]
+    request = Request(tuple(PROMPTS[0]), n_new, SamplingParams(),
+                      SpecConfig(method="draft_model", num_speculative_tokens=max_k))
+    steps = [s for batch in llm.engine.run([request], planner=planner) for s in batch]
+    plans = [s.plan for s in steps]
+    assert [t for s in steps for t in s.new_tokens] == answers[0]
     return plans, oracle
 
 
@@ -96,7 +100,7 @@ def test_auto_greedy_equals_plain(llm, batch):
 
 
 def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
     prompt = [7, 8, 9, 10, 11, 12] * 6
     plain = llm.generate(prompt, max_new_tokens=40).token_ids
     res = llm.generate(prompt, max_new_tokens=40,
@@ -125,7 +129,7 @@ class TwoKindsOfMatch:
     def __init__(self):
         self.round = 0
 
-    def begin(self, batch_size):
+    def reset(self, rows):
         self.round = 0
 
     def matches(self, ctx, k):
@@ -141,8 +145,9 @@ def test_ngram_acceptance_is_kept_per_match_length():
     drafter = TwoKindsOfMatch()
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
     planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
-    planner.begin(1)
-    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True])
+    planner.reset([0])
+    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True], params=[SamplingParams()],
+                          generators=[None])
     plans = {1: [], 3: []}
     for _ in range(80):
         plan = planner.choose(ctx)
@@ -153,3 +158,19 @@ def test_ngram_acceptance_is_kept_per_match_length():
     late_short, late_long = plans[1][-20:], plans[3][-20:]
     assert late_long == ["ngram:4"] * 20
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
+
+
+def test_seeded_auto_sampling_gives_one_output_in_five_runs(llm):
+    """auto's plans decide how a sampled request's randomness is consumed; with a seed they
+    follow the calibrated costs only, so timing noise (and earlier requests that moved the
+    planner's online scales) never changes the output."""
+    spec = {"method": "auto", "num_speculative_tokens": 6}
+    planner = llm.engine.planner_for(SpecConfig.parse(spec))
+    outputs = set()
+    for i in range(5):
+        # a machine that turned 5x slower or faster between runs, as the planner measured it
+        planner.verify_scale, planner.draft_scale = (0.2, 5.0, 1.0, 5.0, 0.2)[i], \
+            (5.0, 0.2, 1.0, 0.2, 5.0)[i]
+        outputs.add(tuple(llm.generate(PROMPTS[1], max_new_tokens=32, temperature=1.0, seed=7,
+                                       speculative=spec).token_ids))
+    assert len(outputs) == 1

@@ -12,7 +12,7 @@ SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2)
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
 
 
 def test_text_prompt_and_chat_template(llm):
@@ -29,7 +29,9 @@ def test_stream_yields_the_same_text_in_multi_token_chunks(llm):
     prompt = "The quick brown fox"
     full = llm.generate(prompt, max_new_tokens=40, speculative=SPEC)
     chunks = list(llm.stream(prompt, max_new_tokens=40, speculative=SPEC))
-    assert "".join(chunks) == full.text
+    assert "".join(c.text for c in chunks) == full.text
+    assert [t for c in chunks for t in c.token_ids] == full.token_ids
+    assert chunks[-1].finish_reason == full.finish_reason and chunks[-1].stats is not None
     assert len(chunks) < 40          # rounds commit several tokens at once
 
 
@@ -49,8 +51,8 @@ def test_stop_string_cuts_text_and_ids(llm, spec):
     assert res.text == text[:cut]
     assert res.finish_reason == "stop"
     assert stop not in res.text
-    streamed = "".join(llm.stream("for i in range", max_new_tokens=40, stop=stop,
-                                  speculative=spec))
+    streamed = "".join(c.text for c in llm.stream("for i in range", max_new_tokens=40,
+                                                  stop=stop, speculative=spec))
     assert streamed == text[:cut]
 
 
@@ -123,3 +125,15 @@ def test_batch_of_text_prompts_returns_list(llm):
     res = llm.generate(["def add", "The quick"], max_new_tokens=8)
     assert isinstance(res, list) and len(res) == 2
     assert res[1].token_ids == llm.generate("The quick", max_new_tokens=8).token_ids
+
+
+def test_request_joining_a_running_batch_gives_its_solo_tokens(llm):
+    """Continuous batching: a request admitted while another is mid-generation joins at a
+    round boundary and gives exactly the tokens it gives alone (and so does the other)."""
+    solo_a = llm.generate("Once upon a time", max_new_tokens=40, speculative=SPEC).token_ids
+    solo_b = llm.generate("def add", max_new_tokens=20).token_ids
+    stream = llm.stream("Once upon a time", max_new_tokens=40, speculative=SPEC)
+    got_a = list(next(stream).token_ids)           # a is running: b joins its batch
+    got_b = llm.generate("def add", max_new_tokens=20).token_ids
+    got_a += [t for chunk in stream for t in chunk.token_ids]
+    assert got_a == solo_a and got_b == solo_b

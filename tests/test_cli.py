@@ -25,7 +25,7 @@ def test_json_output_matches_the_api(tiny_noeos_dir):
     proc = run_cli("--model", tiny_noeos_dir, "--prompt-ids", "5,6,7", "--max-new-tokens", 12,
                    "--dtype", "float32", "--no-spec", "--json")
     out = json.loads(proc.stdout)
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
     assert out["token_ids"] == llm.generate([5, 6, 7], max_new_tokens=12).token_ids
     assert out["stats"]["new_tokens"] == 12
     assert "12 new tokens" in proc.stderr and "tok/s" in proc.stderr

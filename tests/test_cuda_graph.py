@@ -12,9 +12,9 @@ PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
 
 @pytest.fixture(scope="module")
 def pair(tiny_noeos_dir, tiny_draft_dir):
-    eager = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=160, max_batch_size=3)
+    eager = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=160, max_batch_size=3, dtype="float32")
     static = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=160, max_batch_size=3,
-                        cuda_graphs=True)
+                        cuda_graphs=True, dtype="float32")
     assert static.engine.static and not eager.engine.static
     return eager, static
 

@@ -25,28 +25,28 @@ def _edit_config(d, **changes):
 
 def test_missing_model_dir(tmp_path):
     with pytest.raises(SpecrtError, match="does not exist.*specrt.models fetch"):
-        specrt.LLM(tmp_path / "nope")
+        specrt.LLM(tmp_path / "nope", dtype="float32")
 
 
 def test_missing_config_json(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path / "m")
     (d / "config.json").unlink()
     with pytest.raises(SpecrtError, match=r"config.json does not exist"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_bad_config_json(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path / "m")
     (d / "config.json").write_text("{not json")
     with pytest.raises(SpecrtError, match="not valid JSON"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_missing_weights(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path / "m")
     (d / "model.safetensors").unlink()
     with pytest.raises(SpecrtError, match="no model weights"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_corrupt_weights(tiny_dir, tmp_path):
@@ -54,7 +54,7 @@ def test_corrupt_weights(tiny_dir, tmp_path):
     data = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(data[: len(data) // 3])
     with pytest.raises(SpecrtError, match="corrupt or truncated"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
@@ -65,18 +65,18 @@ def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
     sd.pop("model.layers.1.mlp.up_proj.weight")
     save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SpecrtError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
     sd["model.layers.1.mlp.up_proj.weight"] = sd["model.layers.1.mlp.down_proj.weight"].clone()
     save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SpecrtError, match="'model.layers.1.mlp.up_proj.weight'.*has shape"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_unknown_architecture(tiny_dir, tmp_path):
     d = _copy(tiny_dir, tmp_path / "m")
     _edit_config(d, architectures=["GPT2LMHeadModel"], model_type="gpt2")
     with pytest.raises(SpecrtError, match="unsupported architecture 'GPT2LMHeadModel'"):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 @pytest.mark.parametrize("changes, pattern", [
@@ -89,11 +89,11 @@ def test_unsupported_config_features(tiny_dir, tmp_path, changes, pattern):
     d = _copy(tiny_dir, tmp_path / "m")
     _edit_config(d, **changes)
     with pytest.raises(SpecrtError, match=pattern):
-        specrt.LLM(d)
+        specrt.LLM(d, dtype="float32")
 
 
 def test_prompt_longer_than_cache(tiny_dir):
-    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    llm = specrt.LLM(tiny_dir, max_seq_len=32, dtype="float32")
     with pytest.raises(SpecrtError, match=r"= 40 exceeds max_seq_len \(32\)"):
         llm.generate(list(range(1, 21)), max_new_tokens=20)
     with pytest.raises(SpecrtError, match=r"K\+1"):
@@ -102,26 +102,28 @@ def test_prompt_longer_than_cache(tiny_dir):
 
 
 def test_empty_prompt(tiny_dir):
-    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    llm = specrt.LLM(tiny_dir, max_seq_len=32, dtype="float32")
     for empty in ("", []):
         with pytest.raises(SpecrtError, match="prompt is empty"):
             llm.generate(empty, max_new_tokens=4)
 
 
 def test_token_ids_outside_vocabulary(tiny_dir):
-    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    llm = specrt.LLM(tiny_dir, max_seq_len=32, dtype="float32")
     with pytest.raises(SpecrtError, match="outside the model's vocabulary"):
         llm.generate([1, 100000], max_new_tokens=4)
 
 
-def test_too_many_prompts_for_batch(tiny_dir):
-    llm = specrt.LLM(tiny_dir, max_seq_len=32, max_batch_size=2)
-    with pytest.raises(SpecrtError, match="exceed max_batch_size=2"):
-        llm.generate([[1], [2], [3]], max_new_tokens=2)
+def test_more_prompts_than_slots_queue_and_each_equals_its_single_run(tiny_dir):
+    """Continuous batching: a third prompt waits for a free slot instead of failing."""
+    llm = specrt.LLM(tiny_dir, max_seq_len=32, max_batch_size=2, dtype="float32")
+    batch = llm.generate([[1], [2], [3]], max_new_tokens=2)
+    assert [r.token_ids for r in batch] == [llm.generate(p, max_new_tokens=2).token_ids
+                                            for p in ([1], [2], [3])]
 
 
 def test_bad_sampling_params(tiny_dir):
-    llm = specrt.LLM(tiny_dir, max_seq_len=32)
+    llm = specrt.LLM(tiny_dir, max_seq_len=32, dtype="float32")
     for kwargs, pattern in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
                             ({"top_k": -2}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")]:
         with pytest.raises(SpecrtError, match=pattern):
@@ -132,4 +134,23 @@ def test_bad_dtype_and_device(tiny_dir):
     with pytest.raises(SpecrtError, match="unsupported dtype 'int8'"):
         specrt.LLM(tiny_dir, dtype="int8")
     with pytest.raises(SpecrtError, match="device"):
-        specrt.LLM(tiny_dir, device="tpu:0")
+        specrt.LLM(tiny_dir, device="tpu:0", dtype="float32")
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be an integer"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+])
+def test_config_value_names_field_value_and_fix(tiny_dir, tmp_path, changes, pattern):
+    """More of this family, and the other bad-file families, in test_fuzz_files.py."""
+    d = _copy(tiny_dir, tmp_path / "m")
+    _edit_config(d, **changes)
+    with pytest.raises(SpecrtError, match=pattern + ".*fix"):
+        specrt.LLM(d, dtype="float32")
+
+
+def test_sharded_index_weight_map_list(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": []}')
+    with pytest.raises(SpecrtError, match="weight_map must be a non-empty object"):
+        specrt.LLM(d, dtype="float32")

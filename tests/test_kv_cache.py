@@ -38,7 +38,7 @@ def _storage(llm):
 
 
 def test_cache_storage_is_reused_across_100_generate_calls(tiny_noeos_dir, tiny_draft_dir):
-    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=128)
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=128, dtype="float32")
     first = _storage(llm)
     draft_cache = llm.engine.draft_drafter.cache
     draft_first = (draft_cache.k.data_ptr(), draft_cache.v.data_ptr())
@@ -51,7 +51,7 @@ def test_cache_storage_is_reused_across_100_generate_calls(tiny_noeos_dir, tiny_
 
 
 def test_1000_generate_calls_keep_rss_flat(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
     proc = psutil.Process()
     first = _storage(llm)
     for i in range(1000):

@@ -37,7 +37,7 @@ def test_prefill_and_decode_logits_match_transformers(model_dir):
 
 def test_64_greedy_tokens_equal_transformers_generate(model_dir):
     hf = hf_model(model_dir)
-    llm = specrt.LLM(model_dir, max_seq_len=256)
+    llm = specrt.LLM(model_dir, max_seq_len=256, dtype="float32")
     for prompt in ([1, 2, 3, 4, 5], [200, 7, 19]):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
@@ -47,7 +47,7 @@ def test_64_greedy_tokens_equal_transformers_generate(model_dir):
 
 
 def test_batch_rows_equal_single_runs(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
     prompts = [[5, 6, 7], list(range(10, 31)), [250]]
     batch = llm.generate(prompts, max_new_tokens=24)
     assert [r.token_ids for r in batch] == [llm.generate(p, max_new_tokens=24).token_ids

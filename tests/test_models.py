@@ -90,14 +90,14 @@ def test_unknown_name_lists_known_ones(capsys, private_cache):
     with pytest.raises(ModelFetchError) as e:
         models.ensure_model("qwen-9000")
     assert all(name in str(e.value) for name in KNOWN_MODELS)
-    assert models.main(["fetch", "qwen-9000"]) == 1
+    assert models.main(["fetch", "qwen-9000"]) == 2      # input error, as in generate
     err = capsys.readouterr().err
     assert "unknown model 'qwen-9000'" in err and DEFAULT_TARGET in err and DEFAULT_DRAFT in err
     assert not (private_cache / "models").exists() or not any((private_cache / "models").iterdir())
 
 
 def test_path_of_missing_model_says_how_to_fetch(capsys, private_cache):
-    assert models.main(["path", DEFAULT_DRAFT]) == 1
+    assert models.main(["path", DEFAULT_DRAFT]) == 2
     err = capsys.readouterr().err
     assert f"python -m specrt.models fetch {DEFAULT_DRAFT}" in err
 
@@ -106,7 +106,7 @@ def test_cli_entry_point_errors_without_traceback(private_cache):
     proc = subprocess.run([sys.executable, "-m", "specrt.models", "path", "nope"], cwd=REPO,
                           capture_output=True, text=True,
                           env={**os.environ, "SPECRT_CACHE": str(private_cache)})
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "known models" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -125,6 +125,63 @@ def test_registry_unreachable(private_cache, monkeypatch, capsys):
     assert _leftovers(private_cache) == []
     assert not models.model_dir(DEFAULT_DRAFT).exists()
     assert not models.gguf_path(DEFAULT_DRAFT).exists()
+
+
+def test_stale_leftovers_removed_when_model_present(private_cache):
+    """A killed conversion's .tmp-* is removed by the next ensure_model, if it is over an hour
+    old and no fetch holds the cache lock; a fresh one (maybe in progress) is kept."""
+    import fcntl
+    import time
+
+    present = models.model_dir(DEFAULT_DRAFT)
+    present.mkdir(parents=True)
+    (present / "model.safetensors").write_bytes(b"x")
+    old = private_cache / "models" / f".tmp-{DEFAULT_DRAFT}-old"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"partial")
+    new = private_cache / "models" / f".tmp-{DEFAULT_DRAFT}-new"
+    new.mkdir()
+    hour_ago = time.time() - 2 * 3600
+    os.utime(old, (hour_ago, hour_ago))
+    with open(private_cache / ".lock", "w") as lock:      # a fetch is running: keep everything
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert models.ensure_model(DEFAULT_DRAFT, progress=False) == present
+        assert old.exists()
+    assert models.ensure_model(DEFAULT_DRAFT, progress=False) == present
+    assert not old.exists() and new.exists()
+
+
+def test_converted_weights_checksum_recorded_and_verified(tiny_dir, tmp_path):
+    """write_safetensors hashes what it writes; the loader verifies the record in full at the
+    first load, then by (size, mtime_ns), and refuses a changed file."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    import specrt
+    from specrt.errors import ChecksumError
+    from specrt.model import checksum
+
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    plan = [("w", SimpleNamespace(data=data, tensor_type=GGMLQuantizationType.F32), (2, 3))]
+    digest = gguf_convert.write_safetensors(plan, tmp_path / "w.safetensors", progress=False)
+    assert digest == checksum.file_sha256(tmp_path / "w.safetensors")
+
+    d = Path(shutil.copytree(tiny_dir, tmp_path / "m"))
+    weights = d / "model.safetensors"
+    checksum.record_conversion(d, "model.safetensors", weights.stat().st_size,
+                               checksum.file_sha256(weights))
+    specrt.LLM(d, max_seq_len=16, dtype="float32").close()
+    record = json.loads((d / checksum.CHECKSUM_FILE).read_text())
+    assert record["verified"] == [weights.stat().st_size, weights.stat().st_mtime_ns]
+    blob = bytearray(weights.read_bytes())
+    blob[-3] ^= 0x40                                     # one flipped bit in the last tensor
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(ChecksumError, match="changed since conversion.*specrt.models fetch"):
+        specrt.LLM(d, max_seq_len=16, dtype="float32")
+    (d / checksum.CHECKSUM_FILE).unlink()               # a user checkpoint: not hashed
+    specrt.LLM(d, max_seq_len=16, dtype="float32").close()
 
 
 def test_disk_full_is_explained(private_cache, monkeypatch, capsys):

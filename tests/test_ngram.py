@@ -271,16 +271,26 @@ def test_backend_is_cpp_when_built():
     assert ngram_index.propose is _cpp().propose
 
 
-def test_fallback_when_extension_missing(monkeypatch):
-    """Without specrt._ngram the module still imports, warns once, and picks Python."""
+def test_fallback_when_extension_missing(monkeypatch, caplog):
+    """Without specrt._ngram the module still imports, says so once (a `specrt` log record,
+    not a warning), and picks Python."""
+    import warnings
+
     import specrt
+    from specrt import logs
 
     monkeypatch.setitem(sys.modules, "specrt._ngram", None)  # makes the import fail
     monkeypatch.delattr(specrt, "_ngram", raising=False)
+    monkeypatch.setattr(logs, "_reported", set())
     spec = importlib.util.spec_from_file_location("ngram_index_no_cpp", ngram_index.__file__)
     module = importlib.util.module_from_spec(spec)
-    with pytest.warns(RuntimeWarning, match="pure-Python fallback"):
+    with caplog.at_level("INFO", logger="specrt"), warnings.catch_warnings():
+        warnings.simplefilter("error")
         spec.loader.exec_module(module)
+        spec.loader.exec_module(module)     # a second import says nothing more
+    notes = [r for r in caplog.records if "specrt._ngram" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].name == "specrt"
+    assert "pure-Python fallback" in notes[0].getMessage()
     assert module.BACKEND == "python"
     assert module.NgramIndex is module.PyNgramIndex
     assert module.propose is module.py_propose

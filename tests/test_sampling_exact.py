@@ -106,10 +106,14 @@ def _samples(llm, params, spec) -> tuple[np.ndarray, int]:
     counts = np.zeros((VOCAB,) * 3)
     drafted = 0
     for r in range(ROUNDS):
-        results = llm.generate([PROMPT] * BATCH, max_new_tokens=3, temperature=params.temperature,
-                               top_k=params.top_k, top_p=params.top_p, seed=1000 + r,
-                               speculative=spec)
-        for res in results:
+        # one seed per request: each request's randomness is its own
+        runs = [llm.submit(PROMPT, max_new_tokens=3, temperature=params.temperature,
+                           top_k=params.top_k, top_p=params.top_p, seed=1000 + r * BATCH + i,
+                           speculative=spec) for i in range(BATCH)]
+        for run in runs:
+            for _ in run.chunks():
+                pass
+            res = run.result()
             counts[tuple(res.token_ids)] += 1
             drafted += res.stats["num_draft_tokens"]
     return counts, drafted
@@ -128,7 +132,11 @@ def _binned(expected_p, *counts, min_expected=5.0):
 def test_first_three_tokens_distribution_matches_plain(small_pair, method, k):
     target, draft = small_pair
     params = SamplingParams(temperature=1.0, top_k=8)
-    llm = specrt.LLM(target, draft=draft, max_seq_len=16, max_batch_size=BATCH)
+    # Slots: 1000, the rest of each round's requests wait in the queue for a free one. auto
+    # plans for the whole batch: with 1000 requests in flight a verify pass would run in
+    # chunks and it would (rightly) never speculate, so it gets 6 (a K = 4 pass is one chunk).
+    llm = specrt.LLM(target, draft=draft, max_seq_len=16, max_queue=BATCH, dtype="float32",
+                     max_batch_size=6 if method == "auto" else 1000)
     spec_counts, drafted = _samples(llm, params, {"method": method, "num_speculative_tokens": k})
     plain_counts, _ = _samples(llm, params, None)
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)

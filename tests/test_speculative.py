@@ -9,7 +9,7 @@ PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3], [9, 9, 9, 9, 9, 9]]
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3)
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_draft_model_greedy_equals_plain_batch_3(llm, plain, k):
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_unrelated_draft_still_exact(tiny_noeos_dir, tiny_bad_draft_dir, plain, k):
-    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_bad_draft_dir, max_seq_len=256, max_batch_size=3)
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_bad_draft_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
     results = llm.generate(PROMPTS[:3], max_new_tokens=40,
                            speculative={"method": "draft_model", "num_speculative_tokens": k})
     assert [r.token_ids for r in results] == [plain[tuple(p)] for p in PROMPTS[:3]]
@@ -60,7 +60,7 @@ def test_eos_and_budget_cut_rounds(tiny_dir, tmp_path):
     from tests.tiny import make_model
 
     draft = make_model(tmp_path / "d", "qwen2", seed=0)      # identical weights: always right
-    llm = specrt.LLM(tiny_dir, draft=draft, max_seq_len=256)
+    llm = specrt.LLM(tiny_dir, draft=draft, max_seq_len=256, dtype="float32")
     eos = llm.eos_ids
     for p in PROMPTS:
         ref = llm.generate(p, max_new_tokens=33)
@@ -118,13 +118,13 @@ def test_bad_speculative_config(llm, spec, pattern):
 
 
 def test_draft_model_method_without_draft(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
     with pytest.raises(SpecrtError, match="needs a draft model"):
         llm.generate([1, 2], max_new_tokens=4, speculative={"method": "draft_model"})
 
 
 def test_draft_from_speculative_config_model_key(tiny_noeos_dir, tiny_draft_dir, plain):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
     res = llm.generate(PROMPTS[0], max_new_tokens=40,
                        speculative={"method": "draft_model", "model": str(tiny_draft_dir),
                                     "num_speculative_tokens": 3})
@@ -138,7 +138,7 @@ def test_mismatched_draft_vocabulary_is_refused(tiny_noeos_dir, tmp_path):
     other = make_model(tmp_path / "other", "qwen2", eos=False,
                        corpus=["zebra quartz jukebox " * 3, "xylophone wizard " * 5])
     with pytest.raises(SpecrtError, match="different vocabularies"):
-        specrt.LLM(tiny_noeos_dir, draft=other)
+        specrt.LLM(tiny_noeos_dir, draft=other, dtype="float32")
 
 
 def test_draft_with_padded_embedding_is_allowed(tiny_noeos_dir, tmp_path, plain):
@@ -148,7 +148,7 @@ def test_draft_with_padded_embedding_is_allowed(tiny_noeos_dir, tmp_path, plain)
     padded = make_model(tmp_path / "padded", "qwen2", vocab_size=384, eos=False,
                         tokenizer=False)
     save_tokenizer(padded, 320)
-    llm = specrt.LLM(tiny_noeos_dir, draft=padded, max_seq_len=256)
+    llm = specrt.LLM(tiny_noeos_dir, draft=padded, max_seq_len=256, dtype="float32")
     res = llm.generate(PROMPTS[0], max_new_tokens=40,
                        speculative={"method": "draft_model", "num_speculative_tokens": 2})
     assert res.token_ids == plain[tuple(PROMPTS[0])]

@@ -26,7 +26,7 @@ def add_common_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for PNG/JSON outputs "
-                   "(default benchmarks/out)")
+                   "(default benchmarks/results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 

@@ -13,13 +13,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]          # the repository
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
-DEFAULT_OUT = ROOT / "benchmarks" / "out"            # PNG/JSON outputs; git-ignored
+DEFAULT_OUT = ROOT / "benchmarks" / "results"        # PNG/JSON outputs, committed (small)
 
 
 def shown_path(path: Path) -> str:
     """A path as RESULTS.md shows it: relative to the repository when inside it."""
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def image(path: Path, alt: str) -> str:
+    """A markdown image of `path` as RESULTS.md (in benchmarks/) links it: the picture shows on
+    the page when the file is committed (benchmarks/results/)."""
+    path = Path(path).resolve()
+    base = RESULTS_MD.parent.resolve()
+    shown = path.relative_to(base) if path.is_relative_to(base) else shown_path(path)
+    return f"![{alt}]({shown})"
 
 
 def _split_sections(text: str) -> list[tuple[str | None, list[str]]]:

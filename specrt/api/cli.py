@@ -5,10 +5,16 @@ Qwen2.5-Coder-0.5B-Instruct drafts), fetching it first if needed; with no --prom
 built-in coding prompt. The answer streams to stdout as rounds commit; a summary line (and the
 per-round trace with --trace) goes to stderr, so stdout holds only the answer (or, with --json,
 one JSON object).
+
+Every flag is checked by the API's own validators before anything is fetched or loaded. Exit
+status, the same in every specrt command: 0 done, 2 bad input (one `error: ...` line on stderr),
+1 a runtime failure (network, disk, or an internal error; SPECRT_DEBUG=1 shows its traceback),
+130 on Ctrl-C; a closed pipe (`| head`) ends quietly.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -17,13 +23,18 @@ DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that mer
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specrt.generate",
+    from specrt.commands import OneLineParser
+
+    p = OneLineParser(prog="python -m specrt.generate",
                                 description="Generate text with speculative decoding.")
     p.add_argument("--model", help="target model directory or known name "
                    "(default: the fetched qwen2.5-coder-1.5b-instruct)")
     p.add_argument("--draft", help="draft model directory or known name (default with no "
                    "--model: qwen2.5-coder-0.5b-instruct)")
     p.add_argument("--prompt", help="prompt text (default: a built-in coding prompt)")
+    p.add_argument("--prompt-file", metavar="PATH", help="read the prompt text from a file "
+                   "('-': standard input)")
+    p.add_argument("--system", help="a system message before the prompt (chat template)")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids (instead of text)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -32,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None,
                    help="stop string (repeatable); text from it on is not printed")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): bfloat16 where the device computes it natively, "
+                        "else float32")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--speculative-config", default=None,
@@ -54,69 +67,139 @@ def default_speculative(has_draft: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 2 bad input (one `error:` line), 1 a runtime failure, 130 Ctrl-C
+    (specrt.errors.run_command; SPECRT_DEBUG=1 shows an internal error's traceback)."""
     args = build_parser().parse_args(argv)
-    from specrt.errors import SpecrtError
+    from specrt.commands import run_command
+    from specrt.logs import configure_logging
 
-    try:
-        return _run(args)
-    except SpecrtError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    configure_logging()
+    return run_command(lambda: _run(args))
 
 
-def _run(args) -> int:
-    import torch
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """Every flag of one run, checked before anything is fetched or loaded."""
 
-    from specrt.api.llm import LLM
-    from specrt.errors import SpecrtError
-    from specrt.hub.resolve import resolve_pair
+    llm: object                       # specrt.api.args.LLMArgs
+    prompt: str | list[int]
+    max_new_tokens: int
+    params: object                    # specrt.spec.sampling.SamplingParams
+    stop: list[str]
+    spec: object                      # SpecConfig, None (--no-spec), or "default"
 
-    model, draft = resolve_pair(args.model, args.draft, progress=True)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.prompt is not None and args.prompt_ids is not None:
-        raise SpecrtError("give --prompt or --prompt-ids, not both")
+
+def check_flags(args) -> _Request:
+    """The same validators as the API (LLMArgs, SamplingParams, SpecConfig, check_stop), run
+    on the flags alone: a typo costs no model load."""
+    from specrt.api.args import LLMArgs, check_max_new_tokens, check_stop, check_text
+    from specrt.errors import ArgumentError
+    from specrt.checks import check_int, show
+    from specrt.spec.config import SpecConfig
+    from specrt.spec.sampling import SamplingParams
+
+    llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
+                  max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs)
+    given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
+                            ("--prompt-file", args.prompt_file)) if v is not None]
+    if len(given) > 1:
+        raise ArgumentError(f"give one of --prompt, --prompt-ids and --prompt-file, not both "
+                            f"{' and '.join(given)}")
+    if args.prompt_file is not None:
+        args.prompt = _read_prompt_file(args.prompt_file)
+    if args.system is not None and (args.prompt_ids is not None or args.no_chat):
+        raise ArgumentError("--system goes through the chat template: it cannot be used with "
+                            "--prompt-ids or --no-chat")
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
-            raise SpecrtError(f"--prompt-ids must be comma-separated integers, got "
-                              f"{args.prompt_ids!r}") from None
+            raise ArgumentError(f"--prompt-ids must be comma-separated integers, got "
+                                f"{show(args.prompt_ids)}") from None
+        if not prompt:
+            raise ArgumentError("--prompt-ids has no ids; give e.g. --prompt-ids 5,6,7")
+        for t in prompt:
+            check_int("a token id in --prompt-ids", t, 0, 2**31 - 1)
     else:
-        prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+        prompt = check_text("--prompt", args.prompt if args.prompt is not None
+                            else DEFAULT_PROMPT)
+        if not prompt:
+            raise ArgumentError("--prompt is empty; give some text")
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            seed=args.seed)
+    spec = None if args.no_spec else SpecConfig.parse(args.speculative_config) or "default"
+    return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
+                    check_stop(args.stop), spec)
 
-    print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({args.dtype}, "
-          f"{device})", file=sys.stderr)
-    llm = LLM(model=model, draft=draft, dtype=args.dtype, device=device,
-              max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs)
-    if args.no_spec:
-        spec = None
-    elif args.speculative_config is not None:
-        spec = args.speculative_config
-    else:
-        spec = default_speculative(llm.engine.draft is not None)
-    chat = not args.no_chat and isinstance(prompt, str) and llm.tokenizer is not None \
-        and llm.tokenizer.has_chat_template
-    run = llm.start([prompt], max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=args.seed, stop=args.stop, chat=chat, speculative=spec)
+
+def _read_prompt_file(path: str) -> str:
+    from specrt.errors import ArgumentError
+
+    if path == "-":
+        return sys.stdin.read()
     try:
-        for _row, delta, event in run.deltas():
-            if args.trace and event.index > 0:
-                print(_trace_line(llm, event), file=sys.stderr)
-            if delta and not args.json:
-                sys.stdout.write(delta)
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArgumentError(f"--prompt-file {path}: cannot read it as UTF-8 text "
+                            f"({e.__class__.__name__}: {e})") from None
+
+
+def _check_fits(req: _Request, spec) -> None:
+    """prompt + max_new_tokens (+ K + 1) must fit in --max-seq-len: known before the load for
+    token ids (a text prompt counts as at least one token here; the engine checks the rest)."""
+    from specrt.errors import CapacityError
+
+    n = len(req.prompt) if isinstance(req.prompt, list) else 1
+    k = spec.num_speculative_tokens if spec is not None else 0
+    need = n + req.max_new_tokens + (k + 1 if k else 0)
+    if need > req.llm.max_seq_len:
+        raise CapacityError(
+            f"the prompt ({n} tokens) + max_new_tokens ({req.max_new_tokens})"
+            + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
+            f"({req.llm.max_seq_len}); raise --max-seq-len or shorten the request")
+
+
+def _run(args) -> int:
+    from specrt.api.llm import LLM
+    from specrt.hub.resolve import resolve_pair
+    from specrt.spec.config import SpecConfig
+
+    req = check_flags(args)
+    model, draft = resolve_pair(req.llm.model, req.llm.draft, progress=True)
+    spec = SpecConfig.parse(default_speculative(draft is not None)) if req.spec == "default" \
+        else req.spec
+    _check_fits(req, spec)
+    dtype = str(req.llm.dtype).removeprefix("torch.")
+    print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "
+          f"{req.llm.device})", file=sys.stderr)
+    llm = LLM(model=model, draft=draft, dtype=req.llm.dtype, device=req.llm.device,
+              max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs)
+    prompt, messages = req.prompt, None
+    if args.system is not None:
+        prompt, messages = None, [{"role": "system", "content": args.system},
+                                  {"role": "user", "content": req.prompt}]
+    p = req.params
+    try:
+        run = llm.submit(prompt, messages=messages, max_new_tokens=req.max_new_tokens,
+                         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
+                         stop=req.stop or None, chat=False if args.no_chat else None,
+                         speculative=spec)
+        for chunk in run.chunks():
+            if args.trace and chunk.step is not None and chunk.step.index > 0:
+                print(_trace_line(llm, chunk.step), file=sys.stderr)
+            if chunk.text and not args.json:
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
     finally:
-        run.close()
-    result = run.results()[0]
+        llm.close()
+    result = run.result()
     if args.json:
         print(json.dumps({"token_ids": result.token_ids, "text": result.text,
                           "finish_reason": result.finish_reason, "stats": result.stats}))
     else:
         print()
+    sys.stdout.flush()                 # a closed pipe surfaces here, inside run_command
     print(summary_line(result.stats, spec), file=sys.stderr)
     return 0
 
@@ -132,16 +215,16 @@ def summary_line(stats: dict, spec) -> str:
             f"{stats['mean_acceptance_length']:.2f} | {stats['target_passes']} target passes")
 
 
-def _trace_line(llm, event) -> str:
+def _trace_line(llm, step) -> str:
     def show(ids):
         if llm.tokenizer is None:
             return ",".join(str(t) for t in ids)
         return ",".join(json.dumps(llm.tokenizer.token_text(t)) for t in ids)
 
-    drafts = event.draft_tokens[0] if event.draft_tokens else []
-    kept = event.num_accepted[0]
-    target = event.new_tokens[0][kept:] if event.new_tokens[0] else []
-    return (f"round {event.index} | {event.plan} | draft: {show(drafts) or '-'} | "
+    drafts = step.draft_tokens
+    kept = step.num_accepted
+    target = step.new_tokens[kept:]
+    return (f"round {step.index} | {step.plan} | draft: {show(drafts) or '-'} | "
             f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}")
 
 

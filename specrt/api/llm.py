@@ -1,58 +1,74 @@
 """`specrt.LLM`: the public, text-level API that services embed.
 
-    llm = specrt.LLM(model="DIR", draft="DRAFT_DIR")
+    llm = specrt.LLM(model="DIR", draft="DRAFT_DIR", max_batch_size=4)
     res = llm.generate("Write quicksort in Python", chat=True,
                        speculative={"method": "draft_model", "num_speculative_tokens": 4})
-    res.token_ids, res.text, res.stats
+    res.token_ids, res.text, res.finish_reason, res.stats
+    for chunk in llm.stream(messages=[{"role": "user", "content": "Explain a hash map"}]):
+        print(chunk.text, end="")
 
-This is the text edge: prompts may be strings (tokenized here, chat template optional) or
-token-id lists; stop strings are matched here on the decoded text. Everything below it works
-on token ids. One LLM may be shared by threads: generations are serialized by the engine's lock.
+This is the text edge: prompts may be strings (tokenized here, chat template optional),
+chat messages, or token-id lists; stop strings are matched here on the decoded text.
+Everything below works on token ids. Every method is safe from any thread: requests go to
+one scheduler thread that owns the model (`specrt.engine.scheduler`) and run batched with
+whatever else is in flight, each giving exactly the tokens it would give alone. For asyncio,
+see `specrt.AsyncLLM`.
 """
 from __future__ import annotations
 
-import dataclasses
+import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
+                              check_stop, check_text)
+from specrt.api.run import GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible
-from specrt.engine.engine import Engine, Generation
-from specrt.errors import SpecrtError
+from specrt.engine.engine import Engine
+from specrt.engine.request import Request
+from specrt.engine.scheduler import Scheduler
+from specrt.errors import ConfigError, SpecrtError
+from specrt.checks import check_bool
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
-from specrt.model.loader import parse_dtype
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 
-
-@dataclasses.dataclass
-class GenerationResult:
-    token_ids: list[int]      # new tokens only (an EOS token that ended the answer included)
-    text: str                 # decoded new text, cut before any stop string
-    finish_reason: str        # "eos", "stop" (a stop string) or "length"
-    stats: dict               # see specrt.metrics
+__all__ = ["LLM", "GenerationResult", "StreamChunk"]
+MAX_DRAFT_ENGINES = 2    # engines kept for drafts named per request (each holds a draft model)
 
 
 class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
-                 dtype: str = "float32", device: str = "cpu", max_seq_len: int = 4096,
-                 max_batch_size: int = 1, cuda_graphs: bool | None = None):
-        self.dtype = parse_dtype(dtype)
-        self.device = _check_device(device)
+                 dtype: str = "auto", device: str | None = None, max_seq_len: int = 4096,
+                 max_batch_size: int = 1, cuda_graphs: bool | None = None,
+                 max_queue: int = 256):
+        """The defaults (the same as the CLIs'): device None = CUDA if available, else the CPU;
+        dtype "auto" = bfloat16 where the device computes it natively, else float32;
+        cuda_graphs None = on with CUDA. Every argument is checked (specrt.api.args) before any
+        file is read."""
+        args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
+                       max_queue)
+        self.dtype, self.device = args.dtype, args.device
+        max_seq_len, max_batch_size = args.max_seq_len, args.max_batch_size
         # No model: the default pair, fetched on first use.
-        self.model_dir, draft_dir = resolve_pair(model, draft)
+        self.model_dir, draft_dir = resolve_pair(args.model, args.draft)
         self.target = Transformer.from_dir(self.model_dir, self.dtype, self.device, max_seq_len)
         self.tokenizer = Tokenizer(self.model_dir) if Tokenizer.available(self.model_dir) else None
         self.eos_ids = set(self.target.cfg.eos_token_ids)
         self.max_seq_len = max_seq_len
+        self.max_batch_size = max_batch_size
+        self.max_queue = args.max_queue
         # CUDA graphs for the draft loop: on by default on CUDA, meaningless elsewhere.
-        self.cuda_graphs = (self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        self.cuda_graphs = (self.device.type == "cuda") if args.cuda_graphs is None \
+            else args.cuda_graphs
         self.draft_dir = draft_dir
         draft_model = self._load_draft(draft_dir) if draft_dir is not None else None
         self.engine = Engine(self.target, draft_model, max_batch_size, max_seq_len,
                              static=self.cuda_graphs)
-        self._engines: dict[Path | None, Engine] = {self.draft_dir: self.engine}
+        self.scheduler = Scheduler(self.engine, self.max_queue)
+        self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
 
     def _load_draft(self, draft_dir: Path) -> Transformer:
         draft_model = Transformer.from_dir(draft_dir, self.dtype, self.device, self.max_seq_len)
@@ -61,72 +77,105 @@ class LLM:
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))
         return draft_model
 
-    def _engine_for(self, spec: SpecConfig | None) -> Engine:
-        """The engine to use: a speculative config naming another draft "model" gets its own
-        engine sharing the target weights (each with its own caches), built once and kept."""
+    def _scheduler_for(self, spec: SpecConfig | None) -> Scheduler:
+        """A speculative config naming another draft "model" gets its own engine (sharing the
+        target's weights, with its own caches and thread), keyed by the draft's real path."""
         if spec is None or spec.model is None:
-            return self.engine
-        draft_dir = resolve_model_dir(spec.model)
-        if draft_dir not in self._engines:
-            self._engines[draft_dir] = Engine(self.target, self._load_draft(draft_dir),
-                                              self.engine.max_batch_size, self.max_seq_len,
-                                              static=self.cuda_graphs)
-        return self._engines[draft_dir]
+            return self.scheduler
+        key = _real(resolve_model_dir(spec.model))
+        if key not in self._schedulers:
+            if len(self._schedulers) > MAX_DRAFT_ENGINES:
+                raise ConfigError(f"at most {MAX_DRAFT_ENGINES} other draft models can be named "
+                                  "per request; load the draft you need with LLM(draft=...)")
+            engine = Engine(self.target, self._load_draft(Path(key)), self.max_batch_size,
+                            self.max_seq_len, static=self.cuda_graphs)
+            self._schedulers[key] = Scheduler(engine, self.max_queue)
+        return self._schedulers[key]
 
-    # --- requests ---------------------------------------------------------------------------
-    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+    def close(self) -> None:
+        """Cancel every request and stop the scheduler threads."""
+        for scheduler in self._schedulers.values():
+            scheduler.close()
+
+    # --- text -> ids ------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int] | None = None, chat: bool = False,
+               messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a text prompt (chat: through the chat template), of chat `messages`
+        ([{"role": "system" | "user" | "assistant", "content": str}]), or a token-id list."""
+        if messages is not None:
+            if prompt is not None:
+                raise SpecrtError("give a prompt or messages, not both")
+            for m in messages if isinstance(messages, (list, tuple)) else ():
+                if isinstance(m, dict) and isinstance(m.get("content"), str):
+                    check_text("a message's content", m["content"])
+            return self._need_tokenizer().encode_messages(messages)
         if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise SpecrtError(f"{self.model_dir} has no tokenizer.json: pass token ids "
-                                  "instead of text")
-            ids = self.tokenizer.encode(prompt, chat=chat)
-        else:
+            ids = self._need_tokenizer().encode(check_text("the prompt", prompt), chat=chat)
+        elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise SpecrtError("a token-id prompt must be a list of ints")
+        else:
+            raise SpecrtError(f"a prompt must be a string or a list of token ids, got "
+                              f"{type(prompt).__name__}")
         if not ids:
             raise SpecrtError("the prompt is empty: give some text or at least one token id")
         return ids
 
-    def start(self, prompts: list, max_new_tokens: int = 128, temperature: float = 0.0,
-              top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-              stop: str | list[str] | None = None, chat: bool = False,
-              speculative=None) -> "_Run":
-        """Low-level: begin a batch and return its runner (used by generate/stream/the CLI)."""
-        params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=top_p,
-                                seed=seed)
+    def _need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise SpecrtError(f"{self.model_dir} has no tokenizer.json: pass token ids "
+                              "instead of text")
+        return self.tokenizer
+
+    # --- requests ---------------------------------------------------------------------------
+    def submit(self, prompt=None, *, messages: list[dict] | None = None,
+               max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
+               chat: bool | None = None, speculative=None) -> TextRun:
+        """Start one request; its chunks come from the returned run (`chunks()`). chat None:
+        a text prompt goes through the chat template when the tokenizer has one (instruct
+        models); chat=False sends the raw text."""
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         spec = SpecConfig.parse(speculative)
-        ids = [self.encode(p, chat) for p in prompts]
-        engine = self._engine_for(spec)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        gen = engine.generate(ids, max_new_tokens, params, spec, self.eos_ids)
-        return _Run(gen, [TextStream(self.tokenizer, stops) for _ in ids], self.eos_ids)
+        stops = check_stop(stop)
+        chat = check_bool("chat", chat, allow_none=True)
+        if isinstance(prompt, str) and not prompt:     # before a template wraps it in turns
+            raise SpecrtError("the prompt is empty: give some text or at least one token id")
+        if chat is None:
+            chat = isinstance(prompt, str) and self.tokenizer is not None \
+                and self.tokenizer.has_chat_template
+        text = TextStream(self.tokenizer, stops)
+        ids = self.encode(prompt, chat, messages)
+        request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))
+        return TextRun(self._scheduler_for(spec).submit(request), text)
 
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | list[str] | None = None, chat: bool = False, speculative=None):
-        """Generate for one prompt (str or token ids) -> GenerationResult, or for a list of
-        prompts (at most max_batch_size, run as one batch) -> list[GenerationResult]."""
-        batched = _is_batch(prompt)
-        run = self.start(prompt if batched else [prompt], max_new_tokens, temperature, top_k,
-                         top_p, seed, stop, chat, speculative)
-        for _ in run.deltas():
-            pass
-        results = run.results()
-        return results if batched else results[0]
+    def generate(self, prompt=None, **kwargs):
+        """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
+        for a list of prompts -> list[GenerationResult], each equal to its single run."""
+        check_request_kwargs(kwargs)
+        runs: list[TextRun] = []
+        try:
+            for p in (prompt if _is_batch(prompt) else [prompt]):
+                runs.append(self.submit(p, **kwargs))
+        except BaseException:
+            for run in runs:               # a bad prompt in a batch: the others do not run on
+                run.handle.cancel()
+            raise
+        for run in runs:
+            for _ in run.chunks():
+                pass
+        results = [run.result() for run in runs]
+        return results if _is_batch(prompt) else results[0]
 
-    def stream(self, prompt, **kwargs) -> Iterator[str]:
-        """Yield text deltas of one prompt as each round commits (multi-token chunks). Closing
-        the iterator early abandons the request; the next call starts clean."""
+    def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
+        """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
+        each round commits. Closing or dropping the iterator cancels the request."""
+        check_request_kwargs(kwargs)
         if _is_batch(prompt):
             raise SpecrtError("stream takes one prompt; use generate for a batch")
-        run = self.start([prompt], **kwargs)
-        try:
-            for row, delta, _event in run.deltas():
-                if delta:
-                    yield delta
-        finally:
-            run.close()
+        yield from self.submit(prompt, **kwargs).chunks()
 
 
 def _is_batch(prompt) -> bool:
@@ -134,53 +183,5 @@ def _is_batch(prompt) -> bool:
         isinstance(prompt[0], (str, list, tuple))
 
 
-def _check_device(device: str):
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise SpecrtError(f"invalid device {device!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecrtError(f"device {device!r} requested but CUDA is not available; use "
-                          "--device cpu")
-    return dev
-
-
-class _Run:
-    """One batch in flight: drives the engine's rounds and turns ids into text per row."""
-
-    def __init__(self, gen: Generation, streams: list[TextStream], eos_ids: set[int]):
-        self.gen = gen
-        self.streams = streams
-        self.eos_ids = eos_ids
-
-    def deltas(self) -> Iterator[tuple[int, str, object]]:
-        """Yield (row, text delta, RoundEvent) for every row after every round."""
-        for event in self.gen:
-            for row, ids in enumerate(event.new_tokens):
-                stream = self.streams[row]
-                was_stopped = stream.stopped
-                delta = stream.push(ids, final=event.finished[row])
-                if stream.stopped and not was_stopped:
-                    # text past the stop string never reaches the caller; neither do its ids
-                    self.gen.finish(row, keep=stream.stop_token_count)
-                yield row, delta, event
-
-    def close(self) -> None:
-        self.gen.close()
-
-    def results(self) -> list[GenerationResult]:
-        out = []
-        for row, stream in enumerate(self.streams):
-            ids = self.gen.outputs[row]
-            if stream.stopped:
-                reason = "stop"
-            elif ids and ids[-1] in self.eos_ids:
-                reason = "eos"
-            else:
-                reason = "length"
-            text = stream.text if stream.tokenizer is not None else ""
-            out.append(GenerationResult(token_ids=list(ids), text=text, finish_reason=reason,
-                                        stats=self.gen.stats_dict(row)))
-        return out
+def _real(path: Path | None) -> str | None:
+    return os.path.realpath(path) if path is not None else None

@@ -6,37 +6,92 @@ lives in `specrt.api.text_stream`.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from specrt.errors import SpecrtError
+from specrt.errors import SpecrtError, TokenizerFileError
+from specrt.model.files import check_model_dir, read_json
+
+
+ROLES = ("system", "user", "assistant")
+
+
+_TOKEN_FIELDS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
+                 "mask_token")
 
 
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
+        check_model_dir(model_dir)
+        _check_files(model_dir)
         try:
             from transformers import AutoTokenizer
             from transformers.utils import logging as hf_logging
 
+            # Quiet transformers' load-time notices for this call only: a host process's own
+            # logging settings are not ours to change.
+            verbosity = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()
-            self._tok = AutoTokenizer.from_pretrained(str(model_dir))
-        except (OSError, ValueError) as e:
-            raise SpecrtError(f"cannot load the tokenizer in {model_dir}: {e}") from None
+            try:
+                self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+            finally:
+                hf_logging.set_verbosity(verbosity)
+        except Exception as e:  # noqa: BLE001 - the `tokenizers` library raises bare Exception
+            # The boundary of a third-party reader of user files: OSError, ValueError (JSON,
+            # huggingface_hub's validation), KeyError/TypeError (a wrong schema) and tokenizers'
+            # bare Exception all mean "these files are bad", and become one clear error.
+            raise TokenizerFileError(
+                f"cannot load the tokenizer in {model_dir} ({type(e).__name__}: "
+                f"{_first_line(e)}); its tokenizer.json, tokenizer_config.json or config.json is "
+                "malformed: re-download them from the model's source, or remove tokenizer.json to "
+                "pass token ids only") from None
+        self.model_dir = model_dir
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
 
     @staticmethod
     def available(model_dir: str | Path) -> bool:
-        return (Path(model_dir) / "tokenizer.json").is_file()
+        # lexists, not is_file: a FIFO or directory named tokenizer.json is reported, not skipped
+        return os.path.lexists(Path(model_dir) / "tokenizer.json")
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if chat:
             if not self.has_chat_template:
                 raise SpecrtError("chat=True but this tokenizer has no chat template; "
                                   "pass chat=False (CLI: --no-chat)")
-            text = self._tok.apply_chat_template([{"role": "user", "content": text}],
-                                                 tokenize=False, add_generation_prompt=True)
-            return self._tok.encode(text, add_special_tokens=False)
+            return self.encode_messages([{"role": "user", "content": text}])
         return self._tok.encode(text)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Chat messages [{"role": "system" | "user" | "assistant", "content": str}, ...]
+        through the chat template, ending with the prompt for the assistant's next turn."""
+        if not self.has_chat_template:
+            raise SpecrtError("chat messages need a chat template, and this tokenizer has none; "
+                              "pass a plain prompt instead")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise SpecrtError("messages must be a non-empty list of {\"role\", \"content\"}")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES \
+                    or not isinstance(m.get("content"), str):
+                raise SpecrtError(f"message {i} must be {{\"role\": one of {', '.join(ROLES)}, "
+                                  f"\"content\": a string}}, got {m!r}")
+        try:
+            text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
+                                                  for m in messages],
+                                                 tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - the template is user code run by jinja2: a
+            # TemplateError, or anything its expressions raise ({{ 1/0 }}), is the file's fault
+            raise TokenizerFileError(
+                f"the chat template in {self._template_file()} fails ({type(e).__name__}: "
+                f"{_first_line(e)}); fix the template, or pass a plain prompt with chat=False "
+                "(CLI: --no-chat)") from None
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def _template_file(self) -> Path:
+        for name in ("chat_template.jinja", "chat_template.json"):
+            if (self.model_dir / name).exists():
+                return self.model_dir / name
+        return self.model_dir / "tokenizer_config.json"
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -50,6 +105,52 @@ class Tokenizer:
 
     def special_tokens(self) -> dict[str, int]:
         return {t: self._tok.convert_tokens_to_ids(t) for t in self._tok.all_special_tokens}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else "no details"
+
+
+def _check_files(model_dir: Path) -> None:
+    """The shapes transformers assumes without checking, checked before it reads the files."""
+    fix = "re-download the tokenizer files from the model's source"
+    path = model_dir / "tokenizer.json"
+    tok = read_json(path, "tokenizer", fix=fix, error=TokenizerFileError)
+    added = tok.get("added_tokens")
+    if not isinstance(tok.get("model"), dict) or not isinstance(added, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("id"), int)
+            and isinstance(t.get("content"), str) for t in added):
+        raise TokenizerFileError(
+            f"{path} is not a tokenizers file: it needs a \"model\" object and an "
+            f"\"added_tokens\" list of {{\"id\": int, \"content\": str}}; {fix}")
+    path = model_dir / "tokenizer_config.json"
+    if not os.path.lexists(path):
+        return
+    cfg = read_json(path, "tokenizer config", fix=fix, error=TokenizerFileError)
+
+    def bad(key, want):
+        raise TokenizerFileError(f"{path}: {key} must be {want}, got {cfg[key]!r:.80}; {fix}")
+
+    template = cfg.get("chat_template")
+    if template is not None and not isinstance(template, str) and not (
+            isinstance(template, list) and all(isinstance(t, dict) and isinstance(
+                t.get("name"), str) and isinstance(t.get("template"), str) for t in template)):
+        bad("chat_template", "a string or a list of {\"name\", \"template\"}")
+    for key in _TOKEN_FIELDS:
+        if cfg.get(key) is not None and not isinstance(cfg[key], (str, dict)):
+            bad(key, "a token string or an added-token object")
+    length = cfg.get("model_max_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, (int, float))
+                               or length <= 0):
+        bad("model_max_length", "a positive number")
+    for key, kind in (("added_tokens_decoder", dict), ("tokenizer_class", str)):
+        if cfg.get(key) is not None and not isinstance(cfg[key], kind):
+            bad(key, f"a JSON {'object' if kind is dict else 'string'}")
+    extra = cfg.get("additional_special_tokens", cfg.get("extra_special_tokens"))
+    if extra is not None and not isinstance(extra, (list, dict)):
+        bad("additional_special_tokens" if "additional_special_tokens" in cfg
+            else "extra_special_tokens", "a list of token strings")
 
 
 def check_compatible(target: Tokenizer | None, draft: Tokenizer | None,

@@ -1,153 +1,57 @@
-"""The token-level engine: batches of prompts (token ids) in, committed token ids out, round by round.
+"""The token-level engine: requests (token ids) in, committed token ids out, round by round.
 
-It owns the target model, its static KV cache and the draft model's, and runs
-prefill -> rounds (`specrt.engine.round`) until every row hits EOS or its token budget. It
-knows nothing about text: stop strings, chat templates and printing live at the edges
-(specrt.api), which may end a row early with `finish`.
+It owns the target model, its static KV cache, the draft model and its cache, and the
+planners. Each request holds one slot (a cache row) from admission to its end: admission
+prefills that row alone, then the request takes part in every round (`specrt.engine.round`)
+with whatever other requests hold slots, until EOS, its token budget, or cancellation frees
+the slot. New requests join at round boundaries (continuous batching). It knows nothing about
+text, threads or queues: one owner drives it (`specrt.engine.scheduler`'s thread, or a test
+calling `admit`/`step` directly).
 
-One engine serves one generation at a time: `Engine.lock` serializes callers, and a generation
-that is abandoned half-way (its iterator closed) releases the lock and leaves nothing behind,
-because every generation starts by resetting the caches' lengths.
+Requests that speculate share one speculative config per batch (rows of one round share a
+drafter and a planner); a request with another config waits until the speculating rows of the
+running batch have finished. Requests without speculation join any batch and take plain
+steps inside the same verify pass.
 """
 from __future__ import annotations
 
 import dataclasses
-import threading
+import heapq
+import logging
 import time
 from typing import Iterator
 
 from specrt.engine.metrics import RequestStats, Timing
-from specrt.engine.round import prefill, run_round
-from specrt.errors import CapacityError, ConfigError, SpecrtError
+from specrt.engine.request import Request, Step, check_request
+from specrt.engine.round import prefill, prefill_rows, run_round
+from specrt.errors import CapacityError, ConfigError
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
 from specrt.spec.costs import CostModel
-from specrt.spec.drafters.base import DraftContext, Proposal
+from specrt.spec.drafters.base import DraftContext
 from specrt.spec.planners import Planner, build_planner
 from specrt.spec.sampling import SamplingParams, make_generator
 
-
-@dataclasses.dataclass
-class RoundEvent:
-    """What one step of a generation committed. The prefill is round 0."""
-
-    index: int
-    new_tokens: list[list[int]]          # [B] tokens committed for each row (possibly empty)
-    finished: list[bool]                 # [B] row is done (after this round)
-    plan: str                            # "prefill", "plain", "draft_model:4", "ngram:3", ...
-    draft_tokens: list[list[int]]        # [B] the drafts proposed this round
-    num_accepted: list[int]              # [B]
+log = logging.getLogger("specrt.engine")
+_GREEDY = SamplingParams()
 
 
-class Generation:
-    """Iterator over the RoundEvents of one batch. Rows may be ended early with `finish`."""
+@dataclasses.dataclass(eq=False)
+class _Row:
+    """A request in its slot."""
 
-    def __init__(self, engine: "Engine", prompts: list[list[int]], max_new_tokens: int,
-                 params: SamplingParams, planner: Planner | None, eos_ids: set[int]):
-        self.engine = engine
-        self.prompts = prompts
-        self.max_new_tokens = max_new_tokens
-        self.params = params
-        self.planner = planner
-        self.eos_ids = eos_ids
-        B = len(prompts)
-        self.outputs: list[list[int]] = [[] for _ in range(B)]
-        self.finished = [False] * B
-        self.stats = [RequestStats() for _ in range(B)]
-        self.timing = Timing()
-        self._iter = self._run()
+    request: Request
+    generator: object                    # torch.Generator | None (greedy)
+    outputs: list[int] = dataclasses.field(default_factory=list)
+    stats: RequestStats = dataclasses.field(default_factory=RequestStats)
+    timing: Timing = dataclasses.field(default_factory=Timing)
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    rounds: int = 0
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> RoundEvent:
-        return next(self._iter)
-
-    def close(self) -> None:
-        self._iter.close()
-
-    def finish(self, row: int, keep: int | None = None) -> None:
-        """End `row` now, keeping only its first `keep` output tokens (default: all)."""
-        if keep is not None:
-            del self.outputs[row][keep:]
-            self.stats[row].new_tokens = len(self.outputs[row])
-        self.finished[row] = True
-
-    def stats_dict(self, row: int) -> dict:
-        k = self.planner.max_k if self.planner is not None else 0
-        return self.stats[row].as_dict(self.timing, k)
-
-    def _commit(self, row: int, tokens: list[int]) -> list[int]:
-        """Append tokens to a row, cutting at EOS (kept) and at the token budget."""
-        room = self.max_new_tokens - len(self.outputs[row])
-        tokens = tokens[:room]
-        for i, t in enumerate(tokens):
-            if t in self.eos_ids:
-                tokens = tokens[: i + 1]
-                self.finished[row] = True
-                break
-        self.outputs[row] += tokens
-        self.stats[row].new_tokens = len(self.outputs[row])
-        if len(self.outputs[row]) >= self.max_new_tokens:
-            self.finished[row] = True
-        return tokens
-
-    def _run(self) -> Iterator[RoundEvent]:
-        eng = self.engine
-        with eng.lock:
-            t_start = time.perf_counter()
-            try:
-                yield from self._rounds(eng, t_start)
-            finally:
-                self.timing.total = time.perf_counter() - t_start
-
-    def _rounds(self, eng: "Engine", t_start: float) -> Iterator[RoundEvent]:
-        B = len(self.prompts)
-        eng.cache.reset()
-        gen = make_generator(self.params.seed, eng.target.device) if not self.params.greedy \
-            else None
-        if self.planner is not None:
-            self.planner.begin(B)
-            for drafter in self.planner.drafters:
-                drafter.begin(B)
-
-        t0 = time.perf_counter()
-        first = prefill(eng.target, eng.cache, self.prompts, self.params, gen)
-        self.timing.prefill += time.perf_counter() - t0
-        new = [self._commit(b, [t]) for b, t in enumerate(first)]
-        for st in self.stats:
-            st.target_passes += 1
-        self.timing.total = time.perf_counter() - t_start
-        yield RoundEvent(0, new, list(self.finished), "prefill", [[] for _ in range(B)], [0] * B)
-
-        index = 0
-        static = eng.static_forward if eng.static else None
-        while not all(self.finished):
-            index += 1
-            active = [not f for f in self.finished]
-            histories = [p + o for p, o in zip(self.prompts, self.outputs)]
-            ctx = DraftContext(histories, active, self.params, gen)
-            r = run_round(eng.target, eng.cache, self.planner, ctx, static)
-            self.timing.draft += r.draft_seconds
-            self.timing.verify += r.verify_seconds
-            new = []
-            for b in range(B):
-                if not active[b]:
-                    new.append([])
-                    continue
-                self.stats[b].record_round(r.outcome.num_drafted[b], r.outcome.num_accepted[b],
-                                           r.plan.label)
-                new.append(self._commit(b, r.outcome.committed[b]))
-            self.timing.total = time.perf_counter() - t_start
-            yield RoundEvent(index, new, list(self.finished), r.plan.label,
-                             _drafts_as_lists(r.proposal), r.outcome.num_accepted)
-
-
-def _drafts_as_lists(proposal: Proposal | None) -> list[list[int]]:
-    if proposal is None:
-        return []
-    return [row[:n] for row, n in zip(proposal.tokens.tolist(), proposal.counts)]
+    @property
+    def history(self) -> list[int]:
+        return list(self.request.prompt) + self.outputs
 
 
 class Engine:
@@ -164,7 +68,6 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.cache = target.new_cache(max_batch_size, max_seq_len)
-        self.lock = threading.RLock()
         self.static = static
         self._forwards: dict[tuple[int, int], StaticForward] = {}
         self.draft_drafter = None
@@ -173,10 +76,23 @@ class Engine:
 
             self.draft_drafter = DraftModelDrafter(draft, target.cfg.vocab_size, max_batch_size,
                                                    max_seq_len, static=static)
+        self.slots: list[_Row | None] = [None] * max_batch_size
+        self._free = list(range(max_batch_size))     # a heap: the lowest free slot first
+        self._spec_rows = 0                           # running requests that speculate
+        self._planners: dict[SpecConfig, Planner] = {}
+        self.planner: Planner | None = None      # the running batch's, while rows speculate
+        self.batch_spec: SpecConfig | None = None
+        self._reserved: list[int] = []           # slots admitted, waiting for their prefill
 
+    # --- planners ---------------------------------------------------------------------------
     def planner_for(self, spec: SpecConfig | None) -> Planner | None:
-        return build_planner(spec, self.draft_drafter,
-                             lambda k: CostModel.calibrate(self.target, self.draft, k))
+        """The planner of `spec`, built on first use and kept (its drafters hold caches)."""
+        if spec is None:
+            return None
+        if spec not in self._planners:
+            self._planners[spec] = build_planner(
+                spec, self.draft_drafter, lambda k: CostModel.calibrate(self.target, self.draft, k))
+        return self._planners[spec]
 
     def static_forward(self, batch_size: int, t: int) -> StaticForward:
         """The target's static runner for [batch_size, t] inputs, built on first use."""
@@ -186,38 +102,202 @@ class Engine:
                 self.target, self.cache, batch_size, t, use_graph=True)
         return runner
 
-    # --- generation -------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], max_new_tokens: int,
-                 params: SamplingParams, spec: SpecConfig | None = None,
-                 eos_ids=(), planner: Planner | None = None) -> Generation:
-        """Start a generation over `prompts` (lists of token ids). Iterate the result for its
-        RoundEvents; `outputs` and `stats_dict(row)` hold the results. `planner` overrides
-        the one `spec` describes (custom drafters plug in here)."""
-        self.check_request(prompts, max_new_tokens, spec)
-        return Generation(self, [list(p) for p in prompts], max_new_tokens, params,
-                          planner or self.planner_for(spec), set(eos_ids))
+    # --- admission ----------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return len(self._free) < self.max_batch_size
 
-    def check_request(self, prompts: list[list[int]], max_new_tokens: int,
-                      spec: SpecConfig | None) -> None:
-        if not prompts:
-            raise SpecrtError("no prompts given")
-        if len(prompts) > self.max_batch_size:
-            raise CapacityError(f"{len(prompts)} prompts exceed max_batch_size="
-                                f"{self.max_batch_size}; raise max_batch_size or split the batch")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        vocab = self.target.cfg.vocab_size
-        k = spec.num_speculative_tokens if spec is not None else 0
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise SpecrtError(f"prompt {i} is empty: give at least one token")
-            bad = [t for t in p if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise SpecrtError(f"prompt {i} has token id {bad[0]!r} outside the model's "
-                                  f"vocabulary 0..{vocab - 1}")
-            need = len(p) + max_new_tokens + (k + 1 if k else 0)
-            if need > self.max_seq_len:
-                raise CapacityError(
-                    f"prompt {i} ({len(p)} tokens) + max_new_tokens ({max_new_tokens})"
-                    + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
-                    f"({self.max_seq_len}); raise max_seq_len or shorten the request")
+    def can_admit(self, request: Request) -> bool:
+        """A slot is free and the request's speculative config fits the running batch."""
+        if not self._free:
+            return False
+        return request.spec is None or self.batch_spec in (None, request.spec)
+
+    def admit(self, request: Request, planner: Planner | None = None,
+              queued: float = 0.0) -> Step:
+        """Give `request` a slot and prefill it; returns its first step (which may already be
+        its last). `planner` overrides the one its spec describes (custom drafters); `queued`:
+        seconds it waited for a slot (for its stats)."""
+        self.reserve(request, planner, queued)
+        return self.prefill_reserved()[0]
+
+    def reserve(self, request: Request, planner: Planner | None = None,
+                queued: float = 0.0) -> int:
+        """Check `request` and give it a slot; `prefill_reserved` must follow before the next
+        `step`. Several reservations prefill together."""
+        self.check(request)
+        if not self.can_admit(request):
+            raise CapacityError("no free slot for this request (or another speculative config "
+                                "is running); wait for a running request to finish")
+        if request.spec is not None:
+            if self.planner is None:
+                self.planner = planner or self.planner_for(request.spec)
+                self.planner.new_batch()
+            self.batch_spec = request.spec
+        slot = heapq.heappop(self._free)
+        self._spec_rows += request.spec is not None
+        row = _Row(request, None if request.params.greedy
+                   else make_generator(request.params.seed, self.target.device))
+        row.timing.queued = queued
+        self.slots[slot] = row
+        self._reset_slot(slot)
+        self._reserved.append(slot)
+        return slot
+
+    def prefill_reserved(self) -> list[Step]:
+        """Prefill every reserved slot and choose each one's first token. Prompts short enough
+        for the backend's batch-invariant passes share one pass; longer ones run alone, so a
+        request's first token never depends on who else was admitted with it."""
+        slots, self._reserved = self._reserved, []
+        limit = self.target.backend.batch_invariant_tokens
+        together = [s for s in slots if len(self.slots[s].request.prompt) <= limit]
+        groups = [together] if together else []
+        alone = set(slots) - set(together)
+        groups += [[s] for s in slots if s in alone]
+        first: dict[int, int] = {}
+        for group in groups:
+            t0 = time.perf_counter()
+            first.update(zip(group, self._prefill(group)))
+            for s in group:
+                self.slots[s].timing.prefill = time.perf_counter() - t0
+        steps = []
+        for slot in slots:
+            row = self.slots[slot]
+            row.stats.target_passes += 1
+            steps.append(self._step(slot, row, self._commit(row, [first[slot]]), "prefill", [], 0))
+        return steps
+
+    def _prefill(self, group: list[int]) -> list[int]:
+        if len(group) == 1:
+            row = self.slots[group[0]]
+            return [prefill(self.target, self.cache.rows(group[0], group[0] + 1),
+                            list(row.request.prompt), row.request.params, row.generator)]
+        hi = max(group) + 1
+        members = set(group)
+        prompts = [list(self.slots[s].request.prompt) if s in members else [] for s in range(hi)]
+        rows = [self.slots[s] for s in range(hi)]
+        return prefill_rows(self.target, self.cache, prompts,
+                            [r.request.params if r is not None else _GREEDY for r in rows],
+                            [r.generator if s in members else None for s, r in enumerate(rows)],
+                            group)
+
+    def _reset_slot(self, slot: int) -> None:
+        self.cache.rows(slot, slot + 1).truncate([0])
+        if self.draft_drafter is not None:
+            self.draft_drafter.reset([slot])
+        if self.planner is not None:
+            self.planner.reset([slot])
+            for drafter in self.planner.drafters:
+                drafter.reset([slot])
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> Step | None:
+        """End a request now and free its slot; its last step, or None if it is not here."""
+        for slot, row in enumerate(self.slots):
+            if row is not None and row.request.request_id == request_id:
+                return self._finish(slot, row, [], reason)
+        return None
+
+    def fail_all(self, error: BaseException) -> list[Step]:
+        """A round failed: end every running request with the error, leaving clean slots."""
+        steps = []
+        for slot, row in enumerate(self.slots):
+            if row is not None:
+                step = self._finish(slot, row, [], "error")
+                step.error = error
+                steps.append(step)
+        return steps
+
+    def run(self, requests: list[Request], planner: Planner | None = None
+            ) -> Iterator[list[Step]]:
+        """Drive the engine from the calling thread (tests, benchmarks): admit `requests` as
+        slots free up, then step until all have finished; yields each admission's and each
+        round's steps. Not for use while a Scheduler owns this engine."""
+        waiting = list(requests)
+        while waiting or self.busy:
+            while waiting and self.can_admit(waiting[0]):
+                yield [self.admit(waiting.pop(0), planner)]
+            if self.busy:
+                yield self.step()
+
+    # --- rounds -------------------------------------------------------------------------------
+    def step(self) -> list[Step]:
+        """One round over every running request; a Step for each of them."""
+        if not self.busy:
+            return []
+        hi = max(s for s, r in enumerate(self.slots) if r is not None) + 1
+        rows = self.slots[:hi]
+        generating = [r is not None for r in rows]
+        speculating = [r is not None and r.request.spec is not None for r in rows]
+        ctx = DraftContext(
+            histories=[r.history if r is not None else [] for r in rows],
+            active=speculating if self.planner is not None else [False] * hi,
+            params=[r.request.params if r is not None else _GREEDY for r in rows],
+            generators=[r.generator if r is not None else None for r in rows])
+        result = run_round(self.target, self.cache, self.planner, ctx, generating,
+                           self.static_forward if self.static else None)
+        steps = []
+        drafts = _drafts_as_lists(result.proposal, hi)
+        for slot, row in enumerate(rows):
+            if row is None:
+                continue
+            row.rounds += 1
+            row.timing.draft += result.draft_seconds
+            row.timing.verify += result.verify_seconds
+            drafted, accepted = result.outcome.num_drafted[slot], result.outcome.num_accepted[slot]
+            row.stats.record_round(drafted, accepted,
+                                   result.plan.label if speculating[slot] else "plain")
+            new = self._commit(row, result.outcome.committed[slot])
+            steps.append(self._step(slot, row, new, result.plan.label, drafts[slot], accepted))
+        return steps
+
+    def _commit(self, row: _Row, tokens: list[int]) -> list[int]:
+        """Append tokens to a row, cutting at EOS (kept) and at the token budget."""
+        room = row.request.max_new_tokens - len(row.outputs)
+        tokens = tokens[:room]
+        for i, t in enumerate(tokens):
+            if t in row.request.eos_ids:
+                tokens = tokens[: i + 1]
+                break
+        row.outputs += tokens
+        row.stats.new_tokens = len(row.outputs)
+        return tokens
+
+    def _step(self, slot: int, row: _Row, new: list[int], plan: str, drafts: list[int],
+              accepted: int) -> Step:
+        reason = None
+        if new and new[-1] in row.request.eos_ids:
+            reason = "eos"
+        elif len(row.outputs) >= row.request.max_new_tokens:
+            reason = "length"
+        if reason is not None:
+            return self._finish(slot, row, new, reason, plan, drafts, accepted)
+        return Step(row.request.request_id, row.rounds, new, plan, drafts, accepted)
+
+    def _finish(self, slot: int, row: _Row, new: list[int], reason: str, plan: str = "",
+                drafts: list[int] | None = None, accepted: int = 0) -> Step:
+        row.timing.total = time.perf_counter() - row.started
+        max_k = self.batch_spec.num_speculative_tokens if row.request.spec is not None \
+            and self.batch_spec is not None else 0
+        stats = row.stats.as_dict(row.timing, max_k)
+        self.slots[slot] = None
+        heapq.heappush(self._free, slot)
+        self._spec_rows -= row.request.spec is not None
+        self.cache.rows(slot, slot + 1).truncate([0])
+        if not self._spec_rows:
+            self.planner, self.batch_spec = None, None    # the next batch may speculate anew
+        log.debug("%s finished (%s) after %d tokens", row.request.request_id, reason,
+                  len(row.outputs))
+        return Step(row.request.request_id, row.rounds, new, plan, drafts or [], accepted,
+                    finish_reason=reason, stats=stats)
+
+    def check(self, request: Request) -> None:
+        """Raise SpecrtError naming the problem if `request` cannot run on this engine."""
+        check_request(request, self.target.cfg.vocab_size, self.max_seq_len,
+                      has_draft=self.draft is not None)
+
+
+def _drafts_as_lists(proposal, rows: int) -> list[list[int]]:
+    if proposal is None:
+        return [[] for _ in range(rows)]
+    return [row[:n] for row, n in zip(proposal.tokens.tolist(), proposal.counts)]
+

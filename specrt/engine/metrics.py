@@ -59,14 +59,17 @@ class RequestStats:
             "draft_seconds": timing.draft,
             "verify_seconds": timing.verify,
             "other_seconds": max(0.0, seconds - timing.prefill - timing.draft - timing.verify),
+            "queued_seconds": timing.queued,
         }
 
 
 @dataclasses.dataclass
 class Timing:
-    """Wall time of one batch, split by phase (shared by all rows of the batch)."""
+    """Wall time of one request from its admission, split by phase (a round's draft and verify
+    time counts fully for every request that took part in it)."""
 
     total: float = 0.0
     prefill: float = 0.0
     draft: float = 0.0
     verify: float = 0.0
+    queued: float = 0.0                # waiting for a slot before admission

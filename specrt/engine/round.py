@@ -25,8 +25,9 @@ The round, in order (`run_round`):
 
 Invariant: the target cache holds K/V for every committed token except the last one, which is
 fed as the first token of the next verify pass. Rollback of the rejected tail is a truncate.
-Randomness: every draw uses the request's generator, in a fixed order (draft draws, then
-uniforms and noise for acceptance), so a seed reproduces a run with the same plans.
+Randomness: every sampled row draws from its own request's generator, in a fixed order
+(draft draws, then uniforms and noise for acceptance), so a seeded request reproduces its
+output whenever its rounds are planned the same way, alone or in any batch.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ from specrt.kernels import draw_randomness, greedy_accept, rejection_sample
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import DraftContext, Proposal, right_pad
-from specrt.spec.planners.base import Plan, Planner
-from specrt.spec.sampling import SamplingParams, choose, warp
+from specrt.spec.planners.base import PLAIN, Plan, Planner
+from specrt.spec.sampling import SamplingParams, choose_rows, sampling_groups, warp
 
 if TYPE_CHECKING:
     from specrt.model.graphs import StaticForward
@@ -66,83 +67,123 @@ class RoundResult:
 
 
 def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None,
-              ctx: DraftContext, static_forward: StaticForwards | None = None) -> RoundResult:
-    """One round over the rows of `ctx` (see the module docstring for the contract)."""
+              ctx: DraftContext, generating: list[bool],
+              static_forward: StaticForwards | None = None) -> RoundResult:
+    """One round over the rows of `ctx` (see the module docstring for the contract).
+
+    generating: [B] rows that take a step; of those, the ones active in `ctx` may draft, the
+    others take a plain step in the same verify pass.
+    """
     t0 = time.perf_counter()
-    plan = planner.choose(ctx) if planner is not None else None
-    proposal = plan.drafter.propose(ctx, plan.k) if plan is not None and plan.k else None
+    planned = planner is not None and any(ctx.active)
+    plan = planner.choose(ctx) if planned else PLAIN
+    proposal = plan.drafter.propose(ctx, plan.k) if plan.k else None
     t1 = time.perf_counter()
-    last = [h[-1] for h in ctx.histories]
-    outcome = verify_and_accept(target, cache, last, ctx.active, proposal, ctx.params,
-                                ctx.generator, static_forward)
+    last = [h[-1] if h else 0 for h in ctx.histories]
+    outcome = verify_and_accept(target, cache, last, generating, proposal, plan.k, ctx,
+                                static_forward)
     t2 = time.perf_counter()
     if proposal is not None:
         plan.drafter.rollback(outcome.num_accepted)
-    if planner is not None:
+    if planned:
         planner.observe(plan, outcome.num_accepted, outcome.num_drafted, t1 - t0, t2 - t1)
-    if proposal is None and plan is not None and plan.k:
-        plan = dataclasses.replace(plan, drafter=None, k=0, label="plain")
-    plan = plan if plan is not None else Plan(None, 0, "plain")
+    if proposal is None and plan.k:
+        plan = PLAIN
     return RoundResult(plan, proposal, outcome, t1 - t0, t2 - t1)
 
 
 def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: list[int],
-                      active: list[bool], proposal: Proposal | None, params: SamplingParams,
-                      generator: torch.Generator | None,
-                      static_forward: StaticForwards | None = None) -> RoundOutcome:
+                      generating: list[bool], proposal: Proposal | None, k_plan: int,
+                      ctx: DraftContext, static_forward: StaticForwards | None = None
+                      ) -> RoundOutcome:
     """Score [last committed token] + drafts in ONE target pass, accept per row, and roll the
     target's cache back to the committed prefix.
 
-    Inactive rows (finished requests) commit nothing. In the eager forward they are
-    zero-length rows; a static forward (`static_forward(B, T)` returns the runner, a CUDA
-    graph on CUDA) computes them too, and the rollback puts their length back.
+    Rows that are not generating commit nothing: in the eager forward they are zero-length
+    rows; a static forward (`static_forward(B, T)` returns the runner, a CUDA graph on CUDA)
+    computes them too, and the rollback puts their length back. A generating row with no
+    drafts takes a plain step: its token is chosen from the pass's first position exactly as
+    a plain decoding step would choose it.
     """
     B = len(last_tokens)
     device = target.device
     start = cache.host_lengths()[:B]
     last = torch.tensor(last_tokens, dtype=torch.int64)[:, None]           # [B, 1]
-    if proposal is None:    # a plain decoding step
-        if static_forward is not None:
-            logits = static_forward(B, 1).run(last.to(device))
-            cache.truncate([s + int(a) for s, a in zip(start, active)])
-        else:
-            logits = target.forward(last.to(device), cache, num_valid=[int(a) for a in active])
-        tokens, _ = choose(logits[:, 0], params, generator)                 # [B]
-        return _outcome(tokens[:, None].tolist(), [0] * B, [0] * B, active)
-
-    k = proposal.k
-    drafts = proposal.tokens.to(device)                                     # [B, K]
-    ids = torch.cat([last.to(device), drafts.clamp(min=0)], dim=1)          # [B, K + 1]
+    k = proposal.k if proposal is not None else 0
+    ids = last.to(device)
+    if k:
+        drafts = proposal.tokens.to(device)                                 # [B, K]
+        ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)                  # [B, K + 1]
     if static_forward is not None:
         logits = static_forward(B, k + 1).run(ids)
     else:
-        logits = target.forward(ids, cache, num_valid=[(k + 1) * a for a in active])
-    if params.greedy:
-        n, out = greedy_accept(logits, drafts)
-    else:
-        p = warp(logits, params)                                             # [B, K + 1, V]
-        uniforms, noise = draw_randomness(B, k, p.shape[-1], generator, device)
-        n, out = rejection_sample(p, proposal.probs, drafts, uniforms, noise)
-    num_acc = n.tolist()
+        logits = target.forward(ids, cache, num_valid=[(k + 1) * g for g in generating])
+    counts = proposal.counts if proposal is not None else [0] * B
+    num_acc, out = _accept(logits, proposal, counts, k_plan, generating, ctx)
     # Roll back the rejected drafts: keep the last token + the accepted drafts.
-    cache.truncate([s + (1 + a if act else 0) for s, a, act in zip(start, num_acc, active)])
-    return _outcome(out.tolist(), num_acc, proposal.counts, active)
-
-
-def _outcome(out: list[list[int]], num_acc: list[int], drafted: list[int],
-             active: list[bool]) -> RoundOutcome:
+    cache.truncate([s + (1 + a if g else 0) for s, a, g in zip(start, num_acc, generating)])
     return RoundOutcome(
-        committed=[row[: a + 1] if act else [] for row, a, act in zip(out, num_acc, active)],
-        num_accepted=[a if act else 0 for a, act in zip(num_acc, active)],
-        num_drafted=[d if act else 0 for d, act in zip(drafted, active)])
+        committed=[row[: a + 1] if g else [] for row, a, g in zip(out, num_acc, generating)],
+        num_accepted=[a if g else 0 for a, g in zip(num_acc, generating)],
+        num_drafted=[d if g else 0 for d, g in zip(counts, generating)])
 
 
-def prefill(target: Transformer, cache: StaticKVCache, prompts: list[list[int]],
-            params: SamplingParams, generator: torch.Generator | None) -> list[int]:
-    """Run the prompts through the target (right-padded to one batch) and choose each row's
-    first new token. Afterwards the cache holds exactly the prompt tokens."""
+def _accept(logits: torch.Tensor, proposal: Proposal | None, counts: list[int], k_plan: int,
+            generating: list[bool], ctx: DraftContext) -> tuple[list[int], list[list[int]]]:
+    """Acceptance per row of logits [B, K + 1, V]: greedy rows together, each sampled row with
+    its own warp and generator. Returns (accepted drafts [B], tokens [B][K + 1])."""
+    B = logits.shape[0]
+    num_acc, out = [0] * B, [[0] for _ in range(B)]
+    plain = [b for b in range(B) if generating[b] and counts[b] == 0]
+    if plain:   # a plain step per row: what plain decoding would choose
+        tok, _ = choose_rows(logits[plain, 0], [ctx.params[b] for b in plain],
+                             [ctx.generators[b] for b in plain])
+        for b, t in zip(plain, tok.tolist()):
+            out[b] = [t]
+    drafted = [b for b in range(B) if generating[b] and counts[b] > 0]
+    greedy = [b for b in drafted if ctx.params[b].greedy]
+    if greedy:
+        n, toks = greedy_accept(logits[greedy], proposal.tokens[greedy].to(logits.device))
+        for b, a, row in zip(greedy, n.tolist(), toks.tolist()):
+            num_acc[b], out[b] = a, row
+    drafted_rows = set(drafted)
+    sampled = [b in drafted_rows for b in range(B)]
+    for rows, params in sampling_groups(ctx.params, sampled):
+        p = warp(logits[rows], params)                                       # [n, K + 1, V]
+        # Drawn per row, for the planned K whatever this round's width: a seeded request
+        # consumes the same randomness alone or beside requests whose drafts are longer.
+        draws = [draw_randomness(1, max(k_plan, proposal.k), p.shape[-1], ctx.generators[b],
+                                 logits.device) for b in rows]
+        uniforms = torch.cat([u[:, : proposal.k] for u, _ in draws])        # [n, K]
+        noise = torch.cat([e for _, e in draws])                             # [n, V]
+        q = proposal.probs[rows] if proposal.probs is not None else None
+        n, toks = rejection_sample(p, q, proposal.tokens[rows].to(logits.device), uniforms,
+                                   noise)
+        for b, a, row in zip(rows, n.tolist(), toks.tolist()):
+            num_acc[b], out[b] = a, row
+    return num_acc, out
+
+
+def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[int]],
+                 params: list[SamplingParams], generators: list[torch.Generator | None],
+                 rows: list[int]) -> list[int]:
+    """Prefill the given rows (their prompts right-padded into one pass; rows not listed take
+    no tokens) and choose each listed row's first new token, in the order of `rows`."""
+    B = len(prompts)
     ids = right_pad(prompts)
-    logits = target.forward(ids.to(target.device), cache, num_valid=[len(p) for p in prompts],
-                            last_only=True)
-    tokens, _ = choose(logits[:, 0], params, generator)
-    return tokens.tolist()
+    logits = target.forward(ids.to(target.device), cache,
+                            num_valid=[len(p) for p in prompts], last_only=True)   # [B, 1, V]
+    members = set(rows)
+    listed = [b in members for b in range(B)]
+    tokens, _ = choose_rows(logits[:, 0], params, generators, listed)
+    return [int(tokens[b]) for b in rows]
+
+
+def prefill(target: Transformer, cache: StaticKVCache, prompt: list[int],
+            params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Run one request's prompt through the target on its own cache row (`cache.rows(r, r+1)`)
+    and choose its first new token. Afterwards the row holds exactly the prompt tokens."""
+    ids = torch.tensor([prompt], dtype=torch.int64, device=target.device)
+    logits = target.forward(ids, cache, last_only=True)
+    tokens, _ = choose_rows(logits[:, 0], [params], [generator])
+    return int(tokens[0])

@@ -1,18 +1,32 @@
-"""`python -m specrt.models` (console script `specrt-models`): fetch, list and locate models.
+"""`python -m specrt.models` (console script `specrt-models`): fetch, list, locate, convert.
 
     python -m specrt.models fetch [NAME ...]   download, verify, convert (default: both)
     python -m specrt.models path NAME          print the model directory
     python -m specrt.models list               what is cached, with sizes
+    python -m specrt.models convert PATH.gguf OUT_DIR   a user's own Qwen2 / Llama GGUF
+
+Exit status as in every specrt command (specrt.errors.run_command): 0 done, 2 bad input (an
+unknown name, a model not fetched yet, an unusable SPECRT_CACHE, a missing or unsupported GGUF,
+an existing OUT_DIR), 1 a failed fetch or conversion (network or disk), 130 on Ctrl-C.
 """
 from __future__ import annotations
 
-import argparse
+import errno
+import json
+import logging
+import os
+import stat
 import sys
+import time
+from pathlib import Path
 
-from specrt.errors import ModelFetchError
+from specrt.commands import OneLineParser, run_command
+from specrt.errors import ArgumentError, ModelFetchError, NotRegularFileError, SpecrtError
 from specrt.hub.fetch import cached_models, fetch, fetch_command
+from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, spec_for
+from specrt.logs import configure_logging
 
 
 def _human(n: int) -> str:
@@ -23,10 +37,19 @@ def _human(n: int) -> str:
     return str(n)
 
 
+def _check_names(names: list[str]) -> None:
+    """An unknown name is the user's typo (exit 2), not a failed fetch (exit 1)."""
+    for name in names:
+        if name not in KNOWN_MODELS:
+            raise ArgumentError(f"unknown model {name!r}; known models: "
+                                f"{', '.join(KNOWN_MODELS)}")
+
+
 def _cmd_path(name: str) -> int:
+    _check_names([name])
     spec_for(name)
     if not is_present(name):
-        raise ModelFetchError(f"{name} is not in the cache ({model_dir(name)}); fetch it with "
+        raise SpecrtError(f"{name} is not in the cache ({model_dir(name)}); fetch it with "
                               f"`{fetch_command(name)}`")
     print(model_dir(name))
     return 0
@@ -47,9 +70,44 @@ def _cmd_list() -> int:
     return 0
 
 
+def _check_convert_paths(gguf: Path, out: Path) -> None:
+    """Refuse, before reading anything, what is the user's to fix (exit 2)."""
+    try:
+        mode = os.stat(gguf).st_mode
+    except FileNotFoundError:
+        raise SpecrtError(f"{gguf}: no such file; give the path of a .gguf file") from None
+    except OSError as e:
+        raise SpecrtError(f"{gguf}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise NotRegularFileError(f"{gguf} is not a regular file (a directory, FIFO or "
+                                  "device); give the path of a .gguf file")
+    if not os.access(gguf, os.R_OK):
+        raise SpecrtError(f"{gguf}: permission denied; make the file readable")
+    if os.path.lexists(out):
+        raise SpecrtError(f"{out} already exists; choose a new output directory or remove it")
+
+
+def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
+    _check_convert_paths(gguf, out)
+    start = time.perf_counter()
+    try:
+        convert_gguf(gguf, out, progress=progress)
+    except UnsupportedGGUF as e:
+        raise UnsupportedGGUF(f"cannot convert {gguf}: {e}") from None
+    except OSError as e:
+        why = "disk full" if e.errno == errno.ENOSPC else str(e)
+        raise ModelFetchError(f"converting {gguf} to {out} failed: {why} (partial files were "
+                              "removed)") from None
+    cfg = json.loads((out / "config.json").read_text())
+    logging.getLogger("specrt.hub").log(
+        logging.INFO if progress else logging.DEBUG, "converted %s (%s, %d layers) in %.1f s: %s",
+        gguf, cfg["model_type"], cfg["num_hidden_layers"], time.perf_counter() - start, out)
+    return 0
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specrt.models",
-                                     description="Fetch, list and locate the models specrt knows.")
+    parser = OneLineParser(prog="python -m specrt.models",
+                           description="Fetch, list and locate the models specrt knows.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_fetch = sub.add_parser("fetch", help="download, verify and convert models (default: both)")
     p_fetch.add_argument("names", nargs="*", metavar="NAME",
@@ -58,22 +116,27 @@ def main(argv=None) -> int:
     p_path = sub.add_parser("path", help="print the directory of a fetched model")
     p_path.add_argument("name", metavar="NAME")
     sub.add_parser("list", help="show cached models with their size on disk")
+    p_conv = sub.add_parser("convert", help="convert your own Qwen2 or Llama GGUF into a model "
+                            "directory (bf16 safetensors + tokenizer)")
+    p_conv.add_argument("gguf", metavar="PATH.gguf", type=Path, help="the GGUF file")
+    p_conv.add_argument("out", metavar="OUT_DIR", type=Path, help="must not exist yet")
+    p_conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "fetch":
-            fetch(args.names, progress=not args.quiet)
-            return 0
-        if args.command == "path":
-            return _cmd_path(args.name)
-        return _cmd_list()
-    except ModelFetchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; unfinished files were removed (a verified GGUF is kept for the next "
-              "fetch)", file=sys.stderr)
-        return 130
+    configure_logging()
+    return run_command(lambda: _command(args), interrupted="interrupted; unfinished files were "
+                       "removed (a verified GGUF is kept for the next fetch)")
 
+
+def _command(args) -> int:
+    if args.command == "fetch":
+        _check_names(args.names)
+        fetch(args.names, progress=not args.quiet)
+        return 0
+    if args.command == "path":
+        return _cmd_path(args.name)
+    if args.command == "convert":
+        return _cmd_convert(args.gguf, args.out, progress=not args.quiet)
+    return _cmd_list()
 
 if __name__ == "__main__":
     sys.exit(main())

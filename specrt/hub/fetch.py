@@ -9,7 +9,9 @@ bf16 directory. `SPECRT_CACHE` defaults to `~/.cache/specrt`.
 
 Every file appears atomically (built under a `.tmp-*` name, then `os.replace`d), so an
 interrupted fetch leaves nothing half-written; `.tmp-*` leftovers of a killed process are
-removed by the next fetch, which holds `$SPECRT_CACHE/.lock` so two fetches never race.
+removed by the next fetch, which holds `$SPECRT_CACHE/.lock` so two fetches never race, and
+(when older than an hour and no fetch holds the lock) whenever `ensure_model` finds its model.
+Converted weights carry their sha256 (`specrt-checksum.json`), verified by the loader.
 This module knows nothing about running a model.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -35,8 +38,10 @@ from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, ModelSpec, spec_f
 __all__ = ["verify_file", "ensure_gguf", "ensure_model", "fetch", "cached_models",
            "fetch_command"]
 
+log = logging.getLogger("specrt.hub")
 _TMP_PREFIX = ".tmp-"
 _READ_CHUNK = 1 << 22
+_STALE_AFTER_S = 3600      # a `.tmp-*` this old is no conversion in progress
 
 
 def fetch_command(name: str) -> str:
@@ -44,8 +49,8 @@ def fetch_command(name: str) -> str:
 
 
 def _say(msg: str, progress: bool) -> None:
-    if progress:
-        print(msg, file=sys.stderr, flush=True)
+    """Progress notes go to the `specrt.hub` logger: INFO when progress was asked for."""
+    log.log(logging.INFO if progress else logging.DEBUG, msg)
 
 
 def _check_digest(label: str, size: int, digest: str, want_size: int, want_sha256: str) -> None:
@@ -205,10 +210,36 @@ def ensure_gguf(name: str, progress: bool = True) -> Path:
         return _ensure_gguf_locked(spec, progress)
 
 
+def _remove_stale_leftovers(progress: bool) -> None:
+    """Remove `.tmp-*` leftovers older than an hour, only if no fetch holds the cache lock
+    (never waiting for it): a conversion run outside a fetch is not locked, hence the age."""
+    root = cache_dir()
+    cutoff = time.time() - _STALE_AFTER_S
+    try:
+        stale = [p for sub in ("models", "gguf") for p in (root / sub).glob(_TMP_PREFIX + "*")
+                 if p.lstat().st_mtime < cutoff]
+        if not stale:
+            return
+        with open(root / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return          # a fetch is running; it removes leftovers itself
+            for path in stale:
+                _say(f"removing leftover of an interrupted conversion: {path}", progress)
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+    except OSError:
+        pass                    # a read-only cache: nothing to clean, nothing to report
+
+
 def ensure_model(name: str, progress: bool = True) -> Path:
     """The Hugging Face-style directory of model `name`, fetching and converting it if missing."""
     spec = spec_for(name)
     if is_present(name):
+        _remove_stale_leftovers(progress)
         return model_dir(name)
     with _explained_os_errors(), _cache_lock(progress):
         return _ensure_model_locked(spec, progress)

@@ -1,8 +1,10 @@
-"""Convert a llama.cpp GGUF file of a Qwen2 model into a Hugging Face-style model directory.
+"""Convert a llama.cpp GGUF file of a Qwen2 or Llama model into a Hugging Face-style directory.
 
 The output directory holds `config.json`, `generation_config.json`, `tokenizer.json`,
-`tokenizer_config.json` (with the chat template inline), `chat_template.jinja` and a single
-`model.safetensors` in bfloat16, loadable by `transformers` and by specrt's own loader.
+`tokenizer_config.json` (with the chat template inline, when the GGUF has one),
+`chat_template.jinja` (likewise), a single
+`model.safetensors` in bfloat16, loadable by `transformers` and by specrt's own loader, and
+`specrt-checksum.json`, its sha256, which specrt's loader verifies.
 
 Weights are dequantized tensor by tensor (in row chunks) with `gguf.quants.dequantize` and
 rounded to bf16 with torch's round-to-nearest-even, so every output tensor equals
@@ -11,8 +13,10 @@ tensor after another, because holding the whole bf16 model in memory (3.1 GB for
 twice that while `save_file` runs next to the memory-mapped GGUF) is what we avoid: peak RSS
 stays near the largest tensor in fp32 plus the pages of the GGUF the kernel has mapped in.
 
-llama.cpp permutes the q/k rows of the llama architecture for its rope layout, but not those
-of qwen2 (both use the same rotate-half rope), so names are mapped and nothing is permuted.
+llama.cpp's converter permutes the q/k rows of the llama architecture (within each head,
+rotate-half order becomes interleaved pairs: `LlamaModel.permute`), but not those of qwen2 (both
+models use the same rotate-half rope). So qwen2 tensors are only renamed; llama q/k rows are put
+back with `unpermute_rows`, head by head. A GGUF without `output.weight` has tied embeddings.
 GGUF lists dimensions fastest-first; the arrays `GGUFReader` exposes are already row-major
 [out, in], which is the Hugging Face layout.
 
@@ -20,6 +24,7 @@ This module knows nothing about where GGUF files come from (see `specrt.models`)
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,6 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from specrt.errors import UnsupportedGGUF
+from specrt.hub.gguf_tokenizer import (QWEN_STOPS, generation_config, special_token_ids,
+                                       write_tokenizer)
+from specrt.model import checksum
 
 # Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
 _CHUNK_ELEMENTS = 1 << 24
@@ -57,8 +67,7 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-class UnsupportedGGUF(ValueError):
-    """The GGUF file is not a Qwen2 model this converter understands."""
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
 def hf_name(gguf_name: str) -> str:
@@ -68,13 +77,16 @@ def hf_name(gguf_name: str) -> str:
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and m.group(2) in _LAYER_NAMES:
         return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    raise UnsupportedGGUF(f"unexpected tensor {gguf_name!r} in a qwen2 GGUF")
+    raise UnsupportedGGUF(f"unexpected tensor {gguf_name!r}")
 
 
-def _field(reader, key: str, default=None):
+_REQUIRED = object()
+
+
+def _field(reader, key: str, default=_REQUIRED):
     field = reader.fields.get(key)
     if field is None:
-        if default is not None:
+        if default is not _REQUIRED:
             return default
         raise UnsupportedGGUF(f"GGUF metadata lacks {key!r}")
     return field.contents()
@@ -85,42 +97,86 @@ def _f32(x: float) -> float:
     return float(str(np.float32(x)))
 
 
+def _check_rope(reader, arch: str, head_dim: int) -> None:
+    """Refuse what specrt's rope cannot do: scaled or partial rotary embeddings."""
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", ""):
+        raise UnsupportedGGUF(f"rope scaling {scaling!r} is not supported (plain rope only)")
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise UnsupportedGGUF("rope frequency factors (rope_freqs.weight, Llama 3.1-style rope "
+                              "scaling) are not supported (plain rope only)")
+    rot = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+    if int(rot) != head_dim:
+        raise UnsupportedGGUF(f"partial rotary embeddings ({arch}.rope.dimension_count {rot}, "
+                              f"head_dim {head_dim}) are not supported")
+
+
 def read_config(reader) -> dict:
     """config.json contents for the model in an open `gguf.GGUFReader`."""
     arch = _field(reader, "general.architecture")
-    if arch != "qwen2":
-        raise UnsupportedGGUF(f"architecture {arch!r}; only 'qwen2' is supported")
-    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embd is None:
+    if arch not in ARCHITECTURES:
+        raise UnsupportedGGUF(f"architecture {arch!r} is not supported; specrt converts "
+                              f"{' and '.join(map(repr, ARCHITECTURES))} GGUFs")
+    names = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in names:
         raise UnsupportedGGUF("GGUF has no token_embd.weight")
-    n_layers = int(_field(reader, "qwen2.block_count"))
-    return {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "vocab_size": int(embd.shape[1]),
-        "hidden_size": int(_field(reader, "qwen2.embedding_length")),
-        "intermediate_size": int(_field(reader, "qwen2.feed_forward_length")),
+
+    def key(name: str, default=_REQUIRED):
+        return _field(reader, f"{arch}.{name}", default)
+
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    head_dim = int(key("attention.key_length", 0)) or hidden // max(heads, 1)
+    _check_rope(reader, arch, head_dim)
+    n_layers = int(key("block_count"))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": int(names["token_embd.weight"].shape[1]),
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
         "num_hidden_layers": n_layers,
-        "num_attention_heads": int(_field(reader, "qwen2.attention.head_count")),
-        "num_key_value_heads": int(_field(reader, "qwen2.attention.head_count_kv")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
         "hidden_act": "silu",
-        "attention_bias": True,
+        "attention_bias": arch == "qwen2",
         "attention_dropout": 0.0,
-        "rms_norm_eps": _f32(_field(reader, "qwen2.attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(_field(reader, "qwen2.rope.freq_base")),
+        "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(key("rope.freq_base", 10000.0)),
         "rope_scaling": None,
-        "max_position_embeddings": int(_field(reader, "qwen2.context_length")),
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": n_layers,
-        "tie_word_embeddings": False,
-        "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
+        "max_position_embeddings": int(key("context_length")),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": None if bos is None else int(bos),
         "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
         "initializer_range": 0.02,
         "use_cache": True,
         "torch_dtype": "bfloat16",
         "dtype": "bfloat16",
     }
+    if head_dim != hidden // max(heads, 1):
+        config["head_dim"] = head_dim
+    if arch == "qwen2":
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=n_layers)
+    else:
+        config.update(mlp_bias=False, pretraining_tp=1)
+    return config
+
+
+def permuted_rows(config: dict) -> dict[str, int]:
+    """{hf_name: rows per head} of the tensors llama.cpp permuted (llama q_proj, k_proj)."""
+    if config["model_type"] != "llama":
+        return {}
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {f"model.layers.{n}.self_attn.{proj}_proj.weight": head_dim
+            for n in range(config["num_hidden_layers"]) for proj in ("q", "k")}
+
+
+def unpermute_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Inverse of llama.cpp's `LlamaModel.permute` for rows [n_head * head_dim, ...]:
+    it maps each head's rows (i, half h) to 2 * i + h; this puts them back."""
+    shape = w.shape
+    n_head = shape[0] // head_dim
+    return w.reshape(n_head, head_dim // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -163,8 +219,15 @@ def dequantize_bf16(tensor, row_start: int = 0, row_stop: int | None = None) -> 
     return torch.from_numpy(fp32).to(torch.bfloat16)
 
 
-def write_safetensors(plan, path: Path, progress: bool = True) -> None:
-    """Stream every planned tensor, dequantized to bf16, into one safetensors file."""
+def write_safetensors(plan, path: Path, progress: bool = True,
+                      permuted: dict[str, int] | None = None) -> str:
+    """Stream every planned tensor, dequantized to bf16, into one safetensors file; returns
+    the file's sha256, hashed as it is written (no second read of 3 GB).
+
+    permuted: {hf_name: rows per head} of tensors whose rows llama.cpp permuted; they are read
+    in chunks of whole heads and put back with `unpermute_rows`.
+    """
+    permuted = permuted or {}
     from tqdm import tqdm
 
     header, offset = {"__metadata__": {"format": "pt"}}, 0
@@ -178,65 +241,29 @@ def write_safetensors(plan, path: Path, progress: bool = True) -> None:
 
     bar = tqdm(total=offset, unit="B", unit_scale=True, desc="convert weights",
                disable=not progress)
+    digest = hashlib.sha256()
     with open(path, "wb") as f, bar:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for _, tensor, shape in plan:
+        def write(data) -> None:  # bytes or a contiguous array: both are buffers
+            digest.update(data)
+            f.write(data)
+
+        write(struct.pack("<Q", len(blob)))
+        write(blob)
+        for name, tensor, shape in plan:
             rows = shape[0] if len(shape) == 2 else 1
             step = max(1, _CHUNK_ELEMENTS // (int(np.prod(shape)) // rows))
+            head = permuted.get(name)
+            if head:
+                step = max(head, step - step % head)
             for r in range(0, rows, step):
                 chunk = dequantize_bf16(tensor, r, r + step)
-                f.write(chunk.view(torch.int16).numpy())
+                if head:
+                    chunk = unpermute_rows(chunk, head)
+                write(chunk.view(torch.int16).numpy())
                 bar.update(2 * chunk.numel())
         f.flush()
         os.fsync(f.fileno())
-
-
-def write_tokenizer(gguf_path: Path, out_dir: Path, context_length: int,
-                    chat_template: str) -> None:
-    """tokenizer.json, tokenizer_config.json, chat_template.jinja via transformers' GGUF reader."""
-    from tokenizers import normalizers
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                        local_files_only=True)
-    # Upstream Qwen2 tokenizers NFC-normalize; GGUF has no field for it, so it is lost on the way.
-    tok.backend_tokenizer.normalizer = normalizers.NFC()
-    tok.model_max_length = context_length
-    tok.chat_template = chat_template
-    tok.save_pretrained(str(out_dir))
-    # transformers 5 writes the template to chat_template.jinja only; readers that use plain
-    # `tokenizers` + jinja2 expect it inline, as upstream Qwen ships it.
-    cfg_path = out_dir / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    for key in ("is_local", "local_files_only"):  # artefacts of loading from a local path
-        cfg.pop(key, None)
-    cfg["chat_template"] = chat_template
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
-
-
-def generation_config(config: dict, token_ids: dict[str, int]) -> dict:
-    """Like Qwen's: stop on <|im_end|> (end of a chat turn) and on <|endoftext|>.
-
-    No sampling settings: the GGUF does not carry them, so transformers defaults to greedy.
-    """
-    eos = [token_ids["<|im_end|>"], token_ids["<|endoftext|>"]]
-    eos = [config["eos_token_id"]] + [e for e in eos if e != config["eos_token_id"]]
-    return {"bos_token_id": config["bos_token_id"], "pad_token_id": token_ids["<|endoftext|>"],
-            "eos_token_id": eos}
-
-
-def _token_ids(reader, names: tuple[str, ...]) -> dict[str, int]:
-    field = reader.fields["tokenizer.ggml.tokens"]
-    found = {}
-    # Special tokens sit at the end of the vocabulary: scan backwards, decoding only what we pass.
-    for idx in range(len(field.data) - 1, -1, -1):
-        text = bytes(field.parts[field.data[idx]]).decode("utf-8", "replace")
-        if text in names:
-            found[text] = idx
-            if len(found) == len(names):
-                return found
-    raise UnsupportedGGUF(f"vocabulary lacks {sorted(set(names) - set(found))}")
+    return digest.hexdigest()
 
 
 def _umask() -> int:
@@ -250,28 +277,43 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
 
     Atomic: everything is built in a temporary sibling directory that is renamed into place at
     the end, and removed if anything (including KeyboardInterrupt) stops the conversion.
-    Raises UnsupportedGGUF for a file that is not a well-formed qwen2 model.
+    Raises UnsupportedGGUF for a file that is not a well-formed qwen2 or llama model.
     """
     from gguf import GGUFReader
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} already exists")
-    reader = GGUFReader(str(gguf_path))
+    with open(gguf_path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise UnsupportedGGUF("not a GGUF file (it does not start with the bytes 'GGUF')")
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except (ValueError, IndexError) as e:  # numpy's complaints about a truncated/garbled header
+        raise UnsupportedGGUF(f"not a readable GGUF file ({e})") from None
     config = read_config(reader)
     plan = plan_tensors(reader, config)
-    token_ids = _token_ids(reader, ("<|im_end|>", "<|endoftext|>"))
-    chat_template = _field(reader, "tokenizer.chat_template")
+    token_ids = special_token_ids(reader, QWEN_STOPS)
+    tokenizer = _field(reader, "tokenizer.ggml.model", None)
+    if tokenizer not in ("gpt2", "llama"):  # what transformers' GGUF reader builds for these
+        raise UnsupportedGGUF(f"tokenizer {tokenizer!r} is not supported ('gpt2' BPE or "
+                              "'llama' sentencepiece)")
+    pad = _field(reader, "tokenizer.ggml.padding_token_id", None)
+    chat_template = _field(reader, "tokenizer.chat_template", None)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
-            json.dumps(generation_config(config, token_ids), indent=2) + "\n")
-        write_safetensors(plan, tmp / "model.safetensors", progress)
+            json.dumps(generation_config(config, token_ids, pad), indent=2) + "\n")
+        sha256 = write_safetensors(plan, tmp / "model.safetensors", progress,
+                                   permuted_rows(config))
+        # verified in full at the first load, then by size + mtime (specrt.model.checksum)
+        checksum.record_conversion(tmp, "model.safetensors",
+                                   (tmp / "model.safetensors").stat().st_size, sha256)
         del plan, reader  # unmap the GGUF before transformers reads it once more
-        write_tokenizer(gguf_path, tmp, config["max_position_embeddings"], chat_template)
+        write_tokenizer(gguf_path, tmp, config, chat_template)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal dir
         os.replace(tmp, out_dir)
     except BaseException:

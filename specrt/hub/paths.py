@@ -1,16 +1,41 @@
 """Where specrt keeps files: one function resolves the cache directory for every user of it
-(models, GGUFs, calibrations)."""
+(models, GGUFs, calibrations); nothing else reads SPECRT_CACHE."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "model_dir", "gguf_path", "is_present"]
+from specrt.errors import CachePathError
+
+__all__ = ["cache_dir", "state_file", "model_dir", "gguf_path", "is_present"]
+DEFAULT_CACHE = "~/.cache/specrt"
 
 
 def cache_dir() -> Path:
-    """`$SPECRT_CACHE`, default `~/.cache/specrt`."""
-    return Path(os.environ.get("SPECRT_CACHE") or "~/.cache/specrt").expanduser()
+    """`$SPECRT_CACHE` (`~` expanded; unset or empty: `~/.cache/specrt`). Every cache path of
+    specrt starts here. A file where the directory (or one of its parents) belongs is a
+    CachePathError, not a NotADirectoryError at the first write."""
+    raw = os.environ.get("SPECRT_CACHE", "")
+    path = Path(raw.strip() or DEFAULT_CACHE).expanduser()
+    for p in (path, *path.parents):
+        if os.path.lexists(p):
+            if not os.path.isdir(p):
+                raise CachePathError(
+                    f"SPECRT_CACHE={raw or DEFAULT_CACHE!r} cannot be used: {p} is a file, not a "
+                    "directory; point SPECRT_CACHE at a directory (unset: ~/.cache/specrt)")
+            break
+    return path
+
+
+def state_file(env: str, name: str) -> Path:
+    """A state file: `$env` (expanded like SPECRT_CACHE; unset or empty: `cache_dir()/name`).
+    A directory where the file belongs is a CachePathError."""
+    raw = os.environ.get(env, "").strip()
+    path = Path(raw).expanduser() if raw else cache_dir() / name
+    if os.path.isdir(path):
+        raise CachePathError(f"{env}={raw or str(path)!r} is a directory; point it at a file "
+                             f"such as {Path(raw or '.').expanduser() / name} (or unset it)")
+    return path
 
 
 def model_dir(name: str) -> Path:

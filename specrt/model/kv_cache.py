@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from specrt.errors import CapacityError
+from specrt.errors import CapacityError, MemoryCapacityError
+from specrt.model.files import human_bytes
 
 
 class StaticKVCache:
@@ -22,6 +23,7 @@ class StaticKVCache:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         shape = (num_layers, max_batch_size, num_kv_heads, max_seq_len, head_dim)
+        check_fits(shape, dtype, device)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self._host_lengths = torch.zeros(max_batch_size, dtype=torch.int64)  # [B] host
@@ -68,7 +70,50 @@ class StaticKVCache:
         self._host_lengths.zero_()
         self.lengths.zero_()
 
+    def rows(self, start: int, stop: int) -> "StaticKVCache":
+        """Rows start..stop-1 as a cache of their own: a view sharing storage and lengths, so
+        a pass over some rows (one request's prefill, a chunk of a batch) reads and writes
+        exactly what a pass over the whole cache would."""
+        view = object.__new__(StaticKVCache)
+        view.max_batch_size = stop - start
+        view.max_seq_len = self.max_seq_len
+        view.k = self.k[:, start:stop]                                # [L, b, Hkv, S, D]
+        view.v = self.v[:, start:stop]
+        view._host_lengths = self._host_lengths[start:stop]
+        view.lengths = self.lengths[start:stop]
+        return view
+
     def _set(self, new: torch.Tensor) -> None:
         n = new.shape[0]
         self._host_lengths[:n] = new
         self.lengths.copy_(self._host_lengths, non_blocking=True)
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes that can be allocated on `device` now: free GPU memory, or the RAM the kernel
+    reports available (page cache it can drop included)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "meta":
+        return 1 << 62
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+    """Refuse a K/V pair of `shape` that cannot fit, before the allocator is asked (which on
+    Linux may hand out the address space and let the OOM killer end the process later)."""
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        return      # a wrong-type size is refused by the argument checks, not by arithmetic here
+    layers, batch, heads, seq, head_dim = shape
+    elsize = torch.empty((), dtype=dtype).element_size()
+    need = 2 * layers * batch * heads * seq * head_dim * elsize
+    have = available_memory(device)
+    if need > have:
+        raise MemoryCapacityError(
+            f"the KV cache needs {human_bytes(need)} (K and V x {layers} layers x "
+            f"max_batch_size {batch} x {heads} KV heads x max_seq_len {seq} x head_dim "
+            f"{head_dim} x {elsize} bytes), this machine has {human_bytes(have)} available on "
+            f"{torch.device(device)}; lower max_seq_len or max_batch_size")

@@ -3,19 +3,24 @@
 Single files and sharded checkpoints (`model.safetensors.index.json`) are both read through
 `safetensors.safe_open`, which memory-maps the file, so each tensor is read once and cast straight
 to the requested dtype and device. Every tensor the model needs is checked for presence and shape
-here; a problem is reported by tensor name, never as a shape error deep inside a matmul.
+here; a problem is reported by tensor name, never as a shape error deep inside a matmul. Before
+any of that, the config's implied size is checked against the files' real sizes (so an absurd
+layer count fails in microseconds), files are opened only if they are regular files, and
+converted weights are checked against their recorded sha256 (`specrt.model.checksum`).
 This module knows the checkpoint's naming scheme but nothing about running the model.
 """
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from specrt.errors import CheckpointError
+from specrt.errors import CheckpointError, IndexFileError, WeightsSizeError
+from specrt.model import checksum
 from specrt.model.config import ModelConfig
+from specrt.model.files import check_regular, human_bytes, read_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,20 +67,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def _weight_files(model_dir: Path) -> dict[str, Path]:
     """name -> file holding it, for a single-file or sharded checkpoint."""
     index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({e!r}); "
-                                  "re-create the checkpoint") from None
-        files = {name: model_dir / fname for name, fname in weight_map.items()}
-        for path in sorted(set(files.values())):
-            if not path.is_file():
-                raise CheckpointError(f"shard {path.name} listed in {index.name} is missing "
-                                      f"from {model_dir}; re-download or re-convert the model")
-        return files
+    if os.path.lexists(index):
+        return _index_files(model_dir, index)
     single = model_dir / "model.safetensors"
-    if single.is_file():
+    if os.path.lexists(single):
         candidates = [single]
     else:
         candidates = sorted(model_dir.glob("*.safetensors"))
@@ -89,7 +84,46 @@ def _weight_files(model_dir: Path) -> dict[str, Path]:
     return files
 
 
+def _index_files(model_dir: Path, index: Path) -> dict[str, Path]:
+    fix = "re-download the checkpoint or re-create its index"
+    weight_map = read_json(index, "safetensors index", fix=fix, error=IndexFileError) \
+        .get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise IndexFileError(f"{index}: weight_map must be a non-empty object "
+                             f"{{tensor name: shard file name}}, got {_short(weight_map)}; {fix}")
+    root = model_dir.resolve()
+    files, shards = {}, {}
+    for name, fname in weight_map.items():
+        if not isinstance(fname, str) or not fname:
+            raise IndexFileError(f"{index}: weight_map[{name!r}] must be a shard file name, "
+                                 f"got {_short(fname)}; {fix}")
+        if fname not in shards:
+            path = model_dir / fname
+            if os.path.isabs(fname) or not path.resolve().is_relative_to(root):
+                raise IndexFileError(f"{index}: weight_map[{name!r}] names {fname!r}, which is "
+                                     f"outside the model directory {model_dir}; shards must sit "
+                                     f"in the model directory; {fix}")
+            try:
+                check_regular(path, f"shard listed in {index.name}")
+            except FileNotFoundError:
+                raise CheckpointError(f"shard {fname} listed in {index.name} is missing from "
+                                      f"{model_dir}; re-download or re-convert the model") from None
+            shards[fname] = path
+        files[name] = shards[fname]
+    return files
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _keys(path: Path) -> list[str]:
+    try:
+        check_regular(path, "weights file")
+    except FileNotFoundError:
+        raise CheckpointError(f"weights file {path} is a broken symlink; re-download or "
+                              "re-convert the model") from None
     try:
         with safe_open(str(path), framework="pt") as f:
             return list(f.keys())
@@ -98,11 +132,53 @@ def _keys(path: Path) -> list[str]:
                               "re-download or re-convert the model") from None
 
 
+def expected_elements(cfg: ModelConfig) -> tuple[int, int]:
+    """(elements in the embeddings and head, elements in all layers) that `cfg` implies:
+    plain arithmetic, so an absurd config is caught before any per-layer table is built."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    qkv = cfg.q_size + 2 * cfg.kv_size
+    layer = 2 * h + qkv * h + cfg.q_size * h + 3 * i * h + (qkv if cfg.attention_bias else 0)
+    outer = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2) + h
+    return outer, cfg.num_layers * layer
+
+
+def check_sizes(cfg: ModelConfig, paths, model_dir: Path) -> None:
+    """Refuse a config whose parameters cannot be what the weight files hold: between 2
+    (bf16/fp16) and 4 (fp32) bytes per parameter, plus headers and ignorable extras."""
+    total = header = 0
+    for path in set(paths):
+        size = os.path.getsize(path)
+        total += size
+        header += min(size, 8 + _header_len(path))
+    outer, layers = expected_elements(cfg)
+    need = outer + layers
+    # a tied checkpoint may still carry lm_head; exporters add small buffers (rope inv_freq)
+    extra = (cfg.vocab_size * cfg.hidden_size if cfg.tie_word_embeddings else 0) \
+        + cfg.num_layers * cfg.head_dim
+    if 2 * need <= total <= 4 * (need + extra) + header:
+        return
+    field, value = (("num_hidden_layers", cfg.num_layers) if layers >= outer
+                    else ("vocab_size", cfg.vocab_size))
+    raise WeightsSizeError(
+        f"config.json in {model_dir} implies {need:,} parameters ({human_bytes(2 * need)} to "
+        f"{human_bytes(4 * need)} at 2-4 bytes each; largest part: {field}={value}), but the "
+        f"weight files hold {human_bytes(total)}; config.json does not match the checkpoint "
+        "(check num_hidden_layers, hidden_size, intermediate_size and vocab_size)")
+
+
+def _header_len(path: Path) -> int:
+    with open(path, "rb") as f:
+        raw = f.read(8)
+    return int.from_bytes(raw, "little") if len(raw) == 8 else 0
+
+
 def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Load and check every tensor `cfg` needs, cast to `dtype` on `device`."""
     model_dir = Path(model_dir)
     files = _weight_files(model_dir)
+    check_sizes(cfg, files.values(), model_dir)
+    checksum.verify(model_dir)
     want = expected_shapes(cfg)
     missing = [n for n in want if n not in files]
     if missing:

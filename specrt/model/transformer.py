@@ -21,7 +21,7 @@ from specrt.errors import CapacityError
 from specrt.model.backends import Backend, Linear, Pass, select_backend
 from specrt.model.backends.torch_ref import rope_tables
 from specrt.model.config import ModelConfig
-from specrt.model.kv_cache import StaticKVCache
+from specrt.model.kv_cache import StaticKVCache, check_fits
 from specrt.model.loader import load_state_dict, parse_dtype
 
 
@@ -55,6 +55,10 @@ class Transformer:
         self.lm_head = linear(head)
         self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
         self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
+        # Memory hook: refuse a max_seq_len whose one-row KV cache cannot fit before the rope
+        # tables (smaller, also sized by max_seq_len) go to the allocator.
+        check_fits((cfg.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim),
+                   self.dtype, self.device)
         self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_theta, max_seq_len, self.dtype,
                                          self.device)                   # [S, D] each
 

@@ -10,6 +10,7 @@ cost model.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import statistics
@@ -20,12 +21,15 @@ from pathlib import Path
 
 import torch
 
-from specrt.hub.paths import cache_dir
+from specrt.hub.paths import state_file
 from specrt.model.transformer import Transformer
 
 _PREFIX = 32          # calibration context length
 _REPEATS = 3
+_MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
+_MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
 _cache: dict[str, list[float]] = {}
+log = logging.getLogger("specrt.spec.calibration")
 _lock = threading.Lock()
 
 
@@ -38,8 +42,11 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
                              max_t, cpu_name(), model.backend.build_id)))
     with _lock:
         if key not in _cache:
-            _cache.update(_load_disk())
-        if key in _cache:
+            entries, healed = _load_disk()
+            _cache.update(entries)
+            if healed:                       # rewrite a damaged file now, with the good entries
+                _save_disk(_cache)
+        if key in _cache and len(_cache[key]) == max_t:
             return _cache[key]
     out = _measure(model, max_t)
     with _lock:
@@ -96,29 +103,53 @@ def cpu_name() -> str:
 
 
 def disk_path() -> Path:
-    """Where calibrations are kept: $SPECRT_CALIBRATION, else $SPECRT_CACHE/calibration.json."""
-    explicit = os.environ.get("SPECRT_CALIBRATION")
-    if explicit:
-        return Path(explicit).expanduser()
-    return cache_dir() / "calibration.json"
+    """Where calibrations are kept: $SPECRT_CALIBRATION, else $SPECRT_CACHE/calibration.json
+    (both resolved by specrt.hub.paths, `~` expanded, empty meaning the default)."""
+    return state_file("SPECRT_CALIBRATION", "calibration.json")
 
 
-def _load_disk() -> dict:
+def valid_entry(key, value) -> bool:
+    """A calibration is a non-empty list of forward times in seconds: finite, > 0, plausible."""
+    return isinstance(key, str) and isinstance(value, list) and 0 < len(value) <= _MAX_T \
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                and 0.0 < x < _MAX_SECONDS for x in value)
+
+
+def _load_disk() -> tuple[dict, bool]:
+    """(the file's valid entries, whether anything was dropped). A damaged file never breaks
+    an `auto` request: what is bad is ignored with a warning and the file is rewritten."""
+    path = disk_path()
     try:
-        raw = json.loads(disk_path().read_text())
-        return {k: v for k, v in raw.items() if isinstance(v, list)}
-    except (OSError, ValueError):
-        return {}
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, False
+    except (OSError, ValueError, RecursionError) as e:   # unreadable, not UTF-8, not JSON
+        log.warning("ignoring calibration file %s (%s); it is rewritten after the next "
+                    "calibration", path, str(e)[:100])
+        return {}, True
+    if not isinstance(raw, dict):
+        log.warning("ignoring calibration file %s: expected a JSON object, got %s; it is "
+                    "rewritten now", path, type(raw).__name__)
+        return {}, True
+    good = {k: [float(x) for x in v] for k, v in raw.items() if valid_entry(k, v)}
+    if len(good) < len(raw):
+        log.warning("ignoring %d bad entr%s in calibration file %s (each must be a list of "
+                    "positive finite seconds); the file is rewritten now", len(raw) - len(good),
+                    "y" if len(raw) - len(good) == 1 else "ies", path)
+    return good, len(good) < len(raw)
 
 
 def _save_disk(entries: dict) -> None:
     """Best effort, atomic: a calibration that cannot be saved is simply redone next time."""
     path = disk_path()
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-calibration-")
         with os.fdopen(fd, "w") as f:
             json.dump(entries, f)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError as e:
+        log.warning("could not save calibrations to %s (%s); they are redone next time", path, e)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)

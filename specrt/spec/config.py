@@ -9,12 +9,14 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
-from specrt.errors import ConfigError
+from specrt.errors import ArgumentError
+from specrt.checks import check_int, show
 
 SPEC_METHODS = ("draft_model", "ngram", "auto")
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
               "prompt_lookup_max")
 MAX_SPECULATIVE_TOKENS = 16
+MAX_PROMPT_LOOKUP = 64      # n-gram lengths; longer ones never match and cost a scan each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,17 +35,20 @@ class SpecConfig:
     prompt_lookup_max: int = 3
 
     def __post_init__(self):
-        if self.method not in SPEC_METHODS:
-            raise ConfigError(f"speculative method {self.method!r} is not known; "
-                              f"choose one of {', '.join(SPEC_METHODS)}")
-        k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ConfigError(f"num_speculative_tokens (K) must be an integer in "
-                              f"1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if not (isinstance(lo, int) and isinstance(hi, int)) or lo < 1 or hi < lo:
-            raise ConfigError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, "
-                              f"got {lo!r} and {hi!r}")
+        if not isinstance(self.method, str) or self.method not in SPEC_METHODS:
+            raise ArgumentError(f"speculative method {show(self.method)} is not known; "
+                                f"choose one of {', '.join(SPEC_METHODS)}")
+        check_int("num_speculative_tokens (K)", self.num_speculative_tokens, 1,
+                  MAX_SPECULATIVE_TOKENS, fix="4 is a good start")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()
+                                       or "\0" in self.model):
+            raise ArgumentError(f"speculative \"model\" must be a draft model directory or known "
+                                f"name (a non-empty string), got {show(self.model)}")
+        lo = check_int("prompt_lookup_min", self.prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
+        hi = check_int("prompt_lookup_max", self.prompt_lookup_max, 1, MAX_PROMPT_LOOKUP)
+        if hi < lo:
+            raise ArgumentError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, "
+                                f"got {lo!r} and {hi!r}")
 
     @classmethod
     def parse(cls, value: "SpecConfig | Mapping[str, Any] | str | None") -> "SpecConfig | None":
@@ -53,13 +58,15 @@ class SpecConfig:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"speculative config is not valid JSON ({e}); example: "
-                                  '\'{"method": "ngram", "num_speculative_tokens": 4}\'') from None
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise ArgumentError(f"speculative config is not valid JSON ({str(e)[:80]}); "
+                                    'example: \'{"method": "ngram", "num_speculative_tokens": '
+                                    "4}'") from None
         if not isinstance(value, Mapping):
-            raise ConfigError(f"speculative config must be a JSON object, got {value!r}")
-        unknown = sorted(set(value) - set(_SPEC_KEYS))
+            raise ArgumentError(f"speculative config must be a JSON object (a dict), got "
+                                f"{show(value)}")
+        unknown = sorted(show(k) for k in value if k not in _SPEC_KEYS)
         if unknown:
-            raise ConfigError(f"unknown speculative config key(s) {unknown}; "
-                              f"allowed: {', '.join(_SPEC_KEYS)}")
+            raise ArgumentError(f"unknown speculative config key(s) {', '.join(unknown)}; "
+                                f"allowed: {', '.join(_SPEC_KEYS)}")
         return cls(**value)

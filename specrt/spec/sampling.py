@@ -13,8 +13,12 @@ import dataclasses
 
 import torch
 
-from specrt.errors import ConfigError
+from specrt.checks import check_int, check_number
 from specrt.kernels.reference import exponential_noise
+
+MAX_SEED = 2**63 - 1      # torch seeds are 64-bit; negative ones are a user's slip
+MAX_TOP_K = 2**31 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -26,14 +30,16 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer or None, got {self.seed!r}")
+        # Checked here so the API, the CLIs and the server share one wording; a value that gets
+        # past this reaches torch (a seed of 2**64 overflows, nan warps to nan probabilities).
+        set_ = object.__setattr__
+        set_(self, "temperature", check_number(
+            "temperature", self.temperature, 0.0, fix="0 means greedy, 0.7..1.0 is typical"))
+        set_(self, "top_k", check_int("top_k", self.top_k, 0, MAX_TOP_K, fix="0 disables it"))
+        set_(self, "top_p", check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True,
+                                         fix="1 disables it"))
+        if self.seed is not None:
+            check_int("seed", self.seed, 0, MAX_SEED, fix="or None for a fresh random seed")
 
     @property
     def greedy(self) -> bool:
@@ -73,6 +79,39 @@ def choose(logits: torch.Tensor, params: SamplingParams,
         return logits.argmax(dim=-1), None
     probs = warp(logits, params)
     return sample(probs, generator), probs
+
+
+def choose_rows(logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator | None], rows: list[bool] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`choose` for a batch whose rows sample differently: logits [B, V] -> tokens [B] and,
+    when any row samples, probs [B, V] (zero rows where greedy). Each sampled row draws from its
+    own generator, so a request's draws never depend on which requests share its batch.
+    rows: [B] which rows to choose for (default all); the others get an argmax and draw nothing."""
+    tokens = logits.argmax(dim=-1)                                      # [B]
+    probs = None
+    for group, p in sampling_groups(params, rows):
+        if probs is None:
+            probs = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        warped = warp(logits[group], p)                                 # [n, V]
+        noise = torch.stack([exponential_noise(warped.shape[-1:], generators[b], logits.device)
+                             for b in group])                           # [n, V]
+        probs[group] = warped
+        tokens[group] = (warped / noise).argmax(dim=-1)
+    return tokens, probs
+
+
+def sampling_groups(params: list[SamplingParams], rows: list[bool] | None = None
+                    ) -> list[tuple[list[int], SamplingParams]]:
+    """The sampled rows (of those selected), grouped by identical warp settings, so each group
+    warps in one call; greedy rows are left out."""
+    groups: dict[tuple, tuple[list[int], SamplingParams]] = {}
+    for b, p in enumerate(params):
+        if p.greedy or (rows is not None and not rows[b]):
+            continue
+        key = (p.temperature, p.top_k, p.top_p)
+        groups.setdefault(key, ([], p))[0].append(b)
+    return list(groups.values())
 
 
 def make_generator(seed: int | None, device) -> torch.Generator:

@@ -20,7 +20,10 @@ try:
     from specrt import _gemv
 
     AVAILABLE = bool(_gemv.cpu_supported()) and os.environ.get("SPECRT_CPU_GEMV", "1") != "0"
-except ImportError:     # extension not built: every call takes the library path
+except ImportError as exc:  # extension not built: every call takes the library path
+    from specrt.logs import extension_missing
+
+    extension_missing("specrt._gemv", "the C++ decode/verify matrix products", "F.linear", exc)
     _gemv = None
     AVAILABLE = False
 

@@ -24,7 +24,10 @@ try:
     from specrt import _cpu_ops
 
     AVAILABLE = bool(_cpu_ops.cpu_supported()) and os.environ.get("SPECRT_CPU_OPS", "1") != "0"
-except ImportError:     # extension not built: the model keeps its PyTorch path
+except ImportError as exc:  # extension not built: the model keeps its PyTorch path
+    from specrt.logs import extension_missing
+
+    extension_missing("specrt._cpu_ops", "the fused C++ layer ops", "the PyTorch layer ops", exc)
     _cpu_ops = None
     AVAILABLE = False
 

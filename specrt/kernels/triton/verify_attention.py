@@ -191,6 +191,13 @@ def _default_num_splits(q: torch.Tensor, programs: int, s_max: int) -> int:
     return max(1, min(triton.cdiv(target, programs), s_max // 256, 32))
 
 
+def attention_num_warps(block_m: int, head_dim: int) -> int:
+    """Warps per program (the compile check compiles the same choice). Several bf16 tiles still
+    spill registers on sm_80/sm_90 with it (`python -m specrt.kernels.compile_check`; see
+    benchmarks/RESULTS.md): retuning them needs a GPU to measure."""
+    return 8 if block_m * head_dim >= 128 * 128 else 4
+
+
 def _check_inputs(q, k_cache, v_cache, lens) -> torch.Tensor:
     """Shapes, dtypes, devices and strides the kernel relies on; returns lens contiguous."""
     assert q.dim() == 4 and k_cache.dim() == 4, "q must be [B, T, Hq, D], caches [B, Hkv, S_max, D]"
@@ -238,7 +245,7 @@ def verify_attention(
         num_splits = _default_num_splits(q, B * Hkv * m_tiles, S_max)
     assert num_splits >= 1
     qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * _LOG2E
-    num_warps = 8 if BLOCK_M * D >= 128 * 128 else 4
+    num_warps = attention_num_warps(BLOCK_M, D)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     split = num_splits > 1

@@ -43,6 +43,8 @@ class Pass:
 
 class Backend(Protocol):
     name: str
+    batch_invariant_tokens: int   # passes of up to this many tokens per row give each row the
+                                  # same bits whatever other rows share them (0: no promise)
 
     @property
     def build_id(self) -> str:

@@ -5,7 +5,8 @@ matmuls go through `specrt.kernels.cpu.gemv` (the weight streamed once per call 
 rows) and the rest of each layer through `specrt.kernels.cpu.ops`: one call for the residual
 add + RMSNorm, one for RoPE + KV-cache write + attention, one for SwiGLU. Both compute every
 row on its own in a fixed order, so a verify pass of K + 1 rows gives the bits of the K + 1
-decode steps it replaces, in bf16 too. Passes of more rows (prefills) take the reference.
+decode steps it replaces, in bf16 too, whatever other rows share the batch. Passes of more
+than MAX_ROWS tokens per row (prefills) take the reference.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class GemvLinear(TorchLinear):
 
 class CpuNative(TorchReference):
     name = "cpu_native"
+    batch_invariant_tokens = ops.MAX_ROWS    # every row computed on its own, in chunks
 
     @property
     def build_id(self) -> str:
@@ -44,9 +46,15 @@ class CpuNative(TorchReference):
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
-        if B * T > ops.MAX_ROWS:
+        if T > ops.MAX_ROWS:
             return super().hidden(model, input_ids, cache, rows, last_only)
-        h = self._layers(model, input_ids, cache, rows)                      # [B, T, H]
+        # Batches of more than MAX_ROWS tokens run in chunks of whole rows: a row's bits
+        # never depend on which other rows share the pass (batched output == alone output).
+        per = ops.MAX_ROWS // T
+        chunks = [self._layers(model, input_ids[g:g + per], cache.rows(g, min(g + per, B)),
+                               Pass(T, rows.starts[g:g + per], rows.valid[g:g + per]))
+                  for g in range(0, B, per)]
+        h = chunks[0] if len(chunks) == 1 else torch.cat(chunks)             # [B, T, H]
         if last_only:
             h = h[torch.arange(B), torch.tensor(rows.valid) - 1][:, None]    # [B, 1, H]
         return h

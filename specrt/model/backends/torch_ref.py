@@ -82,6 +82,9 @@ class TorchReference:
     pass uses) and `linear` (how weights are multiplied); the layer loop stays here."""
 
     name = "torch_ref"
+    # Up to how many new tokens per row a row's results are guaranteed not to depend on which
+    # other rows share the pass (0: no guarantee; library GEMMs pick kernels by row count).
+    batch_invariant_tokens = 0
 
     @property
     def build_id(self) -> str:

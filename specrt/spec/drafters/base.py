@@ -41,16 +41,22 @@ class Proposal:
 @dataclasses.dataclass
 class DraftContext:
     histories: list[list[int]]        # [B] committed ids per row: prompt + output so far
-    active: list[bool]                # [B] rows still generating
-    params: SamplingParams
-    generator: torch.Generator | None
+    active: list[bool]                # [B] rows that draft this round (generating, speculating)
+    params: list[SamplingParams]      # [B] how each row samples (q is warped like p)
+    generators: list[torch.Generator | None]   # [B] each row's own randomness (None: greedy)
+
+    @property
+    def uniform_params(self) -> SamplingParams | None:
+        """The sampling settings every active row shares, or None if they differ."""
+        found = {p for p, a in zip(self.params, self.active) if a}
+        return found.pop() if len(found) == 1 else None
 
 
 class Drafter(Protocol):
     name: str
 
-    def begin(self, batch_size: int) -> None:
-        """Forget everything: a new batch of requests starts."""
+    def reset(self, rows: list[int]) -> None:
+        """Forget these rows: new requests take their slots."""
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
         """Up to k draft tokens per active row, or None if no row has any."""

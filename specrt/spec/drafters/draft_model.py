@@ -14,7 +14,7 @@ import torch
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext, Proposal, right_pad
 from specrt.spec.drafters.draft_loop import StaticDraftLoop
-from specrt.spec.sampling import choose
+from specrt.spec.sampling import choose_rows
 
 
 class DraftModelDrafter:
@@ -23,7 +23,7 @@ class DraftModelDrafter:
     def __init__(self, model: Transformer, target_vocab_size: int, max_batch_size: int,
                  max_seq_len: int, static: bool = False):
         self.model = model
-        # static: run guesses 2..K through a StaticDraftLoop (a CUDA graph on CUDA).
+        # static: run greedy guesses 2..K through a StaticDraftLoop (a CUDA graph on CUDA).
         self.static = static
         self._loops: dict[tuple, StaticDraftLoop] = {}
         # Checkpoints pad their embeddings differently; a guess must be a token both can read,
@@ -31,15 +31,14 @@ class DraftModelDrafter:
         self.target_vocab_size = target_vocab_size
         self.common_vocab = min(model.cfg.vocab_size, target_vocab_size)
         self.cache = model.new_cache(max_batch_size, max_seq_len)
-        self.seen: list[int] = []
-        self._pending: list[int] = []   # committed tokens fed this round, per row
-        self._guesses: list[int] = []   # guesses fed back this round, per row (k - 1 or 0)
+        self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
+        self._pending = [0] * max_batch_size   # committed tokens fed this round, per row
+        self._guesses = [0] * max_batch_size   # guesses fed back this round, per row
 
-    def begin(self, batch_size: int) -> None:
-        self.cache.reset()
-        self.seen = [0] * batch_size
-        self._pending = [0] * batch_size
-        self._guesses = [0] * batch_size
+    def reset(self, rows: list[int]) -> None:
+        for r in rows:
+            self.seen[r] = self._pending[r] = self._guesses[r] = 0
+            self.cache.rows(r, r + 1).truncate([0])
 
     def unseen(self, ctx: DraftContext) -> int:
         """The longest run of committed tokens an active row has not fed to the draft model:
@@ -50,39 +49,62 @@ class DraftModelDrafter:
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
-        valid = [len(p) for p in pending]
-        if max(valid) == 0:
+        fed = [len(p) for p in pending]
+        if max(fed) == 0:
             return None
+        pending = self._catch_up_long_rows(pending)
         device = self.model.device
+        V = self.common_vocab
         # Catch up on the unseen committed tokens; its last logits give the first guess.
-        logits = self.model.forward(right_pad(pending).to(device), self.cache, num_valid=valid,
-                                    last_only=True)
-        first, q = choose(logits[:, 0, : self.common_vocab], ctx.params, ctx.generator)
+        logits = self.model.forward(right_pad(pending).to(device), self.cache,
+                                    num_valid=[len(p) for p in pending], last_only=True)
+        first, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
         guesses, qs = [first], [q]                                   # [B] each, [B, V_common]
-        if self.static and k > 1:
-            rest, rest_q = self._loop(first.shape[0], k, ctx.params).run(first, ctx.generator)
+        greedy = ctx.uniform_params
+        if self.static and k > 1 and greedy is not None and greedy.greedy:
+            rest, _ = self._loop(first.shape[0], k, greedy).run(first, None)
             guesses += list(rest.unbind(1))
-            qs += list(rest_q[..., : self.common_vocab].unbind(1)) if rest_q is not None \
-                else [None] * (k - 1)
+            qs += [None] * (k - 1)
         else:
             step_valid = [int(a) for a in ctx.active]
             for _ in range(k - 1):   # the last guess is never fed: nothing would read its K/V
                 logits = self.model.forward(guesses[-1][:, None], self.cache,
                                             num_valid=step_valid)
-                guess, q = choose(logits[:, 0, : self.common_vocab], ctx.params,
-                                  ctx.generator)
+                guess, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
                 guesses.append(guess)
                 qs.append(q)
-        self._pending = valid
+        B = len(fed)
+        self._pending[:B] = fed
         # inactive rows may have run through the static loop; their seen count stays put
-        self._guesses = [k - 1 if a else 0 for a in ctx.active]
+        self._guesses[:B] = [k - 1 if a else 0 for a in ctx.active]
         tokens = torch.stack(guesses, dim=1)                                 # [B, K]
         tokens[torch.tensor([not a for a in ctx.active], device=device)] = NO_DRAFT
-        probs = None
-        if not ctx.params.greedy:                                            # [B, K, V_target]
-            probs = torch.nn.functional.pad(torch.stack(qs, dim=1),
-                                            (0, self.target_vocab_size - self.common_vocab))
-        return Proposal(tokens=tokens, probs=probs, counts=[k if a else 0 for a in ctx.active])
+        return Proposal(tokens=tokens, probs=self._draft_probs(qs),
+                        counts=[k if a else 0 for a in ctx.active])
+
+    def _catch_up_long_rows(self, pending: list[list[int]]) -> list[list[int]]:
+        """Feed all but the last token of each long catch-up (a new request's prompt) on its
+        own cache row, so the batched catch-up stays short and a row's draft numbers never
+        depend on which rows share the batch."""
+        out = []
+        for b, p in enumerate(pending):
+            if len(p) > 2:
+                ids = torch.tensor([p[:-1]], dtype=torch.int64, device=self.model.device)
+                self.model.forward(ids, self.cache.rows(b, b + 1), last_only=True)
+                p = p[-1:]
+            out.append(p)
+        return out
+
+    def _draft_probs(self, qs: list[torch.Tensor | None]) -> torch.Tensor | None:
+        """q of every guess on the target's vocabulary axis, [B, K, V_target]; None when every
+        row is greedy (one-hot q)."""
+        if all(q is None for q in qs):
+            return None
+        B = next(q for q in qs if q is not None).shape[0]
+        full = [q if q is not None else torch.zeros(B, self.common_vocab, device=self.model.device)
+                for q in qs]
+        return torch.nn.functional.pad(torch.stack(full, dim=1),
+                                       (0, self.target_vocab_size - self.common_vocab))
 
     def _loop(self, batch_size: int, k: int, params) -> StaticDraftLoop:
         key = (batch_size, k - 1, params.temperature, params.top_k, params.top_p)
@@ -95,8 +117,9 @@ class DraftModelDrafter:
 
     def rollback(self, num_accepted: list[int]) -> None:
         # Cached K/V stay valid for the pending tokens plus the accepted guesses that were fed.
-        self.seen = [s + p + min(n, g) for s, p, g, n
-                     in zip(self.seen, self._pending, self._guesses, num_accepted)]
-        self.cache.truncate(self.seen)
-        self._pending = [0] * len(self.seen)
-        self._guesses = [0] * len(self.seen)
+        B = len(num_accepted)
+        self.seen[:B] = [s + p + min(n, g) for s, p, g, n
+                         in zip(self.seen, self._pending, self._guesses, num_accepted)]
+        self.cache.truncate(self.seen[:B])
+        self._pending[:B] = [0] * B
+        self._guesses[:B] = [0] * B

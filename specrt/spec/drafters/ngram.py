@@ -20,11 +20,11 @@ class NgramDrafter:
         self.min_n, self.max_n = min_n, max_n
         self.indexes: list[NgramIndex] = []
 
-    def begin(self, batch_size: int) -> None:
-        for index in self.indexes[:batch_size]:
-            index.reset()
-        while len(self.indexes) < batch_size:
+    def reset(self, rows: list[int]) -> None:
+        while len(self.indexes) <= max(rows, default=-1):
             self.indexes.append(NgramIndex(self.min_n, self.max_n))
+        for r in rows:
+            self.indexes[r].reset()
 
     def matches(self, ctx: DraftContext, k: int) -> list[tuple[list[int], int]]:
         """Per row: (up to k proposed tokens, the matched suffix length n), or ([], 0) for an

@@ -26,7 +26,6 @@ uses it lives in specrt/drafters/ngram.py.
 from __future__ import annotations
 
 import operator
-import warnings
 
 import numpy as np
 
@@ -185,9 +184,10 @@ def py_propose(history, k: int, min_n: int, max_n: int) -> list[int]:
 try:
     from specrt import _ngram
 except ImportError as exc:
-    warnings.warn(f"specrt._ngram (the C++ n-gram matcher) is not built ({exc}); using the "
-                  f"slower pure-Python fallback. Build it with "
-                  f"`python setup.py build_ext --inplace`.", RuntimeWarning, stacklevel=2)
+    from specrt.logs import extension_missing
+
+    extension_missing("specrt._ngram", "the C++ n-gram matcher", "the slower pure-Python "
+                      "fallback", exc)
     BACKEND = "python"
     NgramIndex = PyNgramIndex
     propose = py_propose

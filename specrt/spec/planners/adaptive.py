@@ -16,9 +16,12 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the draft model, K = 1..K_max, run only when it wins.
 
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
-with a prior; costs come from a calibration at first use (specrt.costs) scaled by the ratio
-of measured to predicted round times. The choice depends only on past rounds, never on the
-current round's outcome, so greedy output stays identical and sampling stays exact.
+with a prior; costs come from a calibration at first use (specrt.spec.costs) scaled by the
+ratio of measured to predicted round times. Costs are for the round's whole batch: with more
+requests in flight a verify pass of K + 1 tokens each costs more (and past the backend's
+batch-invariant pass size, a chunk more), so a busy batch drafts less. The choice depends only
+on past rounds, never on the current round's outcome, so greedy output stays identical and
+sampling stays exact.
 
 A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
 doubling after each probe until the drafter wins a round on merit, so a text that turns
@@ -60,6 +63,7 @@ class Decision:
     feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none)
     probe: str | None = None        # the state probed, if not a choice on merit
     predicted_draft: float = 0.0    # calibrated seconds of this round's drafting
+    batch: int = 1                  # requests in the round's passes (costs grow with them)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -87,24 +91,35 @@ class AdaptivePlanner:
         self.states: dict[str, DrafterState] = {}
 
     # --- planner protocol -------------------------------------------------------------------
-    def begin(self, batch_size: int) -> None:
+    def new_batch(self) -> None:
+        """A batch starts with no other request running: forget every row and probe."""
         self.states = {}
-        names = []
-        if self.draft_model is not None:
-            names.append(("draft_model", "draft_model"))
-        if self.ngram is not None:
-            names += [(_ngram_state(n), "ngram")
-                      for n in range(self.ngram.min_n, self.ngram.max_n + 1)]
-        for name, drafter in names:
-            prior = PRIORS.get(name, PRIORS[drafter])
-            self.states[name] = DrafterState(name, drafter,
-                                             [[prior] * self.max_k for _ in range(batch_size)])
+
+    def reset(self, rows: list[int]) -> None:
+        if not self.states:
+            names = [("draft_model", "draft_model")] if self.draft_model is not None else []
+            if self.ngram is not None:
+                names += [(_ngram_state(n), "ngram")
+                          for n in range(self.ngram.min_n, self.ngram.max_n + 1)]
+            self.states = {name: DrafterState(name, drafter, []) for name, drafter in names}
+        for state in self.states.values():
+            prior = PRIORS.get(state.name, PRIORS[state.drafter])
+            while len(state.alphas) <= max(rows, default=-1):
+                state.alphas.append([prior] * self.max_k)
+            for r in rows:
+                state.alphas[r] = [prior] * self.max_k
 
     def choose(self, ctx: DraftContext) -> Plan:
         """The drafter and K for this round (a plain step when nothing pays), from past rounds
         only: never from this round's outcome, so greedy output stays identical."""
         rows = [b for b, a in enumerate(ctx.active) if a]
-        cv = [self.verify_scale * self.costs.verify_seconds(t)
+        batch = len(ctx.histories)
+        # A seeded request must reproduce: its plans (which decide how its randomness is
+        # consumed) then follow the calibrated costs alone, never this run's timings.
+        seeded = any(ctx.params[b].seed is not None for b in rows)
+        verify_scale, draft_scale = (1.0, 1.0) if seeded else (self.verify_scale,
+                                                               self.draft_scale)
+        cv = [verify_scale * self.costs.verify_seconds(t, batch)
               for t in range(1, self.max_k + 2)]
         best = ("plain", 0, 1.0 / cv[0])
         can_probe = []
@@ -119,9 +134,9 @@ class AdaptivePlanner:
         catchup = 0.0
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            cd = self.draft_scale * self.costs.draft_step
-            catchup = self.draft_scale * self.costs.draft_seconds(
-                max(self.draft_model.unseen(ctx), 1))
+            cd = draft_scale * self.costs.draft_seconds(1, batch)
+            catchup = draft_scale * self.costs.draft_seconds(
+                max(self.draft_model.unseen(ctx), 1), batch)
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
                 cost = catchup + (k - 1) * cd + cv[k]
@@ -134,19 +149,21 @@ class AdaptivePlanner:
                 if state.idle_rounds + 1 >= state.probe_gap:
                     name, k, probe = state.drafter, 1, state.name
                     break
-        return self._plan(ctx, name, k, probe, matches, catchup)
+        return self._plan(ctx, name, k, probe, matches, batch)
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
-              catchup: float) -> Plan:
+              batch: int) -> Plan:
         if k == 0:
-            return dataclasses.replace(PLAIN, notes=Decision(feeds=(None,) * len(ctx.active)))
+            return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
+                                                             batch=batch))
         if name == "ngram":
             feeds = tuple(_ngram_state(n) if n else None for _, n in matches)
-            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe))
+            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, batch=batch))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        predicted = (self.costs.draft_seconds(max(self.draft_model.unseen(ctx), 1))
-                     + (k - 1) * self.costs.draft_step)
-        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, predicted))
+        predicted = (self.costs.draft_seconds(max(self.draft_model.unseen(ctx), 1), batch)
+                     + (k - 1) * self.costs.draft_seconds(1, batch))
+        return Plan(self.draft_model, k, f"draft_model:{k}",
+                    Decision(feeds, probe, predicted, batch))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
                 verify_seconds) -> None:
@@ -155,8 +172,8 @@ class AdaptivePlanner:
         for state in self.states.values():
             state.idle_rounds = 0 if state.name in used else state.idle_rounds + 1
         if plan.k == 0:
-            self.verify_scale = _ewma(self.verify_scale,
-                                      verify_seconds / self.costs.verify_seconds(1))
+            self.verify_scale = _ewma(self.verify_scale, verify_seconds
+                                      / self.costs.verify_seconds(1, decision.batch))
             return
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
             if d and decision.feeds[row] is not None:
@@ -167,8 +184,8 @@ class AdaptivePlanner:
                 state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
             else:
                 state.probe_gap = PROBE_BASE
-        self.verify_scale = _ewma(self.verify_scale,
-                                  verify_seconds / self.costs.verify_seconds(plan.k + 1))
+        self.verify_scale = _ewma(self.verify_scale, verify_seconds
+                                  / self.costs.verify_seconds(plan.k + 1, decision.batch))
         if plan.drafter is self.draft_model and decision.predicted_draft > 0:
             self.draft_scale = _ewma(self.draft_scale, draft_seconds / decision.predicted_draft)
 

@@ -28,8 +28,12 @@ class Planner(Protocol):
     max_k: int                     # the largest K any plan may ask for
     drafters: tuple[Drafter, ...]  # every drafter a plan may name (the engine resets them)
 
-    def begin(self, batch_size: int) -> None:
-        """A new batch of `batch_size` rows starts: forget per-row statistics."""
+    def new_batch(self) -> None:
+        """The planner starts serving a batch with no request running: forget everything
+        per-batch (so a request alone is planned the same way every time)."""
+
+    def reset(self, rows: list[int]) -> None:
+        """New requests take these rows: forget their per-row statistics."""
 
     def choose(self, ctx: DraftContext) -> Plan: ...
 

@@ -14,7 +14,10 @@ class FixedPlanner:
         self.drafters = (drafter,)
         self._plan = Plan(drafter, k, f"{drafter.name}:{k}")
 
-    def begin(self, batch_size: int) -> None:
+    def new_batch(self) -> None:
+        pass
+
+    def reset(self, rows: list[int]) -> None:
         pass
 
     def choose(self, ctx: DraftContext) -> Plan:

@@ -1,0 +1,160 @@
+"""The public arguments of `LLM(...)` and of `generate`/`stream`/`submit`, checked in one place.
+
+`LLMArgs` is what `LLM(...)` and the CLIs build first, before any file is read or any model
+loads, so a typo costs nothing. The per-request checks (`check_stop`, `check_request_kwargs`,
+...) are shared by the API and the CLIs; sampling and speculative values are checked by their
+own dataclasses (`SamplingParams`, `SpecConfig`). Every failure is an `ArgumentError` naming the
+argument, the value and the fix. Nothing here loads a model or touches a tensor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+
+from specrt.errors import ArgumentError
+from specrt.checks import check_bool, check_int, show
+
+MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
+MAX_BATCH_SIZE = 1024
+MAX_QUEUE = 2**20
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_TYPES = ("cpu", "cuda")
+REQUEST_ARGS = ("prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                "stop", "chat", "speculative")
+
+
+def check_path_arg(name: str, value, allow_none: bool = True) -> str | Path | None:
+    """A model directory or known name: a non-empty str or os.PathLike (None: the default)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise ArgumentError(f"{name} must be a model directory or a known model name (a "
+                            f"non-empty string or path), got {show(value)}")
+    return value
+
+
+def check_dtype(dtype, device=None):
+    """'auto' | 'float32' | 'bfloat16' | 'float16' or the matching torch.dtype -> torch.dtype.
+    'auto': bfloat16 where `device` computes it natively (CUDA with bf16 support; a CPU with
+    AVX-512 BF16, where specrt's CPU kernels serve it), else float32."""
+    import torch
+
+    if isinstance(dtype, str) and dtype == "auto":
+        return auto_dtype(device if device is not None else check_device(None))
+    by_name = {n: getattr(torch, n) for n in DTYPE_NAMES if n != "auto"}
+    if isinstance(dtype, str) and dtype in by_name:
+        return by_name[dtype]
+    if isinstance(dtype, torch.dtype) and dtype in by_name.values():
+        return dtype
+    raise ArgumentError(f"unsupported dtype {show(dtype)}; choose {', '.join(DTYPE_NAMES)}")
+
+
+def auto_dtype(device):
+    import torch
+
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    from specrt.kernels.cpu import ops
+
+    return torch.bfloat16 if ops.AVAILABLE else torch.float32
+
+
+def check_device(device):
+    """'cpu', 'cuda', 'cuda:N' or a torch.device -> torch.device. None picks CUDA when it is
+    available, else the CPU (what the CLIs do with no --device)."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentError(f"device must be 'cpu', 'cuda' or 'cuda:N' (or None: CUDA if "
+                            f"available), got {show(device)}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ArgumentError(f"invalid device {show(device)}: {str(e)[:100]}; use 'cpu' or "
+                            "'cuda'") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ArgumentError(f"device {show(device)} is not supported; use 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"device {show(device)} requested but CUDA is not available; "
+                                "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ArgumentError(f"device {show(device)}: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMArgs:
+    """`LLM(...)`'s arguments, checked and normalized (dtype and device become torch objects)."""
+
+    model: str | Path | None = None
+    draft: str | Path | None = None
+    dtype: object = "auto"
+    device: object = None
+    max_seq_len: int = 4096
+    max_batch_size: int = 1
+    cuda_graphs: bool | None = None
+    max_queue: int = 256
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "model", check_path_arg("model", self.model))
+        set_(self, "draft", check_path_arg("draft", self.draft))
+        set_(self, "max_seq_len", check_int(
+            "max_seq_len", self.max_seq_len, 2, MAX_SEQ_LEN,
+            fix="tokens per sequence (prompt + answer); 4096 is typical"))
+        set_(self, "max_batch_size", check_int("max_batch_size", self.max_batch_size, 1,
+                                               MAX_BATCH_SIZE, fix="requests decoded together"))
+        set_(self, "max_queue", check_int("max_queue", self.max_queue, 0, MAX_QUEUE,
+                                          fix="requests waiting for a slot"))
+        set_(self, "cuda_graphs", check_bool("cuda_graphs", self.cuda_graphs, allow_none=True))
+        set_(self, "device", check_device(self.device))
+        set_(self, "dtype", check_dtype(self.dtype, self.device))
+
+
+def check_max_new_tokens(n) -> int:
+    return check_int("max_new_tokens", n, 1, MAX_SEQ_LEN,
+                     fix="the most tokens to generate; it must fit in max_seq_len")
+
+
+def check_stop(stop) -> list[str]:
+    """None, a string, or a list of strings -> list; an empty stop string would end every answer
+    at once, so it is a mistake, not a no-op."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)):
+        raise ArgumentError(f"stop must be a string or a list of strings, got {show(stop)}")
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise ArgumentError(f"every stop string must be a non-empty string, got {show(s)} "
+                                f"in stop={show(stop)}; leave stop out for no stop strings")
+        check_text("stop string", s)
+    return list(stops)
+
+
+def check_text(name: str, text: str) -> str:
+    """Text the tokenizer can take: encodable as UTF-8 (a lone surrogate like '\\ud800' is not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ArgumentError(f"{name} is not valid Unicode text ({e.reason} at position "
+                            f"{e.start}); pass a str without lone surrogates") from None
+    return text
+
+
+def check_request_kwargs(kwargs: dict) -> None:
+    """Unknown keyword arguments of generate/stream get a "did you mean", not a TypeError."""
+    for key in kwargs:
+        if key not in REQUEST_ARGS:
+            near = difflib.get_close_matches(str(key), REQUEST_ARGS, n=1)
+            raise ArgumentError(f"unknown argument {show(key)}"
+                                + (f"; did you mean {near[0]!r}?" if near else
+                                   f"; known: {', '.join(REQUEST_ARGS)}"))

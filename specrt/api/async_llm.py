@@ -1,0 +1,64 @@
+"""`specrt.AsyncLLM`: the API for asyncio services.
+
+    llm = specrt.AsyncLLM(model="DIR", max_batch_size=8)          # same arguments as LLM
+    res = await llm.generate("Write quicksort", max_new_tokens=64)
+    async for chunk in llm.stream(messages=[{"role": "user", "content": "Hi"}]):
+        print(chunk.text, end="")
+
+Requests run on the same scheduler thread as `LLM`'s; awaiting never blocks the event loop
+(steps are handed over with `call_soon_threadsafe`). Cancelling the awaiting task, or
+closing the async iterator, cancels the request and frees its slot at the next round.
+Tokenization runs in the calling task: it is short next to a forward pass.
+"""
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from specrt.api.llm import LLM
+from specrt.api.run import GenerationResult, StreamChunk, TextRun
+
+
+class AsyncLLM:
+    def __init__(self, *args, llm: LLM | None = None, **kwargs):
+        """Build an LLM from LLM's arguments, or wrap an existing one (`llm=`)."""
+        self.llm = llm if llm is not None else LLM(*args, **kwargs)
+
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
+
+    def close(self) -> None:
+        self.llm.close()
+
+    async def stream(self, prompt=None, **kwargs) -> AsyncIterator[StreamChunk]:
+        """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats."""
+        run = self.llm.submit(prompt, **kwargs)
+        try:
+            async for chunk in _chunks(run):
+                yield chunk
+        finally:
+            run.handle.cancel()
+
+    async def generate(self, prompt=None, **kwargs) -> GenerationResult:
+        """Async `LLM.generate` for one prompt (text, token ids or messages=[...])."""
+        run = self.llm.submit(prompt, **kwargs)
+        try:
+            async for _ in _chunks(run):
+                pass
+        finally:
+            run.handle.cancel()
+        return run.result()
+
+
+async def _chunks(run: TextRun) -> AsyncIterator[StreamChunk]:
+    while True:
+        chunk = run.chunk(await run.handle.anext_step())
+        if chunk is None:
+            return
+        if chunk.finish_reason == "stop":   # wait for the stats of the cancelled tail
+            while not run.settle(await run.handle.anext_step()):
+                pass
+            chunk.stats = run.stats
+        yield chunk
+        if chunk.finish_reason is not None:
+            return

@@ -1,0 +1,107 @@
+"""One request's text side: its engine steps turned into text chunks, stop strings and a result.
+
+A `TextRun` wraps the request's handle (token ids, from the scheduler's thread) and a
+`TextStream` (text, stop strings). It runs in the caller's thread or task, never in the
+engine's: a slow reader slows only itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+from specrt.api.text_stream import TextStream
+from specrt.engine.handle import RequestHandle
+from specrt.engine.request import Step
+from specrt.errors import SpecrtError
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    token_ids: list[int]      # new tokens only (an EOS token that ended the answer included)
+    text: str                 # decoded new text, cut before any stop string
+    finish_reason: str        # "eos", "stop" (a stop string), "length" or "cancelled"
+    stats: dict               # see specrt.engine.metrics
+    request_id: str = ""
+
+
+@dataclasses.dataclass
+class StreamChunk:
+    """What `LLM.stream` yields after each round: the new text and ids; the last chunk also
+    carries the finish reason and the request's stats."""
+
+    text: str                          # text delta (may be "" while a stop string is possible)
+    token_ids: list[int]               # ids committed this round (past a stop string: cut)
+    finish_reason: str | None = None   # set on the last chunk
+    stats: dict | None = None          # set on the last chunk
+    step: Step | None = None           # the engine's record of the round (plan, drafts)
+
+
+class TextRun:
+    def __init__(self, handle: RequestHandle, stream: TextStream):
+        self.handle = handle
+        self.stream = stream
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.stats: dict = {}
+
+    @property
+    def request_id(self) -> str:
+        return self.handle.request_id
+
+    def chunk(self, step: Step | None) -> StreamChunk | None:
+        """The chunk for one engine step (None: the run had already ended)."""
+        if step is None:
+            if self.finish_reason is None:
+                self.finish_reason = "cancelled"
+            return None
+        if step.error is not None:
+            raise step.error if isinstance(step.error, SpecrtError) else \
+                RuntimeError(f"request {step.request_id} failed: {step.error!r}")
+        was_stopped = self.stream.stopped
+        ids = step.new_tokens
+        text = self.stream.push(ids, final=step.finished)
+        if self.stream.stopped and not was_stopped:
+            # text past the stop string never reaches the caller; neither do its ids
+            keep = self.stream.stop_token_count - len(self.token_ids)
+            ids = ids[:max(keep, 0)]
+            self.handle.cancel()
+            self.finish_reason = "stop"
+        self.token_ids += ids
+        if step.finished and self.finish_reason is None:
+            self.finish_reason = step.finish_reason
+        if step.stats is not None:
+            self.stats = dict(step.stats, new_tokens=len(self.token_ids))
+        done = self.finish_reason is not None
+        return StreamChunk(text, ids, self.finish_reason if done else None,
+                           self.stats if done else None, step)
+
+    def settle(self, step: Step | None) -> bool:
+        """Feed a step that arrived after a stop string ended the run (its cancelled tail);
+        True once the engine's last step, with the request's stats, has been seen."""
+        if step is None:
+            return True
+        if step.stats is not None:
+            self.stats = dict(step.stats, new_tokens=len(self.token_ids))
+        return step.finished
+
+    def chunks(self) -> Iterator[StreamChunk]:
+        """Chunks until the request ends; cancels it if the consumer stops early."""
+        try:
+            while True:
+                chunk = self.chunk(self.handle.next_step())
+                if chunk is None:
+                    return
+                if chunk.finish_reason == "stop":   # wait for the stats of the cancelled tail
+                    while not self.settle(self.handle.next_step()):
+                        pass
+                    chunk.stats = self.stats
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            self.handle.cancel()
+
+    def result(self) -> GenerationResult:
+        text = self.stream.text if self.stream.tokenizer is not None else ""
+        return GenerationResult(self.token_ids, text, self.finish_reason or "cancelled",
+                                self.stats, self.request_id)

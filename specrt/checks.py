@@ -1,0 +1,54 @@
+"""Argument checks shared by every entry point (LLM, generate, the CLIs, the server): an int, a
+number or a bool in range, or an ArgumentError naming the argument, the value and the fix."""
+from __future__ import annotations
+
+import math
+
+from specrt.errors import ArgumentError
+
+
+def show(value, limit: int = 60) -> str:
+    """repr(value), shortened: a 10**5-digit int or a megabyte string must not flood a message
+    (and repr of an int over 4300 digits raises)."""
+    try:
+        text = repr(value)
+    except Exception:                      # noqa: BLE001 - any repr failure: describe the type
+        return f"<a {type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_int(name: str, value, lo: int, hi: int | None = None, fix: str = "") -> int:
+    """An int (bool is not one) in lo..hi, else ArgumentError naming `name`, the value, the fix."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo \
+            or (hi is not None and value > hi):
+        rng = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ArgumentError(f"{name} must be an integer {rng}, got {show(value)}"
+                            + (f"; {fix}" if fix else ""))
+    return int(value)
+
+
+def check_number(name: str, value, lo: float, hi: float = math.inf, lo_open: bool = False,
+                 fix: str = "") -> float:
+    """A finite real number (not bool, not str) in [lo, hi] ((lo, hi] if lo_open) -> float."""
+    x = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            x = float(value)
+        except OverflowError:              # an int too large for a float
+            pass
+    if not (math.isfinite(x) and (x > lo if lo_open else x >= lo) and x <= hi):
+        rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) \
+            else f"{'>' if lo_open else '>='} {lo:g}"
+        raise ArgumentError(f"{name} must be a finite number {rng}, got {show(value)}"
+                            + (f"; {fix}" if fix else ""))
+    return x
+
+
+def check_bool(name: str, value, allow_none: bool = False) -> bool | None:
+    """True or False (or None where None means "choose for me"), never a truthy stand-in."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return value
+    raise ArgumentError(f"{name} must be True or False{' or None' if allow_none else ''}, "
+                        f"got {show(value)}")
+
+

@@ -1,0 +1,75 @@
+"""A request in flight, as its caller sees it: a stream of `Step`s and a way to cancel.
+
+The scheduler's thread puts steps in; the caller takes them out from any thread (`next_step`,
+blocking) or any event loop (`anext_step`, awaiting). No lock is held while the caller runs:
+the handle's lock guards only the deque of steps, for the instant of a put or a take.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from typing import Callable
+
+from specrt.engine.request import Request, Step
+
+
+class RequestHandle:
+    def __init__(self, request: Request, cancel: Callable[[str], None]):
+        self.request = request
+        self._cancel = cancel
+        self._steps: collections.deque[Step] = collections.deque()
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self.done = False          # the last step has been put
+        self.cancelled = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    # --- the scheduler's side -----------------------------------------------------------------
+    def put(self, step: Step) -> None:
+        with self._cond:
+            self._steps.append(step)
+            self.done = self.done or step.finished
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
+
+    # --- the caller's side --------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop the request at the next round boundary and free its slot. Idempotent; safe
+        from any thread, also after the request ended."""
+        if not self.cancelled and not self.done:
+            self.cancelled = True
+            self._cancel(self.request_id)
+
+    def next_step(self, timeout: float | None = None) -> Step | None:
+        """The next step, waiting for it; None once the last step was taken."""
+        with self._cond:
+            while not self._steps:
+                if self.done:
+                    return None
+                if not self._cond.wait(timeout):
+                    raise TimeoutError(f"{self.request_id}: no step within {timeout} s")
+            return self._steps.popleft()
+
+    async def anext_step(self) -> Step | None:
+        """`next_step` for asyncio: awaits without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if self._steps:
+                    return self._steps.popleft()
+                if self.done:
+                    return None
+                fut = loop.create_future()
+                self._waiters.append((loop, fut))
+            await fut
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,79 @@
+"""What a request is to the engine, and what the engine reports back about it.
+
+Token ids only: the prompt, a budget, how to sample, whether and how to speculate, which ids
+end the answer. Text (chat templates, stop strings, detokenization) belongs to `specrt.api`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from specrt.errors import CapacityError, ConfigError, SpecrtError
+from specrt.spec.config import SpecConfig
+from specrt.spec.sampling import SamplingParams
+
+_ids = itertools.count()
+
+# Why a request ended. "eos" (an end-of-sequence id, kept in the output) and "length" (the
+# token budget) come from the engine; "cancelled" from the caller; "error" from a failure.
+FINISH_REASONS = ("eos", "length", "cancelled", "error")
+
+
+def new_request_id() -> str:
+    return f"req-{next(_ids)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]             # token ids, at least one
+    max_new_tokens: int
+    params: SamplingParams = SamplingParams()
+    spec: SpecConfig | None = None      # None: this request takes plain steps
+    eos_ids: frozenset[int] = frozenset()
+    request_id: str = dataclasses.field(default_factory=new_request_id)
+
+
+@dataclasses.dataclass
+class Step:
+    """What one round (or the prefill, index 0) committed for one request."""
+
+    request_id: str
+    index: int                          # 0: the prefill's first token; then rounds 1, 2, ...
+    new_tokens: list[int]               # committed this round (EOS kept, cut at the budget)
+    plan: str                           # "prefill", "plain", "draft_model:4", "ngram:3", ...
+    draft_tokens: list[int]             # the drafts proposed for this request this round
+    num_accepted: int
+    finish_reason: str | None = None    # set on the request's last step
+    stats: dict | None = None           # set on the request's last step (see engine.metrics)
+    error: BaseException | None = None  # set when finish_reason == "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft: bool) -> None:
+    """Raise SpecrtError naming the problem if `request` cannot run on an engine whose target
+    has `vocab_size` tokens and whose caches hold `max_seq_len` positions."""
+    p = request.prompt
+    n = request.max_new_tokens
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {n!r}")
+    if len(p) == 0:
+        raise SpecrtError("the prompt is empty: give at least one token")
+    bad = [t for t in p if not isinstance(t, int) or isinstance(t, bool)
+           or not 0 <= t < vocab_size]
+    if bad:
+        raise SpecrtError(f"the prompt has token id {bad[0]!r} outside the model's "
+                          f"vocabulary 0..{vocab_size - 1}")
+    spec = request.spec
+    if spec is not None and spec.method == "draft_model" and not has_draft:
+        raise ConfigError("speculative method 'draft_model' needs a draft model: pass "
+                          "LLM(draft=DIR), --draft DIR, or \"model\" in the speculative config")
+    k = spec.num_speculative_tokens if spec is not None else 0
+    need = len(p) + n + (k + 1 if k else 0)
+    if need > max_seq_len:
+        raise CapacityError(
+            f"the prompt ({len(p)} tokens) + max_new_tokens ({n})"
+            + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
+            f"({max_seq_len}); raise max_seq_len or shorten the request")

@@ -1,0 +1,153 @@
+"""One thread owns the engine: requests come in through a queue, steps go out through handles.
+
+`submit` (any thread) checks the request, queues it and returns its `RequestHandle`. The
+scheduler's thread admits queued requests into free slots at round boundaries (FIFO: a request
+that cannot join the running batch holds the ones behind it), runs rounds while any request is
+running, hands each step to its request's handle, and applies cancellations between rounds.
+Nothing else touches the engine, the model or the caches, so requests from any threads or
+event loops never see each other's state. A failure while serving one request ends that
+request (or, inside a shared round, the requests of that round) with the error; the thread
+lives on and the next request starts clean.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+from specrt.engine.engine import Engine
+from specrt.engine.handle import RequestHandle
+from specrt.engine.request import Request, Step
+from specrt.errors import QueueFullError, SpecrtError
+
+log = logging.getLogger("specrt.scheduler")
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_queue: int = 256):
+        self.engine = engine
+        self.max_queue = max_queue
+        self._lock = threading.Condition()
+        self._queue: collections.deque[tuple[RequestHandle, float]] = collections.deque()
+        self._cancels: set[str] = set()
+        self._handles: dict[str, RequestHandle] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # --- any thread ---------------------------------------------------------------------------
+    def submit(self, request: Request) -> RequestHandle:
+        """Check and queue `request`; its steps arrive through the returned handle. Raises
+        SpecrtError for a request that can never run, QueueFullError when the queue is full."""
+        self.engine.check(request)
+        handle = RequestHandle(request, self._cancel)
+        with self._lock:
+            if self._closed:
+                raise SpecrtError("this LLM was closed; create a new one")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(f"the request queue is full ({self.max_queue} waiting); "
+                                     "retry later or raise max_queue")
+            self._queue.append((handle, time.perf_counter()))
+            self._handles[request.request_id] = handle
+            self._ensure_thread()
+            self._lock.notify()
+        return handle
+
+    def close(self) -> None:
+        """Cancel everything and stop the thread (waits for the round in progress)."""
+        with self._lock:
+            self._closed = True
+            self._cancels.update(self._handles)
+            self._lock.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def _cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancels.add(request_id)
+            self._lock.notify()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="specrt-scheduler",
+                                            daemon=True)
+            self._thread.start()
+
+    # --- the scheduler's thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._queue or self._cancels or self.engine.busy or self._closed):
+                    self._lock.wait()
+                cancels, self._cancels = self._cancels, set()
+                closed = self._closed and not self._queue and not self.engine.busy
+            self._apply_cancels(cancels)
+            if closed:
+                return
+            self._admit()
+            if self.engine.busy:
+                self._round()
+
+    def _apply_cancels(self, ids: set[str]) -> None:
+        for request_id in ids:
+            step = self.engine.cancel(request_id)
+            if step is not None:
+                self._deliver(step)
+                continue
+            with self._lock:    # still queued: drop it
+                for item in list(self._queue):
+                    if item[0].request_id == request_id:
+                        self._queue.remove(item)
+                        handle = self._handles.pop(request_id)
+                        handle.put(Step(request_id, 0, [], "", [], 0, finish_reason="cancelled",
+                                        stats=None))
+
+    def _admit(self) -> None:
+        """Reserve slots for every queued request that fits now (FIFO), then prefill them."""
+        steps, reserved = [], []
+        while True:
+            with self._lock:
+                if not self._queue or not self.engine.can_admit(self._queue[0][0].request):
+                    break
+                handle, queued_at = self._queue.popleft()
+            try:
+                self.engine.reserve(handle.request, queued=time.perf_counter() - queued_at)
+                reserved.append(handle.request_id)
+            except Exception as e:      # this request alone fails; the engine stays clean
+                steps.append(self._failed(handle.request_id, e, "at admission"))
+        if reserved:
+            try:
+                steps += self.engine.prefill_reserved()
+            except Exception as e:
+                steps += [self._failed(rid, e, "in prefill") for rid in reserved]
+        for step in steps:
+            self._deliver(step)
+
+    def _failed(self, request_id: str, error: BaseException, where: str) -> Step:
+        if not isinstance(error, SpecrtError):
+            log.error("request %s failed %s: %r", request_id, where, error, exc_info=error)
+        self.engine.cancel(request_id, "error")
+        return Step(request_id, 0, [], "prefill", [], 0, finish_reason="error", error=error)
+
+    def _round(self) -> None:
+        try:
+            steps = self.engine.step()
+        except Exception as e:
+            log.exception("a round failed; ending the requests that shared it")
+            steps = self.engine.fail_all(e)
+        for step in steps:
+            self._deliver(step)
+
+    def _deliver(self, step: Step) -> None:
+        with self._lock:
+            handle = self._handles.get(step.request_id)
+            if step.finished:
+                self._handles.pop(step.request_id, None)
+        if handle is not None:
+            handle.put(step)

@@ -1,0 +1,172 @@
+"""The OpenAI-compatible HTTP app: routes, and the step from an OpenAI request to a specrt one.
+
+    POST /v1/completions        prompt: text (no chat template) or token ids
+    POST /v1/chat/completions   messages through the model's chat template
+    GET  /v1/models, /health, /metrics (Prometheus text)
+
+`build_app` takes a ready `AsyncLLM`; it neither loads nor closes models (the CLI, or a test,
+owns them). Text is encoded here, in the event loop, so the prompt's length is known for
+`usage` and for the default token budget; the engine gets token ids. The server holds no
+request state of its own: every request is a `Generation` that ends when its response does.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specrt.api.async_llm import AsyncLLM
+from specrt.serve import schemas
+from specrt.serve.errors import APIError, as_api_error, error_response, install_handlers
+from specrt.serve.generation import Generation, chat_events, collect, completion_events
+from specrt.serve.metrics import ServerMetrics
+from specrt.spec.config import SpecConfig
+
+CHAT_MAX_TOKENS = 256          # a chat request's budget when it names none (capped by room)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    served_model_name: str
+    default_speculative: dict | None     # applied to requests that do not say otherwise
+    chat_max_tokens: int = CHAT_MAX_TOKENS
+
+
+class _State:
+    def __init__(self, allm: AsyncLLM, config: ServeConfig):
+        self.allm, self.config = allm, config
+        self.llm = allm.llm
+        self.metrics = ServerMetrics(config.served_model_name, lambda: allm.llm.scheduler.pending)
+        self.created = int(time.time())
+
+
+def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
+    app = FastAPI(title="specrt", summary="OpenAI-compatible speculative decoding server")
+    state = app.state.serve = _State(allm, config)
+    install_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: schemas.CompletionRequest):
+        return await _respond(state, request, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: schemas.ChatCompletionRequest):
+        return await _respond(state, request, body, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return schemas.models_list(config.served_model_name, state.created, state.llm.max_seq_len)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _respond(state: _State, request: Request, body, chat: bool):
+    arrived = time.perf_counter()
+    gen = None
+    try:
+        ids, args = _engine_request(state, body, chat)
+        gen = Generation(state.allm, state.metrics, ids, args, arrived)
+        first = await gen.start()
+    except Exception as e:      # noqa: BLE001 -- every failure answers this request alone
+        if gen is not None:
+            await gen.close()
+        err = as_api_error(e)
+        state.metrics.failed(err.status)
+        return error_response(err)
+    name = state.config.served_model_name
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        rid = schemas.new_id("chatcmpl" if chat else "cmpl")
+        events = (chat_events if chat else completion_events)(gen, first, rid, name,
+                                                              include_usage)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    try:
+        text = await _unless_disconnected(request, collect(gen, first))
+    except Exception as e:      # noqa: BLE001
+        err = as_api_error(e)
+        state.metrics.failed(err.status)
+        return error_response(err)
+    if text is None:
+        return Response(status_code=499)        # nginx's "client closed request"; unread
+    if chat:
+        out = schemas.chat_completion(schemas.new_id("chatcmpl"), name, text, gen.finish_reason,
+                                      gen.usage())
+    else:
+        out = schemas.completion(schemas.new_id("cmpl"), name, text, gen.finish_reason,
+                                 gen.usage())
+    return JSONResponse(out)
+
+
+async def _unless_disconnected(request: Request, work):
+    """`await work`, or cancel it and return None if the client disconnects first (Starlette
+    cancels a streaming response's iterator by itself, but not a plain handler)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()           # collect's finally closes the generation: cancelled
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watch.cancelled() or not watch.done():
+            raise                   # we are being cancelled ourselves
+        return None
+
+
+async def _disconnected(request: Request) -> None:
+    # the body was read already, so the next message is the disconnect
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
+    """(prompt ids, keyword arguments of AsyncLLM.stream) for an OpenAI request; raises
+    APIError or SpecrtError (both 400) for one that cannot run."""
+    if body.model is not None and body.model != state.config.served_model_name:
+        raise APIError(f"the model {body.model!r} does not exist; this server serves "
+                       f"{state.config.served_model_name!r}", param="model",
+                       code="model_not_found")
+    if body.n != 1:
+        raise APIError(f"n must be 1 (one choice per request), got {body.n}", param="n")
+    if chat:
+        ids = state.llm.encode(messages=[m.as_dict() for m in body.messages])
+    else:
+        ids = state.llm.encode(body.prompt, chat=False)
+    if body.speculative is None:
+        spec = state.config.default_speculative
+    elif body.speculative and "model" in body.speculative:
+        # a path from a client would make the server load any directory it can read
+        raise APIError("a request's speculative config may not name a draft \"model\"; the "
+                       "server's draft is set with --draft", param="speculative")
+    else:
+        spec = body.speculative or None           # false: plain decoding
+    parsed = SpecConfig.parse(spec)
+    max_tokens = body.token_budget()
+    if max_tokens is None:
+        room = state.llm.max_seq_len - len(ids) - (parsed.num_speculative_tokens + 1
+                                                   if parsed is not None else 0)
+        default = state.config.chat_max_tokens if chat else 16
+        max_tokens = max(1, min(default, room))   # no room: the engine says why (400)
+    elif max_tokens < 1:
+        raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    return ids, dict(
+        max_new_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else float(body.temperature),
+        top_p=1.0 if body.top_p is None else float(body.top_p),
+        top_k=body.top_k or 0, seed=body.seed, stop=body.stops(), speculative=parsed)

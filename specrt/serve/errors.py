@@ -1,0 +1,83 @@
+"""Every failure as an OpenAI-style error response: which status, which body.
+
+    400  the caller's fault: malformed JSON, wrong field types, an unknown model, n != 1,
+         anything specrt rejects (SpecrtError: prompt too long for the cache, bad K, ...)
+    503  the bounded queue is full (QueueFullError), with Retry-After
+    500  anything else, for that request alone; the server lives on
+
+The body is always {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specrt.errors import QueueFullError, SpecrtError
+
+log = logging.getLogger("specrt.serve")
+RETRY_AFTER_S = 1
+
+
+class APIError(Exception):
+    """A request the server refuses, with its status and OpenAI error type."""
+
+    def __init__(self, message: str, status: int = 400, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = \
+            message, status, type_, param, code
+
+
+def error_body(message: str, type_: str, param: str | None = None,
+               code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """The APIError a request failing with `exc` answers with."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return APIError(str(exc), 503, "service_unavailable", code="queue_full")
+    if isinstance(exc, SpecrtError):
+        return APIError(str(exc), 400)
+    log.error("request failed", exc_info=exc)
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, "internal_error")
+
+
+def error_response(err: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 503 else None
+    return JSONResponse(error_body(err.message, err.type, err.param, err.code),
+                        status_code=err.status, headers=headers)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            msg = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
+        else:
+            msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: "
+                            f"{e['msg']}" for e in errors[:5])
+        return error_response(APIError(msg, 400, param=".".join(loc) or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+        return JSONResponse(error_body(str(exc.detail), type_, code=exc.status_code),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        return error_response(as_api_error(exc))

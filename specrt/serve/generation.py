@@ -1,0 +1,159 @@
+"""One HTTP request's generation: the specrt stream behind it, its metrics, its SSE events.
+
+A `Generation` wraps `AsyncLLM.stream` for token ids the server has already encoded (so it
+knows the prompt's length for `usage`). `start()` submits the request and waits for the first
+chunk, so a refusal (bad input: 400, full queue: 503) is known before any response byte is
+sent. `close()` ends it whatever happened; a generation closed before its last chunk (the
+client went away, or the stream failed) cancels its request, which frees its slot at the next
+round, and counts as finished_reason="abort".
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import AsyncIterator
+
+from specrt.api.async_llm import AsyncLLM
+from specrt.api.run import StreamChunk
+from specrt.serve import schemas
+from specrt.serve.errors import as_api_error, error_body
+from specrt.serve.metrics import ServerMetrics
+
+
+class Generation:
+    def __init__(self, allm: AsyncLLM, metrics: ServerMetrics, prompt_ids: list[int],
+                 engine_args: dict, arrived: float):
+        self.metrics = metrics
+        self.prompt_tokens = len(prompt_ids)
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None       # OpenAI's name, once the last chunk came
+        self._stream = allm.stream(prompt_ids, **engine_args)
+        self._arrived = arrived
+        self._last: float | None = None              # arrival of the previous chunk
+        self._counted = False                        # in the in-flight gauge
+        self._closed = False
+
+    async def start(self) -> StreamChunk:
+        """Submit and wait for the first chunk; raises what submission raises."""
+        self.metrics.started()
+        self._counted = True
+        chunk = await self.next()
+        assert chunk is not None
+        self.metrics.admitted(self.prompt_tokens)
+        return chunk
+
+    async def next(self) -> StreamChunk | None:
+        """The next chunk; None after the last one."""
+        if self.finish_reason is not None:
+            return None
+        try:
+            chunk = await self._stream.__anext__()
+        except StopAsyncIteration:     # the engine cancelled it (the LLM is closing)
+            chunk = StreamChunk("", [], "cancelled")
+        now = time.perf_counter()
+        if self._last is None:
+            self.metrics.first_token(now - self._arrived)
+        else:
+            self.metrics.between_chunks(now - self._last)
+        self._last = now
+        self.completion_tokens += len(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            self.finish_reason = schemas.FINISH_REASONS.get(chunk.finish_reason,
+                                                            chunk.finish_reason)
+            self.metrics.finished(self.finish_reason, self.completion_tokens,
+                                  now - self._arrived, chunk.stats)
+        return chunk
+
+    def usage(self) -> dict:
+        return schemas.usage(self.prompt_tokens, self.completion_tokens)
+
+    async def close(self) -> None:
+        """Cancel the request if it is still running, and settle the metrics. Nothing here
+        waits on the engine, so it also runs in a task that is being cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._counted:
+            self.metrics.ended()
+        if self.finish_reason is None and self._last is not None:
+            self.metrics.finished("abort", self.completion_tokens,
+                                  time.perf_counter() - self._arrived, None)
+        await self._stream.aclose()             # runs AsyncLLM.stream's finally: cancel
+
+
+async def collect(gen: Generation, first: StreamChunk) -> str:
+    """The whole text of a generation whose first chunk is `first`."""
+    try:
+        parts, chunk = [], first
+        while chunk is not None:
+            parts.append(chunk.text)
+            chunk = await gen.next()
+        return "".join(parts)
+    finally:
+        await gen.close()
+
+
+def sse(body: dict | str) -> str:
+    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
+
+
+async def chat_events(gen: Generation, first: StreamChunk, rid: str, model: str,
+                      include_usage: bool) -> AsyncIterator[str]:
+    """OpenAI's chat.completion.chunk events: the role, the text deltas, the finish reason,
+    the usage (if asked), then [DONE]."""
+    def frame(delta, finish=None):
+        return sse(schemas.chat_chunk(rid, model, delta, finish))
+
+    async def deltas():
+        yield frame({"role": "assistant", "content": ""})
+        async for chunk in _chunks(gen, first):
+            if chunk.text:
+                yield frame({"content": chunk.text})
+        yield frame({}, gen.finish_reason)
+        if include_usage:
+            yield sse(schemas.chat_chunk(rid, model, None, None, gen.usage()))
+
+    async for event in _guarded(gen, deltas()):
+        yield event
+
+
+async def completion_events(gen: Generation, first: StreamChunk, rid: str, model: str,
+                            include_usage: bool) -> AsyncIterator[str]:
+    """OpenAI's text_completion stream chunks, then [DONE]."""
+    async def deltas():
+        async for chunk in _chunks(gen, first):
+            if chunk.text or chunk.finish_reason is not None:
+                yield sse(schemas.completion(rid, model, chunk.text, gen.finish_reason
+                                             if chunk.finish_reason else None, None, chunk=True))
+        if include_usage:
+            body = schemas.completion(rid, model, "", None, gen.usage(), chunk=True)
+            body["choices"] = []
+            yield sse(body)
+
+    async for event in _guarded(gen, deltas()):
+        yield event
+
+
+async def _chunks(gen: Generation, first: StreamChunk) -> AsyncIterator[StreamChunk]:
+    chunk = first
+    while chunk is not None:
+        yield chunk
+        chunk = await gen.next()
+
+
+async def _guarded(gen: Generation, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`events`, then [DONE]; a failure mid-stream becomes an error event (the status line
+    was sent long ago). However the stream ends -- finished, failed, or closed by Starlette
+    when the client disconnects -- the generation is closed, which cancels its request."""
+    try:
+        try:
+            async for event in events:
+                yield event
+        except Exception as e:     # noqa: BLE001 -- reported to the client, logged in as_api_error
+            err = as_api_error(e)
+            gen.metrics.failed(err.status)
+            yield sse(error_body(err.message, err.type, err.param, err.code))
+        yield sse("[DONE]")
+    finally:
+        await events.aclose()
+        await gen.close()

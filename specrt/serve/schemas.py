@@ -1,0 +1,125 @@
+"""The OpenAI request bodies the server accepts, and the response bodies it sends.
+
+Requests are pydantic models in strict mode: a known field of the wrong type ("max_tokens":
+"5", "stop": 3) is a 400, while fields this server does not know (the `openai` client sends
+several, e.g. `logprobs`, `user`) are ignored. Responses are plain dicts in OpenAI's shapes.
+Nothing here talks to the engine.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+# engine finish reason -> OpenAI's ("eos": the model ended its answer; "stop": a stop string)
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}
+Number = Union[StrictInt, StrictFloat]
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Base):
+    include_usage: StrictBool = False
+
+
+class _Sampling(_Base):
+    """Fields both endpoints share."""
+
+    model: Optional[StrictStr] = None
+    temperature: Optional[Number] = Field(None, ge=0.0)      # None: OpenAI's default, 1.0
+    top_p: Optional[Number] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[StrictInt] = Field(None, ge=0)          # an extension, as in vLLM
+    seed: Optional[StrictInt] = None
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+    # specrt's extension: absent or null = the server's --speculative-config; false = plain
+    # decoding; an object = that config (vLLM's keys) for this request.
+    speculative: Union[dict, Literal[False], None] = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[StrictStr, list[StrictInt]]
+    max_tokens: Optional[StrictInt] = 16                     # OpenAI's default
+
+    def token_budget(self) -> Optional[int]:
+        return self.max_tokens
+
+
+class TextPart(_Base):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Base):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Union[StrictStr, list[TextPart]]
+
+    def as_dict(self) -> dict:
+        content = self.content if isinstance(self.content, str) else \
+            "".join(p.text for p in self.content)
+        # OpenAI's newer "developer" role is the system prompt of older templates
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[StrictInt] = None                   # None: room left, at most 256
+    max_completion_tokens: Optional[StrictInt] = None        # OpenAI's newer name for it
+
+    def token_budget(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+# --- responses ---------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(rid: str, model: str, text: str, finish: str | None, use: dict | None,
+               chunk: bool = False) -> dict:
+    """A /v1/completions body (the whole answer) or one of its stream chunks."""
+    body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+    if use is not None or not chunk:
+        body["usage"] = use
+    return body
+
+
+def chat_completion(rid: str, model: str, text: str, finish: str, use: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish}],
+            "usage": use}
+
+
+def chat_chunk(rid: str, model: str, delta: dict | None, finish: str | None,
+               use: dict | None = None) -> dict:
+    """One chat stream chunk; delta None: the usage-only chunk (no choices)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish}]
+    body = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": choices}
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def models_list(name: str, created: int, max_model_len: int) -> dict:
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
+                                        "owned_by": "specrt", "root": name,
+                                        "max_model_len": max_model_len}]}

@@ -1,0 +1,339 @@
+"""Bad model files get one SpecrtError, never a raw traceback, a hang or an allocation storm.
+
+Property-based (hypothesis, derandomized so CI is reproducible, ~300 examples, well under a
+minute on 2 cores): a copy of the tiny model with a mutated config.json, generation_config.json,
+shard index or tokenizer_config.json must either load and generate, or raise SpecrtError, within
+5 s. Then one plain test per family (issue 18): config values, shard index, files that are not
+regular files (run in a subprocess with a timeout, so a regression cannot hang the suite), sizes
+checked before allocation, tokenizer files, and the chat template.
+
+Distinct bad-file inputs exercised by the plain tests: 20 config values + 6 index + 4 file
+types + 4 size/memory + 9 tokenizer/template = 43 (listed below), on top of the 240 generated
+ones; test_errors.py and test_models.py (checksum, stale leftovers) add 5 more.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import specrt
+from specrt.errors import (ConfigValueError, IndexFileError, MemoryCapacityError, SpecrtError,
+                           TokenizerFileError, WeightsSizeError)
+
+REPO = Path(__file__).resolve().parents[1]
+TIME_BOUND_S = 5.0
+FUZZ = settings(max_examples=80, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _copy(src: Path) -> Path:
+    d = Path(tempfile.mkdtemp(prefix="specrt-fuzz-")) / "m"
+    shutil.copytree(src, d)
+    return d
+
+
+def _edit(path: Path, mutate) -> None:
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps(mutate(raw)))
+
+
+def _load_and_generate(d: Path) -> None:
+    llm = specrt.LLM(d, max_seq_len=32, dtype="float32")
+    try:
+        llm.generate([1, 2], max_new_tokens=2)
+        if llm.tokenizer is not None:
+            llm.generate("def", max_new_tokens=2, chat=llm.tokenizer.has_chat_template)
+    finally:
+        llm.close()
+
+
+def _outcome(d: Path) -> BaseException | None:
+    """Load (and generate from) `d` in a thread; fail if it takes longer than TIME_BOUND_S.
+    Returns the exception raised, or None."""
+    box: list = []
+
+    def run():
+        try:
+            _load_and_generate(d)
+            box.append(None)
+        except BaseException as e:  # noqa: BLE001 - judged by the caller
+            box.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(TIME_BOUND_S)
+    assert not t.is_alive(), f"loading {d} took more than {TIME_BOUND_S} s"
+    return box[0]
+
+
+def _assert_clear(d: Path) -> None:
+    err = _outcome(d)
+    event("loaded" if err is None else type(err).__name__)
+    if err is not None and not isinstance(err, SpecrtError):
+        raise AssertionError(f"raw {type(err).__name__} for {d}") from err
+    shutil.rmtree(d.parent, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- strategies
+
+EXTREMES = [0, -1, 1, 2, 3, 7, 2 ** 31, 2 ** 63, 10 ** 30, 3_000_000, 0.5, 320.7, 1e308,
+            -0.0, float("nan"), float("inf"), True, False, None, "", "abc", "false", "1"]
+scalars = st.one_of(st.sampled_from(EXTREMES), st.integers(-5, 5000),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6))
+junk = st.recursive(scalars, lambda c: st.one_of(
+    st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)), max_leaves=6)
+CONFIG_KEYS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+               "rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings",
+               "tie_word_embeddings", "attention_bias", "eos_token_id", "bos_token_id",
+               "architectures", "model_type", "layer_types", "use_sliding_window", "mlp_bias",
+               "hidden_act"]
+# (key, None) deletes the key; (key, value) sets it
+edits = st.lists(st.tuples(st.sampled_from(CONFIG_KEYS),
+                           st.one_of(st.none(), st.just("<delete>"), junk)), min_size=1,
+                 max_size=3)
+
+
+def _apply(raw: dict, changes) -> dict:
+    for key, value in changes:
+        if value == "<delete>":
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+@pytest.fixture(scope="module")
+def sharded_dir(tiny_dir, tmp_path_factory):
+    """tiny_dir split into two shards with a model.safetensors.index.json."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path_factory.mktemp("sharded") / "m"
+    shutil.copytree(tiny_dir, d)
+    sd = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(sd)
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for fname, part in halves.items():
+        save_file({n: sd[n] for n in part}, d / fname, metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return d
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+@FUZZ
+@given(changes=edits)
+def test_fuzz_config_json(tiny_dir, changes):
+    d = _copy(tiny_dir)
+    _edit(d / "config.json", lambda raw: _apply(raw, changes))
+    _assert_clear(d)
+
+
+@settings(FUZZ, max_examples=40)
+@given(changes=st.lists(st.tuples(st.sampled_from(["eos_token_id", "bos_token_id",
+                                                   "pad_token_id"]),
+                                  st.one_of(st.just("<delete>"), junk)), min_size=1,
+                        max_size=2))
+def test_fuzz_generation_config(tiny_dir, changes):
+    d = _copy(tiny_dir)
+    _edit(d / "generation_config.json", lambda raw: _apply(raw, changes))
+    _assert_clear(d)
+
+
+shard_values = st.one_of(junk, st.sampled_from(
+    ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json",
+     "../m/model-00001-of-00002.safetensors", "/etc/hostname", "missing.safetensors", ".",
+     "nested/x.safetensors", ""]))
+
+
+@settings(FUZZ, max_examples=60)
+@given(index=st.one_of(
+    junk,
+    st.fixed_dictionaries({"weight_map": junk}),
+    st.tuples(st.integers(0, 40), shard_values)))
+def test_fuzz_shard_index(sharded_dir, index):
+    d = _copy(sharded_dir)
+    path = d / "model.safetensors.index.json"
+    if isinstance(index, tuple):            # redirect one tensor of a valid index
+        pos, value = index
+
+        def mutate(raw):
+            names = sorted(raw["weight_map"])
+            raw["weight_map"][names[pos % len(names)]] = value
+            return raw
+        _edit(path, mutate)
+    else:
+        path.write_text(json.dumps(index))
+    _assert_clear(d)
+
+
+TOKENIZER_KEYS = ["chat_template", "eos_token", "pad_token", "bos_token", "unk_token",
+                  "model_max_length", "added_tokens_decoder", "tokenizer_class",
+                  "additional_special_tokens", "extra_special_tokens",
+                  "clean_up_tokenization_spaces"]
+templates = st.sampled_from(["{% for m in messages %}", "{{ 1/0 }}", "{{ raise_exception('x') }}",
+                             "{{ messages | nofilter }}", "{% if %}", "ok", ""])
+
+
+@settings(FUZZ, max_examples=60)
+@given(changes=st.lists(st.tuples(st.sampled_from(TOKENIZER_KEYS),
+                                  st.one_of(st.just("<delete>"), junk, templates)),
+                        min_size=1, max_size=3),
+       whole=st.one_of(st.none(), junk))
+def test_fuzz_tokenizer_config(tiny_dir, changes, whole):
+    d = _copy(tiny_dir)
+    (d / "chat_template.jinja").unlink()    # so tokenizer_config.json's template is the one used
+    path = d / "tokenizer_config.json"
+    if whole is not None and not isinstance(whole, dict):
+        path.write_text(json.dumps(whole))
+    else:
+        _edit(path, lambda raw: _apply(raw, changes))
+    _assert_clear(d)
+
+
+# --------------------------------------------------------------------------- one test per family
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be an integer in \\[1, "),
+    ({"vocab_size": "abc"}, "vocab_size must be an integer.*got 'abc'"),
+    ({"vocab_size": None}, "vocab_size"),
+    ({"vocab_size": 320.7}, "vocab_size.*got 320.7"),
+    ({"vocab_size": True}, "vocab_size.*got True"),
+    ({"hidden_size": -64}, "hidden_size"),
+    ({"rms_norm_eps": "x"}, "rms_norm_eps must be a positive number"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+    ({"max_position_embeddings": None}, "max_position_embeddings.*got None"),
+    ({"eos_token_id": "abc"}, "eos_token_id.*got 'abc'"),
+    ({"eos_token_id": [1, None]}, "eos_token_id.*got \\[1, None\\]"),
+    ({"eos_token_id": 10 ** 6}, "eos_token_id.*\\[0, 320\\)"),
+    ({"architectures": [["x"]]}, "architectures must be a list of class names"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ({"rope_theta": True}, "rope_theta must be a positive number.*got True"),
+    ({"rope_theta": float("inf")}, "rope_theta"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "x"}}, "rope_theta"),
+    ({"hidden_size": 66}, "hidden_size \\(66\\) is not divisible by num_attention_heads"),
+    ({"num_hidden_layers": 3_000_000}, "num_hidden_layers must be an integer in \\[1, 4096\\]"),
+    ({"layer_types": 5}, "layer_types must be a list of strings"),
+])
+def test_config_values_are_checked(tiny_dir, changes, pattern):
+    d = _copy(tiny_dir)
+    _edit(d / "config.json", lambda raw: {**raw, **changes})
+    with pytest.raises(ConfigValueError, match=pattern):
+        specrt.LLM(d, dtype="float32")
+
+
+@pytest.mark.parametrize("weight_map, pattern", [
+    ([], "weight_map must be a non-empty object"),
+    ({}, "weight_map must be a non-empty object"),
+    ("x", "weight_map must be a non-empty object"),
+    ({"model.norm.weight": 5}, "must be a shard file name, got 5"),
+    ({"model.norm.weight": "../../etc/hostname"}, "outside the model directory"),
+    ({"model.norm.weight": "/etc/hostname"}, "outside the model directory"),
+])
+def test_shard_index_is_checked(sharded_dir, weight_map, pattern):
+    d = _copy(sharded_dir)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(IndexFileError, match=pattern):
+        specrt.LLM(d, dtype="float32")
+
+
+@pytest.mark.parametrize("name, make", [
+    ("model.safetensors", os.mkfifo),
+    ("config.json", os.mkfifo),
+    ("tokenizer_config.json", os.mkfifo),
+    ("tokenizer.json", os.mkdir),
+])
+def test_files_that_are_not_regular_files(tiny_dir, name, make):
+    """Run in a subprocess with a timeout: if the check regresses, opening a FIFO blocks
+    forever, and the suite must fail, not hang."""
+    d = _copy(tiny_dir)
+    (d / name).unlink()
+    make(d / name)
+    code = ("import specrt, sys\n"
+            "try:\n    specrt.LLM(sys.argv[1])\n"
+            "except specrt.errors.NotRegularFileError as e:\n    print(e); sys.exit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(d)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert f"{name} is a" in proc.stdout and "not a regular file" in proc.stdout
+
+
+def test_config_size_checked_against_weight_files(tiny_dir):
+    import time
+
+    d = _copy(tiny_dir)
+    _edit(d / "config.json", lambda raw: {**raw, "num_hidden_layers": 4000})
+    start = time.perf_counter()
+    with pytest.raises(WeightsSizeError, match="num_hidden_layers=4000.*does not match"):
+        specrt.LLM(d, dtype="float32")
+    assert time.perf_counter() - start < 2.0      # no per-layer table was built
+    _edit(d / "config.json", lambda raw: {**raw, "num_hidden_layers": 1})
+    with pytest.raises(WeightsSizeError):
+        specrt.LLM(d, dtype="float32")
+
+
+def test_kv_cache_checked_against_available_memory(tiny_dir, monkeypatch):
+    from specrt.model import kv_cache
+
+    with pytest.raises(MemoryCapacityError, match="lower max_seq_len or max_batch_size"):
+        specrt.LLM(tiny_dir, max_seq_len=2 ** 20, max_batch_size=1024, dtype="float32")   # ~550 GB
+    # one row (checked at load) fits in 8 MB, the engine's 8-row cache (16.8 MB) does not
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: 8 << 20)
+    with pytest.raises(MemoryCapacityError,
+                       match=r"needs 16.8 MB .*max_batch_size 8 .*max_seq_len 4096.*has 8.4 MB"):
+        specrt.LLM(tiny_dir, max_seq_len=4096, max_batch_size=8, dtype="float32")
+
+
+def _drop(key):
+    def mutate(raw):
+        raw.pop(key)
+        return raw
+    return mutate
+
+
+@pytest.mark.parametrize("fname, mutate, pattern", [
+    ("tokenizer.json", lambda raw: {"version": "1.0"}, "tokenizer.json is not a tokenizers file"),
+    ("tokenizer.json", _drop("added_tokens"), "added_tokens"),
+    ("tokenizer.json", lambda raw: {**raw, "model": {"type": "Nope"}}, "cannot load the tokenizer"),
+    ("tokenizer_config.json", lambda raw: [1, 2], "must hold a JSON object"),
+    ("tokenizer_config.json", lambda raw: {**raw, "eos_token": 5}, "eos_token must be"),
+    ("tokenizer_config.json", lambda raw: {**raw, "added_tokens_decoder": {"x": 1}},
+     "cannot load the tokenizer"),
+])
+def test_tokenizer_files_are_checked(tiny_dir, fname, mutate, pattern):
+    d = _copy(tiny_dir)
+    _edit(d / fname, mutate)
+    with pytest.raises(TokenizerFileError, match=pattern):
+        specrt.LLM(d, dtype="float32")
+
+
+@pytest.mark.parametrize("template", ["{% for m in messages %}", "{{ 1/0 }}",
+                                      "{{ raise_exception('no system role') }}"])
+def test_broken_chat_template(tiny_dir, template):
+    d = _copy(tiny_dir)
+    (d / "chat_template.jinja").write_text(template)
+    llm = specrt.LLM(d, max_seq_len=32, dtype="float32")
+    try:
+        with pytest.raises(TokenizerFileError, match="chat_template.jinja fails.*chat=False"):
+            llm.generate("hi", max_new_tokens=2, chat=True)
+        assert llm.generate("hi", max_new_tokens=2, chat=False).token_ids   # plain text works
+    finally:
+        llm.close()

@@ -1,0 +1,202 @@
+"""`python -m specrt.models convert PATH.gguf OUT_DIR` on GGUFs written here from tiny models.
+
+Each tiny Hugging Face checkpoint (tests/tiny.py) is written to a GGUF the way llama.cpp's
+convert_hf_to_gguf.py lays it out: llama.cpp tensor names, F32 tensors, tokenizer metadata
+built from the tiny tokenizer.json, and (llama only) q/k rows permuted by `llama_permute`, a
+copy of `LlamaModel.permute`. The converted directory must then give the logits of the
+original model, whose weights are rounded to bf16 as the converter rounds them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specrt.hub import gguf_convert
+from specrt.hub.cli import main
+from tests.tiny import CHAT_TEMPLATE, hf_model, make_model
+
+_HF_TO_GGUF = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+_LAYER_TO_GGUF = {v: k for k, v in gguf_convert._LAYER_NAMES.items()}
+
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py `LlamaModel.permute`, verbatim."""
+    dim = w.shape[0]
+    return w.reshape(n_head, 2, dim // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_name(hf: str) -> str:
+    if hf in _HF_TO_GGUF:
+        return _HF_TO_GGUF[hf]
+    _, _, n, rest = hf.split(".", 3)
+    return f"blk.{n}.{_LAYER_TO_GGUF[rest]}"
+
+
+def _tokenizer_metadata(writer, hf_dir: Path, cfg: dict, chat_template: bool) -> None:
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = dict(tok["model"]["vocab"])
+    specials = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    vocab.update(specials)
+    tokens = [f"[PAD{i}]" for i in range(cfg["vocab_size"])]
+    for text, i in vocab.items():
+        tokens[i] = text
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials or t.startswith("[PAD") else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(cfg["eos_token_id"])
+    writer.add_bos_token_id(specials["<|endoftext|>"])
+    if chat_template:
+        writer.add_chat_template(CHAT_TEMPLATE)
+
+
+def write_gguf(hf_dir: Path, path: Path, arch: str | None = None, chat_template: bool = True,
+               extra=None) -> Path:
+    """The tiny checkpoint in `hf_dir` as llama.cpp would write it (arch: override the name;
+    extra: a function of the GGUFWriter that adds more metadata)."""
+    from gguf import GGUFWriter
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = arch or cfg["model_type"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    _tokenizer_metadata(w, hf_dir, cfg, chat_template)
+    if extra:
+        extra(w)
+    for name, t in load_file(str(hf_dir / "model.safetensors")).items():
+        if cfg["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            t = llama_permute(t, heads if "q_proj" in name else kv_heads)
+        w.add_tensor(_gguf_name(name), np.ascontiguousarray(t, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def converted(request, tmp_path_factory):
+    """(kind, tiny HF dir, converted dir) with the conversion's exit status checked.
+
+    The converter's row chunks are shrunk to 3 rows so that chunking runs (and, for llama's
+    permuted q/k, is rounded to whole heads) on these small tensors too.
+    """
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"gguf_{kind}")
+    hf_dir = make_model(root / "hf", kind, seed=3)
+    gguf = write_gguf(hf_dir, root / f"{kind}.gguf", chat_template=kind == "qwen2")
+    out = root / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf_convert, "_CHUNK_ELEMENTS", 3 * 64)
+        assert main(["convert", "--quiet", str(gguf), str(out)]) == 0
+    return kind, hf_dir, out
+
+
+def test_inverse_permutation():
+    w = np.arange(6 * 8 * 3, dtype=np.float32).reshape(6 * 8, 3)     # 6 heads, head_dim 8
+    back = gguf_convert.unpermute_rows(torch.from_numpy(llama_permute(w, 6)), 8)
+    assert torch.equal(back, torch.from_numpy(w))
+    assert not np.array_equal(llama_permute(w, 6), w)
+
+
+def test_logits_equal_original_rounded_to_bf16(converted):
+    from specrt.model import Transformer
+
+    kind, hf_dir, out = converted
+    ref = hf_model(hf_dir)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))      # what the converter writes
+    ids = torch.tensor([[5, 17, 42, 99, 250, 3, 301]])
+    with torch.no_grad():
+        want = ref(ids).logits
+    ours = Transformer.from_dir(out, dtype="float32")
+    got = ours.forward(ids, ours.new_cache(1, 16))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    with torch.no_grad():  # transformers reads the directory too
+        torch.testing.assert_close(hf_model(out)(ids).logits, want, rtol=1e-4, atol=1e-4)
+
+
+def test_config_tokenizer_and_generation_config(converted):
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    kind, hf_dir, out = converted
+    cfg = json.loads((out / "config.json").read_text())
+    gen = json.loads((out / "generation_config.json").read_text())
+    with safe_open(str(out / "model.safetensors"), framework="pt") as st, \
+            safe_open(str(hf_dir / "model.safetensors"), framework="pt") as orig_st:
+        has_head = "lm_head.weight" in st.keys()
+        has_bias = "model.layers.0.self_attn.q_proj.bias" in st.keys()
+        for name in orig_st.keys():  # every tensor, q/k included, is the original in bf16
+            assert torch.equal(st.get_tensor(name), orig_st.get_tensor(name).bfloat16()), name
+    tok, orig = AutoTokenizer.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(hf_dir))
+    text = "def add(a, b):\n    return a + b  # the quick fox"
+    assert tok.encode(text, add_special_tokens=False) == orig.encode(text, add_special_tokens=False)
+    eos = orig.convert_tokens_to_ids("<|im_end|>")
+    assert gen["eos_token_id"][0] == cfg["eos_token_id"] == eos
+    assert orig.convert_tokens_to_ids("<|endoftext|>") in gen["eos_token_id"]
+    if kind == "llama":
+        assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
+        assert cfg["tie_word_embeddings"] is True and not has_head
+        assert cfg["attention_bias"] is False and not has_bias
+        assert tok.chat_template is None and not (out / "chat_template.jinja").exists()
+    else:
+        assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["tie_word_embeddings"] is False
+        assert has_head and has_bias and tok.chat_template == CHAT_TEMPLATE
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    hf_dir = make_model(tmp_path / "hf", "qwen2", seed=5, layers=1)
+    good = write_gguf(hf_dir, tmp_path / "good.gguf")
+    cases = [
+        (["convert", str(tmp_path / "missing.gguf"), str(tmp_path / "a")], "no such file"),
+        (["convert", str(tmp_path), str(tmp_path / "b")], "not a regular file"),
+        (["convert", str(good), str(hf_dir)], "already exists"),
+    ]
+    gemma = write_gguf(hf_dir, tmp_path / "gemma.gguf", arch="gemma")
+    cases.append((["convert", str(gemma), str(tmp_path / "c")], "architecture 'gemma'"))
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all")
+    cases.append((["convert", str(tmp_path / "junk.gguf"), str(tmp_path / "d")], "not a GGUF"))
+    capsys.readouterr()
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+    assert not any((tmp_path / d).exists() for d in "abcd")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_rope_scaling_refused(tmp_path, capsys):
+    from gguf import RopeScalingType
+
+    hf_dir = make_model(tmp_path / "hf", "llama", seed=4, layers=1)
+
+    def linear(w):
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(4.0)
+
+    gguf = write_gguf(hf_dir, tmp_path / "m.gguf", extra=linear)
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "rope scaling 'linear' is not supported" in err[-1] and len(err) == 1
+    assert not (tmp_path / "out").exists()

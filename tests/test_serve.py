@@ -1,0 +1,462 @@
+"""The HTTP server, end to end: a real uvicorn server in this process on a tiny model, driven by
+the official `openai` client (and raw HTTP where the client would hide what is tested).
+
+In-process so faults can be injected into one request and the engine's slots inspected.
+Every client call has a timeout and no retries; the whole file runs in well under 2 minutes.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import uvicorn
+
+import specrt
+from specrt.serve import ServeConfig, build_app
+
+SPEC = {"method": "draft_model", "num_speculative_tokens": 3}   # fixed: sampling is exact
+PROMPTS = ["The quick brown fox", "def add(a, b):", "for i in range(10):",
+           "Once upon a time", "A refrigerator keeps", "Speculative decoding drafts"]
+TIMEOUT = 30.0
+
+
+class Server:
+    """A uvicorn server on a free port in a background thread, on an LLM the test owns."""
+
+    def __init__(self, llm: specrt.LLM, name: str = "tiny", spec: dict | None = SPEC):
+        self.llm = llm
+        self.app = build_app(specrt.AsyncLLM(llm=llm), ServeConfig(name, spec))
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.llm.close()
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="x", timeout=TIMEOUT,
+                             max_retries=0)
+
+    def aclient(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="x", timeout=TIMEOUT,
+                                  max_retries=0)
+
+    def raw(self, method: str, path: str, body: bytes | str | dict | None = None):
+        """(status, headers, body bytes) of one plain HTTP request."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
+        try:
+            if isinstance(body, dict):
+                body = json.dumps(body)
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, dict(resp.getheaders()), resp.read()
+        finally:
+            conn.close()
+
+    def metrics(self) -> dict[str, float]:
+        """{'name{labels}': value} of /metrics."""
+        status, _, text = self.raw("GET", "/metrics")
+        assert status == 200
+        out = {}
+        for line in text.decode().splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
+    def wait_idle(self, seconds: float = 10.0) -> None:
+        deadline = time.monotonic() + seconds
+        while self.llm.engine.busy or self.llm.scheduler.pending:
+            assert time.monotonic() < deadline, "the engine did not go idle"
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_noeos_dir, tiny_draft_dir):
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=2048, max_batch_size=4, dtype="float32")
+    with Server(llm) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def complete(client, prompt, **kw):
+    kw.setdefault("max_tokens", 24)
+    kw.setdefault("temperature", 0)
+    return client.completions.create(model="tiny", prompt=prompt, **kw)
+
+
+async def stream_text(aclient, prompt, **kw) -> tuple[str, str]:
+    kw.setdefault("max_tokens", 24)
+    kw.setdefault("temperature", 0)
+    stream = await aclient.completions.create(model="tiny", prompt=prompt, stream=True, **kw)
+    parts, finish = [], None
+    async for event in stream:
+        parts.append(event.choices[0].text)
+        finish = event.choices[0].finish_reason or finish
+    return "".join(parts), finish
+
+
+# --- the endpoints -------------------------------------------------------------------------------
+def test_models_health_and_metrics_endpoints(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert server.raw("GET", "/health")[0] == 200
+    status, headers, _ = server.raw("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+
+
+def test_completion_text_usage_and_finish_reason(server, client):
+    res = complete(client, "The quick brown fox", max_tokens=20)
+    alone = server.llm.generate("The quick brown fox", max_new_tokens=20, speculative=SPEC)
+    assert res.choices[0].text == alone.text
+    assert res.choices[0].finish_reason == "length"
+    prompt_len = len(server.llm.encode("The quick brown fox"))
+    assert (res.usage.prompt_tokens, res.usage.completion_tokens, res.usage.total_tokens) == \
+        (prompt_len, 20, prompt_len + 20)
+    # token ids as the prompt give the same answer
+    ids = server.llm.encode("The quick brown fox")
+    assert complete(client, ids, max_tokens=20).choices[0].text == alone.text
+    # specrt's extra field: plain decoding for this request (greedy: the same tokens)
+    plain = complete(client, "The quick brown fox", max_tokens=20,
+                     extra_body={"speculative": False})
+    assert plain.choices[0].text == alone.text
+    # OpenAI's default budget is 16 tokens
+    res = client.completions.create(model="tiny", prompt="Once upon a time", temperature=0)
+    assert res.usage.completion_tokens == 16
+
+
+def test_completion_stream_equals_non_stream(server, client):
+    full = complete(client, "def add(a, b):", max_tokens=30).choices[0].text
+    text, finish = asyncio.run(stream_text(server.aclient(), "def add(a, b):", max_tokens=30))
+    assert (text, finish) == (full, "length")
+
+
+def test_chat_with_system_message_stream_and_usage(server, client):
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "def add(a, b):"}]
+    res = client.chat.completions.create(model="tiny", messages=messages, max_tokens=25,
+                                         temperature=0)
+    alone = server.llm.generate(messages=messages, max_new_tokens=25, speculative=SPEC)
+    assert res.choices[0].message.content == alone.text
+    assert res.choices[0].message.role == "assistant"
+    assert res.choices[0].finish_reason == "length"
+    assert res.usage.prompt_tokens == len(server.llm.encode(messages=messages))
+    assert res.usage.completion_tokens == 25
+
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=25,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    events = list(stream)
+    assert events[0].choices[0].delta.role == "assistant"
+    text = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+    assert text == alone.text
+    assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "length"
+    assert events[-1].choices == [] and events[-1].usage.completion_tokens == 25
+
+
+def test_chat_default_budget_is_capped_by_the_model_length(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        res = s.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0)
+        assert res.usage.prompt_tokens + res.usage.completion_tokens == 64
+
+
+def test_stop_string_finishes_with_stop(server, client):
+    text = complete(client, "for i in range(10):", max_tokens=40).choices[0].text
+    stop = text[6:9]
+    res = complete(client, "for i in range(10):", max_tokens=40, stop=[stop])
+    assert res.choices[0].text == text[:text.find(stop)]
+    assert res.choices[0].finish_reason == "stop"
+
+
+# --- exactness under load ----------------------------------------------------------------------
+def test_16_concurrent_greedy_streams_equal_their_solo_outputs(server, client):
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(16)]
+    solo = [complete(client, p).choices[0].text for p in prompts]
+
+    async def all_at_once():
+        aclient = server.aclient()
+        return await asyncio.gather(*(stream_text(aclient, p) for p in prompts))
+
+    got = asyncio.run(asyncio.wait_for(all_at_once(), 90))
+    assert [text for text, _ in got] == solo
+    assert {finish for _, finish in got} == {"length"}
+
+
+def test_seeded_sampling_alone_equals_under_load(server, client):
+    kw = dict(temperature=1.0, top_p=0.9, seed=1234, max_tokens=30)
+    alone = complete(client, "Once upon a time", **kw).choices[0].text
+    assert complete(client, "Once upon a time", **kw).choices[0].text == alone
+
+    async def under_load():
+        aclient = server.aclient()
+        others = [stream_text(aclient, p, temperature=1.0, seed=i, max_tokens=40)
+                  for i, p in enumerate(PROMPTS)]
+        return await asyncio.gather(stream_text(aclient, "Once upon a time", **kw), *others)
+
+    got = asyncio.run(asyncio.wait_for(under_load(), 60))
+    assert got[0][0] == alone
+
+
+# --- clients that go away ------------------------------------------------------------------------
+def test_client_disconnect_mid_stream_frees_the_slot(server, client):
+    before = complete(client, "The quick brown fox").choices[0].text
+    server.wait_idle()
+    m0 = server.metrics()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0,
+         "stream": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline().startswith(b"data: ")           # the first chunk arrived
+    assert server.llm.engine.busy
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    server.wait_idle()
+    m1 = server.metrics()
+    key = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"}'
+    assert m1[key] - m0.get(key, 0) == 1
+    generated = (m1['vllm:generation_tokens_total{model_name="tiny"}']
+                 - m0['vllm:generation_tokens_total{model_name="tiny"}'])
+    assert generated < 1900                                 # cancelled, not run to the end
+    assert server.llm.engine.slots == [None] * 4
+    assert complete(client, "The quick brown fox").choices[0].text == before
+
+
+def test_client_gone_before_a_non_streaming_answer_cancels_it(server):
+    server.wait_idle()
+    m0 = server.metrics()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0}),
+        {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 10
+    while not server.llm.engine.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    server.wait_idle()
+    m1 = server.metrics()
+    key = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"}'
+    assert m1[key] - m0.get(key, 0) == 1
+    assert server.llm.engine.slots == [None] * 4
+
+
+# --- bad input, failures, back-pressure -------------------------------------------------------------
+BAD = {
+    "malformed JSON": b'{"model": "tiny", "prompt": ',
+    "wrong type": {"model": "tiny", "prompt": "hi", "max_tokens": "five"},
+    "wrong type of stop": {"model": "tiny", "prompt": "hi", "stop": 3},
+    "missing prompt": {"model": "tiny"},
+    "max_tokens 0": {"model": "tiny", "prompt": "hi", "max_tokens": 0},
+    "unknown model": {"model": "gpt-5", "prompt": "hi"},
+    "n = 2": {"model": "tiny", "prompt": "hi", "n": 2},
+    "prompt too long": {"model": "tiny", "prompt": list(range(1, 300)) * 7, "max_tokens": 16},
+    "token id out of vocabulary": {"model": "tiny", "prompt": [1, 2, 10**6]},
+    "empty prompt": {"model": "tiny", "prompt": ""},
+    "bad speculative config": {"model": "tiny", "prompt": "hi",
+                               "speculative": {"method": "magic"}},
+    "draft model named by a request": {"model": "tiny", "prompt": "hi", "speculative": {
+        "method": "draft_model", "model": "/etc"}},
+    "negative temperature": {"model": "tiny", "prompt": "hi", "temperature": -1},
+    "top_p 0": {"model": "tiny", "prompt": "hi", "top_p": 0},
+    "string temperature": {"model": "tiny", "prompt": "hi", "temperature": "0.5"},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_a_400_with_an_openai_error_body(server, name):
+    status, _, body = server.raw("POST", "/v1/completions", BAD[name])
+    assert status == 400, body
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_bad_chat_input_and_the_server_lives_on(server, client):
+    for body in ({"model": "tiny", "messages": []},
+                 {"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]},
+                 {"model": "tiny", "messages": [{"role": "user", "content": 5}]},
+                 {"model": "tiny", "messages": "hi"}):
+        status, _, raw = server.raw("POST", "/v1/chat/completions", body)
+        assert status == 400, raw
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="nope", prompt="hi", max_tokens=4)
+    # unknown extra fields are ignored
+    res = complete(client, "hi", max_tokens=4, user="u1", extra_body={"foo": {"bar": 1}})
+    assert res.usage.completion_tokens == 4
+
+
+def test_an_internal_error_fails_that_request_alone(server, client, monkeypatch):
+    tok = server.llm.tokenizer
+    real_encode = tok.encode
+
+    def encode(text, chat=False):
+        if text == "EXPLODE":
+            raise RuntimeError("injected fault")
+        return real_encode(text, chat)
+
+    monkeypatch.setattr(tok, "encode", encode)
+    real_reserve = server.llm.engine.reserve
+    poison = tuple(server.llm.encode("def add(a, b):"))
+
+    def reserve(request, *a, **kw):      # an engine-side fault, on the scheduler's thread
+        if request.prompt == poison:
+            raise RuntimeError("injected engine fault")
+        return real_reserve(request, *a, **kw)
+
+    monkeypatch.setattr(server.llm.engine, "reserve", reserve)
+    expected = complete(client, "The quick brown fox").choices[0].text
+
+    async def mixed():
+        aclient = server.aclient()
+        return await asyncio.gather(
+            aclient.completions.create(model="tiny", prompt="EXPLODE", max_tokens=8),
+            aclient.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=8),
+            stream_text(aclient, "The quick brown fox"), return_exceptions=True)
+
+    bad_text, bad_engine, good = asyncio.run(asyncio.wait_for(mixed(), 30))
+    assert isinstance(bad_text, openai.InternalServerError) and "injected" in str(bad_text)
+    assert isinstance(bad_engine, openai.InternalServerError)
+    assert good == (expected, "length")
+    monkeypatch.undo()
+    assert complete(client, "def add(a, b):").usage.completion_tokens == 24
+
+
+def test_a_full_queue_is_a_503_with_retry_after(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, max_queue=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        async def flood():
+            aclient = s.aclient()
+            return await asyncio.gather(*(
+                aclient.completions.with_raw_response.create(
+                    model="tiny", prompt=f"Once upon a time {i}", max_tokens=600, temperature=0)
+                for i in range(6)), return_exceptions=True)
+
+        got = asyncio.run(asyncio.wait_for(flood(), 60))
+        refused = [r for r in got if isinstance(r, openai.APIStatusError)]
+        served = [r for r in got if not isinstance(r, BaseException)]
+        assert refused and served, got
+        for r in refused:
+            assert r.status_code == 503 and r.response.headers["retry-after"] == "1"
+            assert r.body["type"] == "service_unavailable"
+        s.wait_idle()
+        res = s.client().completions.create(model="tiny", prompt="hi", max_tokens=4)
+        assert res.usage.completion_tokens == 4
+
+
+# --- metrics ------------------------------------------------------------------------------------
+def test_speculative_metrics_add_up(server, client):
+    m0 = server.metrics()
+    for p in PROMPTS[:3]:
+        complete(client, p, max_tokens=40)
+    server.wait_idle()
+    m1 = server.metrics()
+
+    def delta(name):
+        return m1.get(name, 0) - m0.get(name, 0)
+
+    drafted = delta('vllm:spec_decode_num_draft_tokens_total{model_name="tiny"}')
+    accepted = delta('vllm:spec_decode_num_accepted_tokens_total{model_name="tiny"}')
+    drafts = delta('vllm:spec_decode_num_drafts_total{model_name="tiny"}')
+    per_pos = {k: delta(k) for k in m1
+               if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")}
+    assert drafts > 0 and 0 < accepted <= drafted <= 3 * drafts
+    assert sum(per_pos.values()) == accepted
+    positions = sorted(int(re.search(r'position="(\d+)"', k).group(1)) for k in per_pos)
+    assert positions == [0, 1, 2]
+    assert delta('vllm:generation_tokens_total{model_name="tiny"}') == 120
+    assert delta('vllm:request_success_total{finished_reason="length",model_name="tiny"}') == 3
+    assert delta('vllm:e2e_request_latency_seconds_count{model_name="tiny"}') == 3
+    assert delta('vllm:time_to_first_token_seconds_count{model_name="tiny"}') == 3
+    assert delta('vllm:inter_token_latency_seconds_count{model_name="tiny"}') > 0
+    assert m1['vllm:num_requests_running{model_name="tiny"}'] == 0
+    assert m1['vllm:num_requests_waiting{model_name="tiny"}'] == 0
+
+
+# --- the library's streams, from threads (no HTTP) ------------------------------------------------
+@pytest.fixture(scope="module")
+def llm(tiny_noeos_dir, tiny_draft_dir):
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
+    yield llm
+    llm.close()
+
+
+def test_one_stream_stepped_from_two_threads(llm):
+    solo = llm.generate("The quick brown fox", max_new_tokens=40, speculative=SPEC).token_ids
+    it = llm.stream("The quick brown fox", max_new_tokens=40, speculative=SPEC)
+    got, turn, done = [], [threading.Event(), threading.Event()], threading.Event()
+
+    def step(me: int):
+        while not done.is_set():
+            if not turn[me].wait(TIMEOUT):
+                return
+            turn[me].clear()
+            chunk = next(it, None)
+            if chunk is None:
+                done.set()
+            else:
+                got.append((me, chunk.token_ids))
+            turn[1 - me].set()
+
+    threads = [threading.Thread(target=step, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    turn[0].set()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert done.is_set()
+    assert [t for _, ids in got for t in ids] == solo
+    assert {me for me, _ in got} == {0, 1}
+
+
+def test_two_streams_interleaved_on_one_thread(llm):
+    kw = dict(max_new_tokens=30, speculative=SPEC)
+    solo = [llm.generate(p, **kw).token_ids for p in PROMPTS[:2]]
+    its = [llm.stream(p, **kw) for p in PROMPTS[:2]]
+    got = [[], []]
+    live = [True, True]
+    while any(live):
+        for i, it in enumerate(its):
+            if live[i]:
+                chunk = next(it, None)
+                if chunk is None:
+                    live[i] = False
+                else:
+                    got[i] += chunk.token_ids
+    assert got == solo
+
+
+def test_finish_reasons_map_to_openais():
+    from specrt.serve.schemas import FINISH_REASONS
+
+    assert (FINISH_REASONS["eos"], FINISH_REASONS["stop"], FINISH_REASONS["length"]) == \
+        ("stop", "stop", "length")
