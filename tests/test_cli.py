@@ -62,3 +62,34 @@ def test_missing_model_dir_names_the_fetch_command(tmp_path):
     proc = run_cli("--model", tmp_path / "missing", check=False)
     assert proc.returncode == 2 and "python -m specrt.models fetch" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_system_message_and_prompt_from_stdin_reach_the_chat_template(tiny_dir):
+    """--prompt-file - reads the prompt from stdin; --system puts a system turn before it; the
+    CLI's answer equals the API's for the same messages."""
+    import specrt
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "specrt.generate", "--model", str(tiny_dir), "--prompt-file", "-",
+         "--system", "Answer briefly.", "--max-new-tokens", "8", "--dtype", "float32",
+         "--no-spec", "--json"], input="def add(a, b):", capture_output=True, text=True,
+        env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    llm = specrt.LLM(tiny_dir, max_seq_len=64, dtype="float32")
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "def add(a, b):"}]
+    ids = llm.encode(messages=messages)
+    assert "Answer briefly." in llm.tokenizer._tok.decode(ids)       # the system turn is there
+    want = llm.generate(messages=messages, max_new_tokens=8).token_ids
+    assert json.loads(proc.stdout)["token_ids"] == want
+    assert ids != llm.encode("def add(a, b):", chat=True)             # the system turn counted
+    llm.close()
+
+
+def test_prompt_file_conflicts_and_unreadable_file_are_one_line(tmp_path, tiny_dir):
+    both = run_cli("--model", tiny_dir, "--prompt", "x", "--prompt-file", "-", check=False)
+    assert both.returncode == 2 and "not both" in both.stderr
+    missing = run_cli("--model", tiny_dir, "--prompt-file", tmp_path / "nope.txt", check=False)
+    assert missing.returncode == 2 and "--prompt-file" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
