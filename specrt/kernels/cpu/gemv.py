@@ -9,23 +9,15 @@ Mismatched operands raise ValueError on every path, before a pointer reaches C++
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
-from specrt.kernels.cpu import checks
+from specrt.kernels.cpu import checks, extension
 
-try:
-    from specrt import _gemv
-
-    AVAILABLE = bool(_gemv.cpu_supported()) and os.environ.get("SPECRT_CPU_GEMV", "1") != "0"
-except ImportError as exc:  # extension not built: every call takes the library path
-    from specrt.logs import extension_missing
-
-    extension_missing("specrt._gemv", "the C++ decode/verify matrix products", "F.linear", exc)
-    _gemv = None
-    AVAILABLE = False
+# Not built, or this CPU lacks AVX-512 BF16: every call takes the library path.
+_gemv, AVAILABLE = extension.load("specrt._gemv", "SPECRT_CPU_GEMV",
+                                  "the C++ decode/verify matrix products", "F.linear")
 
 # Up to how many rows of x the kernel beats the library GEMM, measured on the development
 # machine (AMD EPYC, AVX-512 BF16, 2 threads, all of the 1.5B target's weights streamed per

@@ -14,22 +14,14 @@ C++, which trusts what it is given.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
-from specrt.kernels.cpu import checks
+from specrt.kernels.cpu import checks, extension
 
-try:
-    from specrt import _cpu_ops
-
-    AVAILABLE = bool(_cpu_ops.cpu_supported()) and os.environ.get("SPECRT_CPU_OPS", "1") != "0"
-except ImportError as exc:  # extension not built: the model keeps its PyTorch path
-    from specrt.logs import extension_missing
-
-    extension_missing("specrt._cpu_ops", "the fused C++ layer ops", "the PyTorch layer ops", exc)
-    _cpu_ops = None
-    AVAILABLE = False
+# Not built, or this CPU lacks AVX-512 BF16: the model keeps its PyTorch path.
+_cpu_ops, AVAILABLE = extension.load("specrt._cpu_ops", "SPECRT_CPU_OPS",
+                                     "the fused C++ layer ops", "the PyTorch layer ops")
 
 # Up to how many new tokens per call the C++ path serves: decode and verify passes (K + 1 <= 17
 # in practice). Prefills use SDPA, whose attention is a real matrix product.

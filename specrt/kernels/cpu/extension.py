@@ -1,0 +1,20 @@
+"""Loading one of the optional C++ CPU extensions: the module and whether it serves here.
+
+A missing build is reported once through logging (`specrt.logs.extension_missing`) and the
+callers fall back to PyTorch; `ENV_VAR=0` turns a built extension off (for comparisons)."""
+from __future__ import annotations
+
+import importlib
+import os
+
+
+def load(module: str, env_var: str, what: str, fallback: str):
+    """(the extension module or None, available): built, this CPU runs it, not turned off."""
+    try:
+        ext = importlib.import_module(module)
+    except ImportError as exc:
+        from specrt.logs import extension_missing
+
+        extension_missing(module, what, fallback, exc)
+        return None, False
+    return ext, bool(ext.cpu_supported()) and os.environ.get(env_var, "1") != "0"
