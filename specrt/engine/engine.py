@@ -23,7 +23,7 @@ from typing import Iterator
 
 from specrt.engine.metrics import RequestStats, Timing
 from specrt.engine.request import Request, Step, check_request
-from specrt.engine.round import prefill, prefill_rows, run_round
+from specrt.engine.round import prefill_rows, run_round
 from specrt.errors import CapacityError, ConfigError
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
@@ -168,18 +168,15 @@ class Engine:
         return steps
 
     def _prefill(self, group: list[int]) -> list[int]:
-        if len(group) == 1:
-            row = self.slots[group[0]]
-            return [prefill(self.target, self.cache.rows(group[0], group[0] + 1),
-                            list(row.request.prompt), row.request.params, row.generator)]
-        hi = max(group) + 1
+        """The first tokens of `group`'s slots, prefilled in one pass over the cache rows they
+        span (slots in between that are not in the group take no tokens)."""
+        lo, hi = min(group), max(group) + 1
         members = set(group)
-        prompts = [list(self.slots[s].request.prompt) if s in members else [] for s in range(hi)]
-        rows = [self.slots[s] for s in range(hi)]
-        return prefill_rows(self.target, self.cache, prompts,
-                            [r.request.params if r is not None else _GREEDY for r in rows],
-                            [r.generator if s in members else None for s, r in enumerate(rows)],
-                            group)
+        rows = [self.slots[s] if s in members else None for s in range(lo, hi)]
+        return prefill_rows(self.target, self.cache.rows(lo, hi),
+                            [list(r.request.prompt) if r else [] for r in rows],
+                            [r.request.params if r else _GREEDY for r in rows],
+                            [r.generator if r else None for r in rows], [s - lo for s in group])
 
     def _reset_slot(self, slot: int) -> None:
         self.cache.rows(slot, slot + 1).truncate([0])

@@ -177,13 +177,3 @@ def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[i
     listed = [b in members for b in range(B)]
     tokens, _ = choose_rows(logits[:, 0], params, generators, listed)
     return [int(tokens[b]) for b in rows]
-
-
-def prefill(target: Transformer, cache: StaticKVCache, prompt: list[int],
-            params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Run one request's prompt through the target on its own cache row (`cache.rows(r, r+1)`)
-    and choose its first new token. Afterwards the row holds exactly the prompt tokens."""
-    ids = torch.tensor([prompt], dtype=torch.int64, device=target.device)
-    logits = target.forward(ids, cache, last_only=True)
-    tokens, _ = choose_rows(logits[:, 0], [params], [generator])
-    return int(tokens[0])
