@@ -54,9 +54,6 @@ class LLM:
         max_seq_len, max_batch_size = args.max_seq_len, args.max_batch_size
         # No model: the default pair, fetched on first use.
         self.model_dir, draft_dir = resolve_pair(args.model, args.draft)
-        self.target = Transformer.from_dir(self.model_dir, self.dtype, self.device, max_seq_len)
-        self.tokenizer = Tokenizer(self.model_dir) if Tokenizer.available(self.model_dir) else None
-        self.eos_ids = set(self.target.cfg.eos_token_ids)
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.max_queue = args.max_queue
@@ -64,16 +61,25 @@ class LLM:
         self.cuda_graphs = (self.device.type == "cuda") if args.cuda_graphs is None \
             else args.cuda_graphs
         self.draft_dir = draft_dir
-        draft_model = self._load_draft(draft_dir) if draft_dir is not None else None
-        self.engine = Engine(self.target, draft_model, max_batch_size, max_seq_len,
-                             static=self.cuda_graphs)
-        self.scheduler = Scheduler(self.engine, self.max_queue)
+
+        def build() -> Engine:     # on the scheduler's thread, which then runs every round
+            target = Transformer.from_dir(self.model_dir, self.dtype, self.device, max_seq_len)
+            self.tokenizer = (Tokenizer(self.model_dir) if Tokenizer.available(self.model_dir)
+                              else None)
+            draft_model = self._load_draft(target, draft_dir) if draft_dir is not None else None
+            return Engine(target, draft_model, max_batch_size, max_seq_len,
+                          static=self.cuda_graphs)
+
+        self.scheduler = Scheduler(build, self.max_queue)
+        self.engine = self.scheduler.engine
+        self.target = self.engine.target
+        self.eos_ids = set(self.target.cfg.eos_token_ids)
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
 
-    def _load_draft(self, draft_dir: Path) -> Transformer:
+    def _load_draft(self, target: Transformer, draft_dir: Path) -> Transformer:
         draft_model = Transformer.from_dir(draft_dir, self.dtype, self.device, self.max_seq_len)
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
-        check_compatible(self.tokenizer, draft_tok, self.target.cfg.vocab_size,
+        check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))
         return draft_model
 
@@ -87,9 +93,10 @@ class LLM:
             if len(self._schedulers) > MAX_DRAFT_ENGINES:
                 raise ConfigError(f"at most {MAX_DRAFT_ENGINES} other draft models can be named "
                                   "per request; load the draft you need with LLM(draft=...)")
-            engine = Engine(self.target, self._load_draft(Path(key)), self.max_batch_size,
-                            self.max_seq_len, static=self.cuda_graphs)
-            self._schedulers[key] = Scheduler(engine, self.max_queue)
+            self._schedulers[key] = Scheduler(
+                lambda: Engine(self.target, self._load_draft(self.target, Path(key)),
+                               self.max_batch_size, self.max_seq_len, static=self.cuda_graphs),
+                self.max_queue)
         return self._schedulers[key]
 
     def close(self) -> None:

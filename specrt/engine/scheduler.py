@@ -15,6 +15,7 @@ import collections
 import logging
 import threading
 import time
+from typing import Callable
 
 from specrt.engine.engine import Engine
 from specrt.engine.handle import RequestHandle
@@ -25,8 +26,13 @@ log = logging.getLogger("specrt.scheduler")
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_queue: int = 256):
-        self.engine = engine
+    def __init__(self, engine: Engine | Callable[[], Engine], max_queue: int = 256):
+        """`engine`, or a function that builds it (loads the models): then the scheduler's
+        thread starts now and builds it, and this waits for it and raises what the build
+        raised. Building on the thread that runs the rounds keeps every tensor op of the
+        model on one thread: a second thread that ever ran a parallel op keeps its own idle
+        OpenMP team, and two teams on few cores make libgomp throttle its spin-waits, which
+        cost ~10% of a decode step here (benchmarks/RESULTS.md, "Serving")."""
         self.max_queue = max_queue
         self._lock = threading.Condition()
         self._queue: collections.deque[tuple[RequestHandle, float]] = collections.deque()
@@ -34,6 +40,31 @@ class Scheduler:
         self._handles: dict[str, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
+        if isinstance(engine, Engine):
+            self.engine = engine
+        else:
+            self.engine = self._build_on_thread(engine)
+
+    def _build_on_thread(self, build: Callable[[], Engine]) -> Engine:
+        ready, failed = threading.Event(), []
+
+        def run() -> None:
+            try:
+                self.engine = build()
+            except BaseException as e:    # raised on the constructing thread below
+                failed.append(e)
+                return
+            finally:
+                ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="specrt-scheduler", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._closed = True
+            raise failed[0]
+        return self.engine
 
     # --- any thread ---------------------------------------------------------------------------
     def submit(self, request: Request) -> RequestHandle:
