@@ -41,8 +41,8 @@ class OracleDrafter:
     def rollback(self, num_accepted):
         pass
 
-    def unseen(self, ctx):
-        return 1
+    def lags(self, ctx):
+        return [1 if a else 0 for a in ctx.active]
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +174,64 @@ def test_seeded_auto_sampling_gives_one_output_in_five_runs(llm):
         outputs.add(tuple(llm.generate(PROMPTS[1], max_new_tokens=32, temperature=1.0, seed=7,
                                        speculative=spec).token_ids))
     assert len(outputs) == 1
+
+
+class LaggingDraft:
+    """A draft model the planner only prices: each active row is `lag` tokens behind."""
+
+    name = "draft_model"
+
+    def __init__(self, lag):
+        self.lag = lag
+
+    def lags(self, ctx):
+        return [self.lag if a else 0 for a in ctx.active]
+
+
+def _ctx(batch, remaining, history=4):
+    from specrt.spec.drafters.base import DraftContext
+    return DraftContext(histories=[[1] * history] * batch, active=[True] * batch,
+                        params=[SamplingParams()] * batch, generators=[None] * batch,
+                        remaining=[remaining] * batch)
+
+
+def _plans(planner, ctx, rounds):
+    plans = []
+    for _ in range(rounds):
+        plan = planner.choose(ctx)
+        plans.append(plan.label)
+        B = len(ctx.active)
+        planner.observe(plan, [0] * B, [plan.k] * B, 0.0, 1.0)
+    return plans
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_probes_run_only_where_the_draft_could_win(batch):
+    """Verifying up to 4 tokens costs what 1 does, more costs in proportion (a memory-bound
+    pass that turns compute-bound): one request can gain from drafting, a batch of 4 cannot
+    whatever the acceptance, so its rows are never probed (each probe would be paid for
+    nothing); the single request is probed every PROBE_BASE+ rounds."""
+    curve = [max(1.0, 0.25 * t) for t in range(1, 40)]
+    costs = CostModel(verify=curve, draft=[0.05] * 39)
+    planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
+    planner.reset(list(range(batch)))
+    for alphas in planner.states["draft_model"].alphas:
+        alphas[:] = [0.05] * 8               # it lost on merit: only probes can bring it back
+    plans = _plans(planner, _ctx(batch, remaining=500), 3 * PROBE_BASE)
+    probes = [p for p in plans if p != "plain"]
+    if batch == 1:
+        assert probes and plans.index(probes[0]) == PROBE_BASE - 1
+    else:
+        assert probes == []
+
+
+@pytest.mark.parametrize("remaining,expected", [(4, "plain"), (200, "draft_model:")])
+def test_long_catch_up_is_spread_over_what_the_request_has_left(remaining, expected):
+    """A request 300 tokens ahead of its draft model (plain rounds, or its prompt) drafts only
+    if enough answer remains to repay the catch-up; near its end it stays plain."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 10)],
+                      draft=[0.2 + 0.01 * t for t in range(1, 10)])
+    planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(300), ngram=None)
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, remaining, history=300))
+    assert plan.label.startswith(expected)

@@ -15,6 +15,7 @@ import torch
 from specrt.spec.sampling import SamplingParams
 
 NO_DRAFT = -1   # pads draft_tokens where a row proposes fewer than K tokens
+LONG_CATCH_UP = 2   # a catch-up of more tokens than this runs on its row alone
 
 
 def right_pad(rows: list[list[int]], fill: int = 0) -> torch.Tensor:
@@ -44,6 +45,7 @@ class DraftContext:
     active: list[bool]                # [B] rows that draft this round (generating, speculating)
     params: list[SamplingParams]      # [B] how each row samples (q is warped like p)
     generators: list[torch.Generator | None]   # [B] each row's own randomness (None: greedy)
+    remaining: list[int] | None = None  # [B] tokens each row may still commit (None: unknown)
 
     @property
     def uniform_params(self) -> SamplingParams | None:
@@ -86,5 +88,7 @@ class CatchUpDrafter(Protocol):
 
     name: str
 
-    def unseen(self, ctx: DraftContext) -> int:
-        """The longest run of committed tokens an active row has not fed the drafter."""
+    def lags(self, ctx: DraftContext) -> list[int]:
+        """[B] committed tokens each active row has not fed the drafter yet (0: inactive).
+        Rows more than LONG_CATCH_UP behind catch up alone, all but their last token, before
+        the round's batched first forward."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from specrt.model.transformer import Transformer
-from specrt.spec.drafters.base import NO_DRAFT, DraftContext, Proposal, right_pad
+from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Proposal,
+                                      right_pad)
 from specrt.spec.drafters.draft_loop import StaticDraftLoop
 from specrt.spec.sampling import choose_rows
 
@@ -40,11 +41,10 @@ class DraftModelDrafter:
             self.seen[r] = self._pending[r] = self._guesses[r] = 0
             self.cache.rows(r, r + 1).truncate([0])
 
-    def unseen(self, ctx: DraftContext) -> int:
-        """The longest run of committed tokens an active row has not fed to the draft model:
-        what the first forward of the next proposal must catch up on."""
-        return max((len(h) - s for h, s, a in zip(ctx.histories, self.seen, ctx.active) if a),
-                   default=0)
+    def lags(self, ctx: DraftContext) -> list[int]:
+        """[B] committed tokens each active row has not fed the draft model: what the next
+        proposal must catch up on before its first guess."""
+        return [len(h) - s if a else 0 for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
@@ -88,7 +88,7 @@ class DraftModelDrafter:
         depend on which rows share the batch."""
         out = []
         for b, p in enumerate(pending):
-            if len(p) > 2:
+            if len(p) > LONG_CATCH_UP:
                 ids = torch.tensor([p[:-1]], dtype=torch.int64, device=self.model.device)
                 self.model.forward(ids, self.cache.rows(b, b + 1), last_only=True)
                 p = p[-1:]

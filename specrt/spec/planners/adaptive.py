@@ -2,12 +2,14 @@
 
 Each round the planner scores every option by expected committed tokens per second,
 
-    value(drafter, K) = E[tokens | K, a] / (c_catchup + (K - 1) * c_draft + c_verify(K + 1)),
-    E[tokens | K, a]  = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K,
+    value(drafter, K) = E / (c_first + (K - 1) * c_draft + c_verify(K + 1) + c_lump * E / H),
+    E = E[tokens | K, a] = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K,
 
 where a_i is the acceptance probability of draft position i given the earlier ones were
-accepted, and c_catchup is the draft model's first forward of the round, over the committed
-tokens it has not seen yet (one or two after a drafted round, many after plain rounds).
+accepted, c_first the draft model's batched first forward of the round over the one or two
+committed tokens each row has not fed it, and c_lump the catch-up of rows further behind
+(a new request's prompt, or the tokens of plain rounds), a one-off price spread over the H
+tokens the rows may still commit (at most HORIZON).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the match length). Its acceptance is kept per matched suffix length n:
@@ -25,14 +27,18 @@ sampling stays exact.
 
 A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
 doubling after each probe until the drafter wins a round on merit, so a text that turns
-predictable is noticed without paying much for a drafter that does not pay.
+predictable is noticed without paying much for a drafter that does not pay. A probe runs only
+if the drafter could win at all: accepted at OPTIMISTIC, it would beat a plain step at the
+round's costs (in a busy batch the draft model's catch-up and the wider verify pass rarely
+can).
 """
 from __future__ import annotations
 
 import dataclasses
 
 from specrt.spec.costs import CostModel
-from specrt.spec.drafters.base import CatchUpDrafter, DraftContext, MatchingDrafter
+from specrt.spec.drafters.base import (LONG_CATCH_UP, CatchUpDrafter, DraftContext,
+                                      MatchingDrafter)
 from specrt.spec.planners.base import PLAIN, Plan
 
 PRIORS = {"draft_model": 0.6, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5}   # "ngram": n >= 3
@@ -45,6 +51,10 @@ SPREAD = 0.5                  # pull of a fully accepted round on the positions 
 COST_WEIGHT = 0.2             # EWMA weight of the newest measured/predicted time ratio
 PROBE_BASE = 16
 PROBE_MAX = 512
+# A drafter is probed only if, accepted this often, it would beat a plain step at the round's
+# costs: on predictable text good drafts reach ~0.9 (benchmarks/RESULTS.md).
+OPTIMISTIC = 0.9
+HORIZON = 256                 # at most this many future tokens amortize a draft catch-up
 
 
 @dataclasses.dataclass
@@ -129,19 +139,21 @@ class AdaptivePlanner:
             for k in range(1, longest + 1):
                 e = _mean(self._ngram_expected(matches[b], b, k) for b in rows)
                 best = max(best, ("ngram", k, e / cv[k]), key=lambda c: c[2])
-            if longest:
+            if longest and _could_win(lambda k: _mean(
+                    expected_tokens([OPTIMISTIC] * min(k, len(matches[b][0])), k) for b in rows)
+                    / cv[k], longest, cv):
                 can_probe.append(self.states[_ngram_state(max(matches[b][1] for b in rows))])
-        catchup = 0.0
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            cd = draft_scale * self.costs.draft_seconds(1, batch)
-            catchup = draft_scale * self.costs.draft_seconds(
-                max(self.draft_model.unseen(ctx), 1), batch)
+            catch_up = self._catch_up(ctx, rows, batch, draft_scale)
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
-                cost = catchup + (k - 1) * cd + cv[k]
-                best = max(best, ("draft_model", k, e / cost), key=lambda c: c[2])
-            can_probe.insert(0, state)
+                best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
+                           key=lambda c: c[2])
+            optimistic = [expected_tokens([OPTIMISTIC] * k, k) for k in range(self.max_k + 1)]
+            if _could_win(lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
+                          self.max_k, cv):
+                can_probe.insert(0, state)
 
         name, k, probe = best[0], best[1], None
         if k == 0:
@@ -150,6 +162,25 @@ class AdaptivePlanner:
                     name, k, probe = state.drafter, 1, state.name
                     break
         return self._plan(ctx, name, k, probe, matches, batch)
+
+    def _catch_up(self, ctx: DraftContext, rows: list[int], batch: int,
+                  scale: float) -> "_DraftCosts":
+        """The draft model's costs this round. Its first forward reads the committed tokens
+        each row has not fed it: one or two once it keeps up, a whole history after plain
+        rounds or for a new request. Rows that far behind catch up alone first (the lump), a
+        one-off price for drafting from now on, spread over the tokens the rows may still
+        commit (at most HORIZON): a request near its end, or a busy batch, must not pay a
+        long catch-up for a few drafted rounds."""
+        lags = self.draft_model.lags(ctx)
+        lump = sum(self.costs.draft_seconds(n - 1, 1) for n in lags if n > LONG_CATCH_UP)
+        first = max([n for n in lags if n <= LONG_CATCH_UP] + [1])
+        remaining = ctx.remaining or [HORIZON] * len(ctx.active)
+        horizon = max(1.0, _mean(min(remaining[b], HORIZON) for b in rows))
+        return _DraftCosts(step=scale * self.costs.draft_seconds(1, batch),
+                           first=scale * self.costs.draft_seconds(first, batch),
+                           lump=scale * lump, horizon=horizon,
+                           unscaled=(lump + self.costs.draft_seconds(first, batch),
+                                     self.costs.draft_seconds(1, batch)))
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
               batch: int) -> Plan:
@@ -160,8 +191,9 @@ class AdaptivePlanner:
             feeds = tuple(_ngram_state(n) if n else None for _, n in matches)
             return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, batch=batch))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        predicted = (self.costs.draft_seconds(max(self.draft_model.unseen(ctx), 1), batch)
-                     + (k - 1) * self.costs.draft_seconds(1, batch))
+        rows = [b for b, a in enumerate(ctx.active) if a]
+        first, step = self._catch_up(ctx, rows, batch, 1.0).unscaled
+        predicted = first + (k - 1) * step
         return Plan(self.draft_model, k, f"draft_model:{k}",
                     Decision(feeds, probe, predicted, batch))
 
@@ -194,6 +226,28 @@ class AdaptivePlanner:
         if not draft:
             return 1.0                        # no match: the row gets the target's token only
         return expected_tokens(self.states[_ngram_state(n)].alphas[row], min(k, len(draft)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _DraftCosts:
+    step: float                   # one batched draft decode step
+    first: float                  # the round's batched first forward (1-2 tokens per row)
+    lump: float                   # rows far behind, catching up alone first
+    horizon: float                # tokens the lump is spread over
+    unscaled: tuple[float, float]   # (lump + first, step) as calibrated, for observe
+
+    def cost(self, k: int, e: float, cv: list[float]) -> float:
+        """Seconds per round of drafting k tokens that commit e on average: this round's
+        forwards and verify pass plus the round's share of the lump."""
+        return self.first + (k - 1) * self.step + cv[k] + self.lump * e / self.horizon
+
+
+def _could_win(value, max_k: int, cv: list[float]) -> bool:
+    """Whether a drafter whose guesses were accepted at OPTIMISTIC would beat a plain step for
+    some K at this round's costs (value(k): committed tokens per second drafting k; rows it
+    has no guesses for commit one). A probe that could not change the plan is not worth its
+    price (in a busy batch the draft model rarely is, nor a match of a few rows)."""
+    return any(value(k) > 1.0 / cv[0] for k in range(1, max_k + 1))
 
 
 def _learn(alphas: list[float], accepted: int, drafted: int) -> None:
