@@ -1,6 +1,6 @@
 """Builds specrt's optional C++ extensions, one folder of csrc/ each:
 specrt._ngram (csrc/ngram: the prompt-lookup matcher), specrt._gemv (csrc/cpu: skinny matrix
-products for decode/verify) and specrt._cpu_ops (csrc/cpu: the per-layer norms, SwiGLU and
+products for decode/verify, bf16/fp32 and int8 weights) and specrt._cpu_ops (csrc/cpu: the per-layer norms, SwiGLU and
 RoPE + attention of a CPU decode/verify step). The package metadata is in pyproject.toml.
 
 `make test` / `make demo` run `python setup.py build_ext --inplace`, so the extensions sit
@@ -110,8 +110,10 @@ class OptionalBuildExt(build_ext):
 ext_modules = [
     extension("specrt._ngram", ["csrc/ngram/ngram.cpp", "csrc/ngram/ngram_bindings.cpp"],
               ["csrc/ngram/ngram.h", "csrc/build_id.h"], []),
-    extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_bindings.cpp"],
-              ["csrc/cpu/gemv.h", "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
+    extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_int8.cpp",
+                               "csrc/cpu/gemv_bindings.cpp"],
+              ["csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_tiled.h",
+               "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
               GCC12_NOISE, openmp=True, x86_only=True),
     # -ffp-contract=off: no multiply-adds fused behind the code's back; the ops round where the
     # PyTorch reference rounds

@@ -6,6 +6,9 @@
 #pragma once
 
 #define SPECRT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+// The int8 kernels (gemv_int8.cpp) also use AVX-512 VNNI.
+#define SPECRT_AVX512_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
 #define SPECRT_INLINE __attribute__((always_inline)) inline
 
 namespace specrt {
@@ -14,5 +17,7 @@ inline bool cpu_supported() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
+
+inline bool cpu_supported_vnni() { return __builtin_cpu_supports("avx512vnni"); }
 
 }  // namespace specrt

@@ -7,6 +7,7 @@
 #include "../build_id.h"
 #include "cpu_features.h"
 #include "gemv.h"
+#include "gemv_int8.h"
 
 namespace py = pybind11;
 
@@ -32,6 +33,19 @@ PYBIND11_MODULE(_gemv, m) {
                          K, threads);
       },
       "fp32 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N]");
+  m.def(
+      "gemv_int8",
+      [](uintptr_t x, bool x_f32, uintptr_t w, uintptr_t w_scale, uintptr_t bias, uintptr_t out,
+         bool out_f32, int64_t M, int64_t N, int64_t K, int threads) {
+        py::gil_scoped_release release;
+        specrt::gemv_int8(reinterpret_cast<const void*>(x), x_f32,
+                          reinterpret_cast<const uint8_t*>(w), reinterpret_cast<const float*>(w_scale),
+                          reinterpret_cast<const void*>(bias), reinterpret_cast<void*>(out), out_f32,
+                          M, N, K, threads);
+      },
+      "x [M, K] (bf16 or fp32) @ int8 w [N, K] (stored +128 as uint8, scales [N]).T (+ bias) -> "
+      "out [M, N] (fp32 or bf16); K % 64 == 0");
+  m.def("int8_supported", &specrt::cpu_supports_int8, "cpu_supported() and AVX-512 VNNI");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");

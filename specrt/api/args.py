@@ -102,6 +102,7 @@ class LLMArgs:
     max_batch_size: int = 1
     cuda_graphs: bool | None = None
     max_queue: int = 256
+    draft_dtype: object = "auto"
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -117,6 +118,28 @@ class LLMArgs:
         set_(self, "cuda_graphs", check_bool("cuda_graphs", self.cuda_graphs, allow_none=True))
         set_(self, "device", check_device(self.device))
         set_(self, "dtype", check_dtype(self.dtype, self.device))
+        set_(self, "draft_dtype", check_draft_dtype(self.draft_dtype, self.device, self.dtype))
+
+
+def check_draft_dtype(value, device, dtype):
+    """How the draft model's weights are stored -> "auto", "int8" or None (as the target's).
+
+    "auto": int8 on the CPU where the int8 kernel runs, else the model dtype (decided at load,
+    where the draft's shapes are known); "int8": weight-only int8 (CPU only); a float dtype:
+    unquantized, which must be the model's dtype."""
+    if value in ("auto", "int8"):
+        if value == "int8" and device.type != "cpu":
+            raise ArgumentError(f"draft_dtype 'int8' runs on the CPU only (device is {device}); "
+                                "use draft_dtype='auto'")
+        return value
+    try:
+        same = check_dtype(value, device) == dtype
+    except ArgumentError:
+        same = None
+    if same:
+        return None
+    raise ArgumentError(f"unsupported draft_dtype {show(value)}; choose 'auto', 'int8' or the "
+                        f"model's dtype ({str(dtype).removeprefix('torch.')})")
 
 
 def check_max_new_tokens(n) -> int:

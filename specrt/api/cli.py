@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): bfloat16 where the device computes it natively, "
                         "else float32")
+    p.add_argument("--draft-dtype", default="auto",
+                   choices=["auto", "int8", "float32", "bfloat16", "float16"],
+                   help="the draft model's weights: auto (default) = int8 where the CPU int8 "
+                        "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
+                        "output does not change: only the target decides what is emitted")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--speculative-config", default=None,
@@ -99,7 +104,8 @@ def check_flags(args) -> _Request:
     from specrt.spec.sampling import SamplingParams
 
     llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
-                  max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs)
+                  max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
+                  draft_dtype=args.draft_dtype)
     given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
                             ("--prompt-file", args.prompt_file)) if v is not None]
     if len(given) > 1:
@@ -174,7 +180,8 @@ def _run(args) -> int:
     print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "
           f"{req.llm.device})", file=sys.stderr)
     llm = LLM(model=model, draft=draft, dtype=req.llm.dtype, device=req.llm.device,
-              max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs)
+              max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs,
+              draft_dtype=args.draft_dtype)
     prompt, messages = req.prompt, None
     if args.system is not None:
         prompt, messages = None, [{"role": "system", "content": args.system},

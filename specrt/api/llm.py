@@ -31,6 +31,8 @@ from specrt.engine.scheduler import Scheduler
 from specrt.errors import ConfigError, SpecrtError
 from specrt.checks import check_bool
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
+from specrt.model.backends.quantized import int8_serves
+from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
@@ -43,13 +45,16 @@ class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  dtype: str = "auto", device: str | None = None, max_seq_len: int = 4096,
                  max_batch_size: int = 1, cuda_graphs: bool | None = None,
-                 max_queue: int = 256):
+                 max_queue: int = 256, draft_dtype: str = "auto"):
         """The defaults (the same as the CLIs'): device None = CUDA if available, else the CPU;
         dtype "auto" = bfloat16 where the device computes it natively, else float32;
-        cuda_graphs None = on with CUDA. Every argument is checked (specrt.api.args) before any
+        cuda_graphs None = on with CUDA; draft_dtype "auto" = the draft model's weights in int8
+        where the CPU int8 kernel runs (the output is unchanged: only the target decides what
+        is emitted), else in dtype. Every argument is checked (specrt.api.args) before any
         file is read."""
         args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
-                       max_queue)
+                       max_queue, draft_dtype)
+        self.draft_dtype = args.draft_dtype
         self.dtype, self.device = args.dtype, args.device
         max_seq_len, max_batch_size = args.max_seq_len, args.max_batch_size
         # No model: the default pair, fetched on first use.
@@ -77,7 +82,11 @@ class LLM:
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
 
     def _load_draft(self, target: Transformer, draft_dir: Path) -> Transformer:
-        draft_model = Transformer.from_dir(draft_dir, self.dtype, self.device, self.max_seq_len)
+        quant = self.draft_dtype
+        if quant == "auto":
+            quant = "int8" if int8_serves(ModelConfig.from_dir(draft_dir), self.device) else None
+        draft_model = Transformer.from_dir(draft_dir, self.dtype, self.device, self.max_seq_len,
+                                           quant=quant)
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
         check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))

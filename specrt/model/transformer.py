@@ -37,9 +37,10 @@ class Layer:
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_seq_len: int,
-                 backend: Backend | str | None = None):
+                 backend: Backend | str | None = None, quant: str | None = None):
         """Takes ownership of `weights` (popped). backend: a Backend, a backend name, or None
-        for the device's default (see specrt.model.backends)."""
+        for the device's default (see specrt.model.backends). quant: store the projections and
+        the output head quantized ("int8", for a draft model), None: in the weights' dtype."""
         self.cfg = cfg
         w = weights
         self.embed = w.pop("model.embed_tokens.weight")            # [V, H]
@@ -50,7 +51,12 @@ class Transformer:
             self.backend = backend
         else:
             self.backend = select_backend(self.device, self.dtype, backend)
-        linear = self.backend.linear
+        self.quant = quant
+        backend_linear = self.backend.linear
+
+        def linear(weight, bias=None):
+            return backend_linear(weight, bias, quant) if quant else backend_linear(weight, bias)
+
         head = self.embed if cfg.tie_word_embeddings else w.pop("lm_head.weight")
         self.lm_head = linear(head)
         self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
@@ -78,10 +84,11 @@ class Transformer:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype="float32", device="cpu",
-                 max_seq_len: int = 4096, backend: str | None = None) -> "Transformer":
+                 max_seq_len: int = 4096, backend: str | None = None,
+                 quant: str | None = None) -> "Transformer":
         cfg = ModelConfig.from_dir(model_dir)
         weights = load_state_dict(model_dir, cfg, parse_dtype(dtype), device)
-        model = cls(cfg, weights, max_seq_len, backend)
+        model = cls(cfg, weights, max_seq_len, backend, quant)
         model.source = str(Path(model_dir).resolve())
         return model
 

@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests waiting for a slot before new ones get 503")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): bfloat16 where the device computes it natively")
+    p.add_argument("--draft-dtype", default="auto",
+                   choices=["auto", "int8", "float32", "bfloat16", "float16"],
+                   help="the draft model's weights: auto (default) = int8 where the CPU int8 "
+                        "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
+                        "output does not change: only the target decides what is emitted")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
@@ -85,7 +90,7 @@ def _serve(args) -> int:
              args.dtype, device)
     allm = AsyncLLM(model, draft=draft, dtype=args.dtype, device=device,
                     max_seq_len=args.max_seq_len, max_batch_size=args.max_num_seqs,
-                    max_queue=args.max_queue)
+                    max_queue=args.max_queue, draft_dtype=args.draft_dtype)
     try:
         app = build_app(allm, ServeConfig(name, spec))
         log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, args.host,

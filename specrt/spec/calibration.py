@@ -38,8 +38,8 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
     warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
     except for the step from 1 to 2 rows, where CPU matmuls switch kernels."""
-    key = "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
-                             max_t, cpu_name(), model.backend.build_id)))
+    key = "|".join(map(str, (model.source, model.dtype, model.quant, model.device,
+                             torch.get_num_threads(), max_t, cpu_name(), model.backend.build_id)))
     with _lock:
         if key not in _cache:
             entries, healed = _load_disk()

@@ -51,8 +51,10 @@ class Backend(Protocol):
         """Identifies the code that computes (kernel builds included): cost calibrations
         measured under one build are not reused under another."""
 
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-        """Wrap a [out, in] weight (and [out] bias) for this backend's matmuls."""
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               quant: str | None = None) -> Linear:
+        """Wrap a [out, in] weight (and [out] bias) for this backend's matmuls; quant: store
+        it quantized (specrt.model.backends.quantized), None: as it is."""
 
     def hidden(self, model: "Transformer", input_ids: torch.Tensor, cache: "StaticKVCache",
                rows: Pass, last_only: bool = False) -> torch.Tensor:

@@ -40,7 +40,10 @@ class CpuNative(TorchReference):
     def build_id(self) -> str:
         return f"{super().build_id}|gemv-{gemv.build_id()}|ops-{ops.build_id()}"
 
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> GemvLinear:
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               quant: str | None = None):
+        if quant is not None:
+            return super().linear(weight, bias, quant)
         return GemvLinear(weight, bias)
 
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,

@@ -11,7 +11,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from specrt.model.backends.base import Pass
+from specrt.model.backends.base import Linear, Pass
+from specrt.model.backends.quantized import quantized_linear
 
 
 @dataclasses.dataclass
@@ -90,7 +91,10 @@ class TorchReference:
     def build_id(self) -> str:
         return f"torch-{torch.__version__}"
 
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> TorchLinear:
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               quant: str | None = None) -> Linear:
+        if quant is not None:
+            return quantized_linear(quant, weight, bias)
         return TorchLinear(weight, bias)
 
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,

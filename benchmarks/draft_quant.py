@@ -1,0 +1,191 @@
+"""Benchmark: the int8 draft against the bf16 draft, side by side in one run.
+
+Run: python -m benchmarks.draft_quant [--quick] [--prompts FILE]     (--help for the knobs)
+
+One target (bf16) and the same draft model loaded twice, once with bf16 and once with int8
+weights, each in its own engine sharing the target's weights, all on this thread. Measures:
+- step costs: a target decode step, a bf16 draft step and an int8 draft step, interleaved
+  (median of --step-repeats rounds of 10 steps each), and the ratios draft / target;
+- per prompt (chat template, greedy, --max-new-tokens): plain decoding and, for each draft,
+  draft_model:K for K in --ks and auto:8, the methods in a rotating order per prompt so drift
+  hits them alike; tokens/s over the whole call (prefill included), acceptance rate and mean
+  acceptance length, and whether every output equals plain greedy token for token.
+Per task: each method's tokens/s, acceptance per draft, and best int8 / best bf16.
+Prints a table; writes the section "Int8 draft" of benchmarks/RESULTS.md (--no-record to skip);
+JSON on the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.harness import cli, machine, report
+from benchmarks.harness.model_dirs import resolve_models
+
+SECTION = "## Int8 draft (benchmarks/draft_quant.py)"
+PROMPTS = Path(__file__).with_name("prompts.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.draft_quant",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_common_args(p)
+    cli.add_record_args(p)
+    p.add_argument("--quick", action="store_true", help="1 prompt per task, 48 tokens, K=4")
+    p.add_argument("--prompts", default=str(PROMPTS), help="prompts file (benchmarks/prompts.json "
+                   "format)")
+    p.add_argument("--prompts-per-task", type=int, default=None, help="default 3 (--quick: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--quick: 48)")
+    p.add_argument("--ks", default=None, help="draft_model K values (default 2,4; --quick: 4)")
+    p.add_argument("--step-repeats", type=int, default=5)
+    return p
+
+
+def step_costs(models: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of one decode step (1 row) of each model, interleaved."""
+    import torch
+
+    caches = {k: m.new_cache(1, 256) for k, m in models.items()}
+    prompt = torch.arange(100, 132, dtype=torch.int64)[None]
+    for k, m in models.items():
+        m.forward(prompt, caches[k])
+    times = collections.defaultdict(list)
+    token = torch.tensor([[42]])
+    for _ in range(repeats):
+        for k, m in models.items():
+            caches[k].truncate([32])
+            t0 = time.perf_counter()
+            for _ in range(10):
+                m.forward(token, caches[k])
+            times[k].append((time.perf_counter() - t0) / 10)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from specrt.api.tokenizer import Tokenizer
+    from specrt.engine.engine import Engine
+    from specrt.engine.request import Request
+    from specrt.model.transformer import Transformer
+    from specrt.spec.config import SpecConfig
+
+    cli.setup_torch(args.threads, args.device)
+    target_dir, draft_dir = resolve_models(args)
+    n_prompts = args.prompts_per_task or (1 if args.quick else 3)
+    max_new = args.max_new_tokens or (48 if args.quick else 128)
+    ks = [int(k) for k in (args.ks or ("4" if args.quick else "2,4")).split(",")]
+    info = machine.machine_info(args.threads, args.device)
+    report.print_header("Int8 draft vs bf16 draft", info)
+
+    target = Transformer.from_dir(target_dir, args.dtype, args.device, 4096)
+    drafts = {q or args.dtype: Transformer.from_dir(draft_dir, args.dtype, args.device, 4096,
+                                                    quant=q) for q in (None, "int8")}
+    tok = Tokenizer(target_dir)
+    eos = frozenset(target.cfg.eos_token_ids)
+    steps = step_costs({"target": target, **drafts}, args.step_repeats)
+    ratios = {k: steps[k] / steps["target"] for k in drafts}
+    log("step ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in steps.items()))
+    engines = {k: Engine(target, d, 1, 4096) for k, d in drafts.items()}
+    for engine in engines.values():      # calibrate auto's costs now, not inside a timed call
+        engine.planner_for(SpecConfig(method="auto", num_speculative_tokens=8))
+
+    methods = [("plain", None, None)]
+    for k in ks:
+        methods += [(f"draft_model:{k} {q}", q, SpecConfig(method="draft_model",
+                                                           num_speculative_tokens=k))
+                    for q in drafts]
+    methods += [(f"auto:8 {q}", q, SpecConfig(method="auto", num_speculative_tokens=8))
+                for q in drafts]
+
+    tasks = json.loads(Path(args.prompts).read_text())["tasks"]
+    rows = []
+    for t, (task, items) in enumerate(tasks.items()):
+        for i, item in enumerate(items[:n_prompts]):
+            ids = tuple(tok.encode(item["prompt"], chat=True))
+            order = methods[(t + i) % len(methods):] + methods[:(t + i) % len(methods)]
+            plain_out = None
+            results = {}
+            for label, q, spec in order:
+                engine = engines[q or args.dtype]
+                req = Request(ids, max_new, spec=spec, eos_ids=eos)
+                t0 = time.perf_counter()
+                out, stats = [], None
+                for batch in engine.run([req]):
+                    for s in batch:
+                        out += s.new_tokens
+                        stats = s.stats or stats
+                results[label] = (out, time.perf_counter() - t0, stats)
+            plain_out = results["plain"][0]
+            for label, (out, wall, stats) in results.items():
+                rows.append({"task": task, "prompt": item["id"], "method": label,
+                             "tokens": len(out), "seconds": wall,
+                             "drafted": stats["num_draft_tokens"],
+                             "accepted": stats["num_accepted_tokens"],
+                             "drafts": stats["num_drafts"], "exact": out == plain_out})
+            log(f"{task}/{item['id']}: " + ", ".join(
+                f"{lab} {len(o) / w:.1f}" for lab, (o, w, _) in results.items()))
+
+    table, summary = summarize(rows, [m[0] for m in methods], list(drafts))
+    lines = ["step ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in steps.items()),
+             "draft step / target step: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()),
+             "", table]
+    mismatches = sum(not r["exact"] for r in rows)
+    lines.append(f"\nmismatches against plain greedy: {mismatches} of {len(rows)} generations")
+    text = "\n".join(lines)
+    print(text)
+    if args.record:
+        report.record_section(SECTION, report.results_preamble(info, args.note)
+                              + "\n```\n" + text + "\n```\n", Path(args.results_md))
+    print(json.dumps({"steps": steps, "ratios": ratios, "summary": summary,
+                      "mismatches": mismatches, "rows": rows}))
+    return 0
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def summarize(rows: list[dict], methods: list[str], quants: list[str]) -> tuple[str, dict]:
+    by = collections.defaultdict(lambda: [0, 0.0, 0, 0, 0])
+    for r in rows:
+        e = by[(r["task"], r["method"])]
+        e[0] += r["tokens"]
+        e[1] += r["seconds"]
+        e[2] += r["drafted"]
+        e[3] += r["accepted"]
+        e[4] += r["drafts"]
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    head = "| method | " + " | ".join(tasks) + " |"
+    out = [head, "|" + "---|" * (len(tasks) + 1)]
+    for m in methods:
+        cells = []
+        for t in tasks:
+            tokens, secs, drafted, accepted, _ = by[(t, m)]
+            acc = f" ({accepted / drafted:.0%})" if drafted else ""
+            cells.append(f"{tokens / secs:.2f}{acc}")
+        out.append(f"| {m} | " + " | ".join(cells) + " |")
+    summary = {}
+    for t in tasks:
+        best = {q: max((by[(t, m)][0] / by[(t, m)][1], m) for m in methods if m.endswith(q))
+                for q in quants}
+        plain = by[(t, "plain")][0] / by[(t, "plain")][1]
+        summary[t] = {"best": {q: b[1] for q, b in best.items()},
+                      "int8_over_bf16": best["int8"][0] / best[quants[0]][0],
+                      "best_int8_over_plain": best["int8"][0] / plain}
+    out.append("")
+    out.append("cells: tokens/s over the whole call (acceptance rate of drafted tokens)")
+    for t, s in summary.items():
+        out.append(f"- {t}: best int8 / best {quants[0]} = {s['int8_over_bf16']:.2f} "
+                   f"({s['best']['int8']} vs {s['best'][quants[0]]}); best int8 / plain = "
+                   f"{s['best_int8_over_plain']:.2f}")
+    return "\n".join(out), summary
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

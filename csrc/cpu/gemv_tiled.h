@@ -1,0 +1,131 @@
+// The tiled driver shared by the skinny CPU matrix products (gemv.cpp: bf16/fp32 weights,
+// gemv_int8.cpp: int8 weights): it walks the weight once per call in tiles of NB weight rows and
+// blocks of KB k-values, runs every row tile of x over each block while the block sits in L1,
+// keeps partial sums in memory between blocks (so every output element sums k in the same order
+// whatever M is) and prefetches the next block while the current one is multiplied. The
+// per-format kernels supply the block function (one k-block of an NB x MB register tile) and the
+// store (partial sum -> output element).
+#pragma once
+
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "cpu_features.h"
+
+namespace specrt {
+
+// Scalar bf16 <-> fp32 for the stores.
+static inline float bf16_to_f32(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t f32_to_bf16(float f) {  // round to nearest even
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+// Rows of x as the block functions read them: row-major with K values per row.
+template <typename T>
+struct Rows {
+  const T* p;
+  int64_t K;
+  Rows rows(int64_t m) const { return {p + m * K, K}; }
+};
+
+// The product goes through K in blocks: for each tile of NB_MAX weight rows and each block of
+// k, every row tile of x (up to MB_MAX rows, sized by each format so its tile's accumulators fit
+// the 32 vector registers) runs over the block while it sits in L1, so the weight is read
+// from memory once whatever M is. Accumulators wait in memory between blocks; that leaves the
+// order of every lane's sums, and so the bits, the same for every M. M is cut into near-equal
+// row tiles (17 = 2 + 3 + 3 + 3 + 3 + 3) so that no tile is left with one row doing a load
+// per product. Each k-step of a block function reads 64 bytes of each weight row.
+
+// While a block is multiplied from L1, the next block is requested a few cache lines per k-step
+// into L2 (prefetcht2), spread over all the row tiles' passes. Without it memory sat idle during
+// the products and a verify pass cost about memory time + compute time. Measured on the
+// development machine over the 1.5B target's weights (bf16, 2 threads), each pair A/B in one
+// process: 1 row 72 ms (75 with the former whole-K decode tiles), 2 rows 73 (92), 9 rows 114
+// (143), 17 rows 185 (215), with the prefetch (without).
+// A burst of requests at the start of a block, or requests into L1, stalled on the miss queue
+// and measured no better or worse.
+struct Prefetch {
+  const char* base = nullptr;   // first byte of the next block's first row
+  int64_t row_stride = 0;       // bytes between its rows
+  int64_t lines_per_row = 1;
+  int64_t line = 0, end = 0;    // this pass's share of the block's cache lines
+  int64_t per_step = 0;
+  inline void step() {
+    for (int64_t e = std::min(line + per_step, end); line < e; ++line)
+      __builtin_prefetch(base + (line / lines_per_row) * row_stride + (line % lines_per_row) * 64,
+                         0, 1);
+  }
+};
+// One k-block [k0, k1) of an NB x MB register tile: x (row view) against NB weight rows,
+// accumulating into state [NB * MB][16] (loaded and stored around the block).
+template <typename X, typename W>
+using Block = void (*)(X x, const W* w, int64_t K, int64_t k0, int64_t k1, float* state, Prefetch pf);
+
+SPECRT_AVX512 static inline float reduce16(const float* v) {
+  return _mm512_reduce_add_ps(_mm512_loadu_ps(v));
+}
+
+// NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
+template <int NB_MAX, int MB_MAX, int KB, typename X, typename T, typename Store>
+static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
+                       Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store) {
+  int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
+  // Row tiles of x as (first row, rows): M cut into near-equal parts of at most MB_MAX.
+  std::vector<std::pair<int64_t, int>> row_tiles;
+  for (int64_t m0 = 0, left = (M + MB_MAX - 1) / MB_MAX; m0 < M; --left) {
+    int mb = int((M - m0) / left);
+    row_tiles.emplace_back(m0, mb);
+    m0 += mb;
+  }
+  const int64_t m_tiles = int64_t(row_tiles.size());
+  #pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> state(size_t(M) * NB_MAX * 16);    // [M][NB][16] partial sums
+    #pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      int64_t n0 = t * NB_MAX;
+      int nb = int(std::min<int64_t>(NB_MAX, N - n0));
+      std::fill(state.begin(), state.end(), 0.0f);
+      for (int64_t k0 = 0; k0 < K; k0 += KB) {
+        int64_t k1 = std::min<int64_t>(K, k0 + KB);
+        // The next block: the next k range of these rows, or the next tile's first. Its lines
+        // are shared out over the row tiles' passes through this block, a few per full k-step
+        // (one vector of k is 64 bytes). A block shorter than one vector has no full step and
+        // prefetches nothing; counting at least one step keeps the division defined.
+        Prefetch pf;
+        int64_t share = 0;
+        int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
+        if (nn0 < N) {
+          int64_t nkb = std::min<int64_t>(KB, K - nk0);
+          pf.base = reinterpret_cast<const char*>(w + nn0 * K + nk0);
+          pf.row_stride = K * int64_t(sizeof(T));
+          pf.lines_per_row = (nkb * int64_t(sizeof(T)) + 63) / 64;
+          pf.end = std::min<int64_t>(NB_MAX, N - nn0) * pf.lines_per_row;
+          int64_t steps = m_tiles * std::max<int64_t>(1, (k1 - k0) * int64_t(sizeof(T)) / 64);
+          pf.per_step = (pf.end + steps - 1) / steps;
+          share = (pf.end + m_tiles - 1) / m_tiles;
+        }
+        for (int64_t mt = 0; mt < m_tiles; ++mt) {
+          auto [m0, mb] = row_tiles[mt];
+          Prefetch mine = pf;
+          if (pf.base) { mine.line = mt * share; mine.end = std::min(pf.end, (mt + 1) * share); }
+          Blocks[nb - 1][mb - 1](x.rows(m0), w + n0 * K, K, k0, k1, &state[m0 * NB_MAX * 16], mine);
+        }
+      }
+      for (auto [m0, mb] : row_tiles) {
+        const float* s = &state[m0 * NB_MAX * 16];      // [NB][MB][16] for this row tile
+        for (int i = 0; i < nb; ++i)
+          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce16(s + 16 * (i * mb + j)));
+      }
+    }
+  }
+}
+
+}  // namespace specrt

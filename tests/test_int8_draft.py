@@ -1,0 +1,113 @@
+"""The int8 draft: its kernel against its reference, and exactness of speculation with it."""
+import pytest
+import torch
+
+import specrt
+from specrt.errors import ArgumentError
+from specrt.kernels.cpu import gemv_int8
+from specrt.model.backends.quantized import Int8Linear
+
+needs_kernel = pytest.mark.skipif(not gemv_int8.AVAILABLE,
+                                  reason="the int8 kernel needs AVX-512 VNNI and the extension")
+
+
+def _operands(dtype, M, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    x = (3 * torch.randn(M, K, generator=g)).to(dtype)
+    b = torch.randn(N, generator=g).to(dtype)
+    return x, gemv_int8.quantize(w), b, w
+
+
+def test_quantize_is_per_row_symmetric_and_round_trips_within_half_a_step():
+    w = torch.randn(37, 128, dtype=torch.float64).float()
+    w[5] = 0.0                                            # an all-zero row keeps scale 0
+    q = gemv_int8.quantize(w)
+    assert q.data.dtype == torch.uint8 and q.scale.shape == (37,)
+    values = q.data.float() - 128
+    assert values.abs().max() == 127 and values.min() >= -127
+    back = values * q.scale[:, None]
+    assert (back - w).abs().max(dim=1).values.le(q.scale / 2 + 1e-7).all()
+    assert q.scale[5] == 0 and torch.equal(back[5], w[5])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M", [1, 2, 3, 7, 40])
+def test_kernel_matches_reference(dtype, M):
+    x, qw, b, _ = _operands(dtype, M, 75, 192)
+    for bias in (None, b):
+        for out_dtype in (None, torch.float32):
+            want = gemv_int8.reference_linear(x, qw, bias, out_dtype)
+            got = gemv_int8.kernel_linear(x, qw, bias, out_dtype)
+            assert got.dtype == want.dtype and got.shape == (M, 75)
+            # the same integer block dots and scales; fp32 sums in another order
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=2e-3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_rows_do_not_depend_on_their_neighbours(dtype):
+    x, qw, b, _ = _operands(dtype, 9, 130, 256, seed=1)
+    together = gemv_int8.kernel_linear(x, qw, b, torch.float32)
+    alone = torch.cat([gemv_int8.kernel_linear(x[m:m + 1], qw, b, torch.float32)
+                       for m in range(9)])
+    assert torch.equal(together, alone)
+
+
+def test_reference_is_close_to_the_float_product():
+    x, qw, b, w = _operands(torch.float32, 4, 64, 512, seed=2)
+    want = torch.nn.functional.linear(x, w, b)
+    got = gemv_int8.reference_linear(x, qw, b)
+    assert ((got - want).norm() / want.norm()) < 0.02       # ~1% for int8 weights + activations
+
+
+@pytest.mark.parametrize("bad", ["K", "dtype", "bias"])
+def test_bad_operands_raise_value_error(bad):
+    x, qw, b, _ = _operands(torch.float32, 2, 8, 128)
+    if bad == "K":
+        w100 = gemv_int8.quantize(torch.randn(8, 100))
+        with pytest.raises(ValueError, match="multiple of 64"):
+            gemv_int8.linear(torch.randn(2, 100), w100)
+    elif bad == "dtype":
+        with pytest.raises(ValueError, match="bfloat16 or float32"):
+            gemv_int8.linear(x.double(), qw)
+    else:
+        with pytest.raises(ValueError, match="bias"):
+            gemv_int8.linear(x, qw, b[:3])
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_noeos_dir, tiny_draft_dir):
+    llms = {q: specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32",
+                          max_seq_len=256, draft_dtype=q) for q in ("int8", "float32")}
+    yield llms
+    for llm in llms.values():
+        llm.close()
+
+
+def test_int8_draft_holds_int8_weights(pair):
+    draft = pair["int8"].engine.draft
+    assert draft.quant == "int8" and isinstance(draft.layers[0].qkv, Int8Linear)
+    assert isinstance(draft.lm_head, Int8Linear)
+    assert pair["float32"].engine.draft.quant is None
+    assert draft.weight_bytes < 0.3 * pair["float32"].engine.draft.weight_bytes
+
+
+@pytest.mark.parametrize("method", ["draft_model", "auto"])
+def test_int8_draft_greedy_equals_plain(pair, method):
+    prompts = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
+    llm = pair["int8"]
+    plain = [r.token_ids for r in llm.generate(prompts, max_new_tokens=40)]
+    spec = llm.generate(prompts, max_new_tokens=40,
+                        speculative={"method": method, "num_speculative_tokens": 4})
+    assert [r.token_ids for r in spec] == plain
+    if method == "draft_model":
+        assert spec[1].stats["num_draft_tokens"] > 0
+        assert spec[1].stats["num_accepted_tokens"] > 0      # the quantized draft still agrees
+
+
+@pytest.mark.parametrize("value", ["int4", "bfloat16", 8])
+def test_bad_draft_dtype_is_one_clear_error(tiny_noeos_dir, value):
+    with pytest.raises(ArgumentError, match="draft_dtype"):
+        specrt.LLM(tiny_noeos_dir, dtype="float32", draft_dtype=value)
