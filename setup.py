@@ -111,8 +111,9 @@ ext_modules = [
     extension("specrt._ngram", ["csrc/ngram/ngram.cpp", "csrc/ngram/ngram_bindings.cpp"],
               ["csrc/ngram/ngram.h", "csrc/build_id.h"], []),
     extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_int8.cpp",
-                               "csrc/cpu/gemv_bindings.cpp"],
+                               "csrc/cpu/stream_read.cpp", "csrc/cpu/gemv_bindings.cpp"],
               ["csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_tiled.h",
+               "csrc/cpu/stream_read.h",
                "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
               GCC12_NOISE, openmp=True, x86_only=True),
     # -ffp-contract=off: no multiply-adds fused behind the code's back; the ops round where the

@@ -2,8 +2,9 @@
 
 Run: python -m benchmarks.draft_quant [--quick] [--prompts FILE]     (--help for the knobs)
 
-One target (bf16) and the same draft model loaded twice, once with bf16 and once with int8
-weights, each in its own engine sharing the target's weights, all on this thread. Measures:
+One target (bf16) and the same draft model loaded twice, as `LLM` loads it by default (int8
+weights scoring the first 65,536 token ids and the special ones: see
+specrt.spec.drafters.draft_model.shortlist) and unquantized over the whole vocabulary, each in its own engine sharing the target's weights, all on this thread. Measures:
 - step costs: a target decode step, a bf16 draft step and an int8 draft step, interleaved
   (median of --step-repeats rounds of 10 steps each), and the ratios draft / target;
 - per prompt (chat template, greedy, --max-new-tokens): plain decoding and, for each draft,
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
     from specrt.engine.request import Request
     from specrt.model.transformer import Transformer
     from specrt.spec.config import SpecConfig
+    from specrt.spec.drafters.draft_model import shortlist
 
     cli.setup_torch(args.threads, args.device)
     target_dir, draft_dir = resolve_models(args)
@@ -84,9 +86,12 @@ def main(argv=None) -> int:
     report.print_header("Int8 draft vs bf16 draft", info)
 
     target = Transformer.from_dir(target_dir, args.dtype, args.device, 4096)
-    drafts = {q or args.dtype: Transformer.from_dir(draft_dir, args.dtype, args.device, 4096,
-                                                    quant=q) for q in (None, "int8")}
     tok = Tokenizer(target_dir)
+    # as LLM loads them: bf16 = draft_dtype/draft_vocab of the model, int8 = the defaults
+    rows = shortlist(target.cfg.vocab_size, set(tok.special_ids()) | set(target.cfg.eos_token_ids))
+    drafts = {q or args.dtype: Transformer.from_dir(draft_dir, args.dtype, args.device, 4096,
+                                                    quant=q, head_rows=rows if q else None)
+              for q in (None, "int8")}
     eos = frozenset(target.cfg.eos_token_ids)
     steps = step_costs({"target": target, **drafts}, args.step_repeats)
     ratios = {k: steps[k] / steps["target"] for k in drafts}
@@ -107,7 +112,8 @@ def main(argv=None) -> int:
     rows = []
     for t, (task, items) in enumerate(tasks.items()):
         for i, item in enumerate(items[:n_prompts]):
-            ids = tuple(tok.encode(item["prompt"], chat=True))
+            ids = tuple(tok.encode_messages(item["messages"]) if "messages" in item
+                        else tok.encode(item["prompt"], chat=True))
             order = methods[(t + i) % len(methods):] + methods[:(t + i) % len(methods)]
             plain_out = None
             results = {}

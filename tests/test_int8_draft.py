@@ -111,3 +111,28 @@ def test_int8_draft_greedy_equals_plain(pair, method):
 def test_bad_draft_dtype_is_one_clear_error(tiny_noeos_dir, value):
     with pytest.raises(ArgumentError, match="draft_dtype"):
         specrt.LLM(tiny_noeos_dir, dtype="float32", draft_dtype=value)
+
+
+def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir):
+    """A draft scoring only ids < 100 (and the special tokens) proposes nothing else, and the
+    target still decides: greedy output equals plain decoding."""
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32", max_seq_len=256,
+                     draft_vocab=100)
+    try:
+        draft = llm.engine.draft
+        allowed = set(draft.head_rows.tolist())
+        assert set(range(100)) <= allowed and len(allowed) < draft.cfg.vocab_size
+        assert draft.lm_head.weight.shape[0] == len(allowed)
+        prompt = list(range(40, 70))
+        plain = llm.generate(prompt, max_new_tokens=40).token_ids
+        run = llm.submit(prompt, max_new_tokens=40,
+                         speculative={"method": "draft_model", "num_speculative_tokens": 4})
+        proposed = [t for chunk in run.chunks() for t in chunk.step.draft_tokens]
+        assert run.result().token_ids == plain
+        assert proposed and set(proposed) <= allowed
+    finally:
+        llm.close()
+
+
+def test_draft_vocab_auto_keeps_small_vocabularies_whole(pair):
+    assert pair["int8"].engine.draft.head_rows is None      # 320 tokens: nothing to cut

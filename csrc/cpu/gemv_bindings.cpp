@@ -8,6 +8,7 @@
 #include "cpu_features.h"
 #include "gemv.h"
 #include "gemv_int8.h"
+#include "stream_read.h"
 
 namespace py = pybind11;
 
@@ -45,6 +46,13 @@ PYBIND11_MODULE(_gemv, m) {
       },
       "x [M, K] (bf16 or fp32) @ int8 w [N, K] (stored +128 as uint8, scales [N]).T (+ bias) -> "
       "out [M, N] (fp32 or bf16); K % 64 == 0");
+  m.def(
+      "stream_read",
+      [](uintptr_t data, int64_t nbytes, int threads) {
+        py::gil_scoped_release release;
+        return specrt::stream_read(reinterpret_cast<const void*>(data), nbytes, threads);
+      },
+      "read nbytes once with AVX-512 loads on `threads` threads (the memory-read floor)");
   m.def("int8_supported", &specrt::cpu_supports_int8, "cpu_supported() and AVX-512 VNNI");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");

@@ -14,7 +14,6 @@
 #include "gemv_int8.h"
 
 #include <immintrin.h>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -29,7 +28,7 @@ namespace {
 constexpr int QBLOCK = 64;           // activation values per scale: one vector of bytes
 // 4 weight rows x 3 rows of x: 12 accumulators + per x row its bytes, lane corrections and
 // scale (9) + the weight bytes and a product fit the 32 vector registers.
-constexpr int NB_I8 = 4, MB_I8 = 3;
+constexpr int NB_I8 = 8, MB_I8 = 2;
 
 
 // Rows of quantized x: bytes [M, K], lane corrections [M, K / 4], block scales [M, K / 64].
@@ -75,28 +74,49 @@ SPECRT_AVX512_VNNI static void block_i8(QRows x, const uint8_t* w, int64_t K, in
   for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(state + 16 * a, acc[a]);
 }
 
-#define SPECRT_I8_ROW(NB) block_i8<NB, 1>, block_i8<NB, 2>, block_i8<NB, 3>
+#define SPECRT_I8_ROW(NB) block_i8<NB, 1>, block_i8<NB, 2>
 Block<QRows, uint8_t> block_i8_table[NB_I8][MB_I8] = {
-    {SPECRT_I8_ROW(1)}, {SPECRT_I8_ROW(2)}, {SPECRT_I8_ROW(3)}, {SPECRT_I8_ROW(4)}};
+    {SPECRT_I8_ROW(1)}, {SPECRT_I8_ROW(2)}, {SPECRT_I8_ROW(3)}, {SPECRT_I8_ROW(4)},
+    {SPECRT_I8_ROW(5)}, {SPECRT_I8_ROW(6)}, {SPECRT_I8_ROW(7)}, {SPECRT_I8_ROW(8)}};
 
-// Quantize one row of x (K values, bf16 or fp32) per block of 64: bytes, scales, corrections.
-template <typename T, float (*ToF32)(T)>
-void quantize_row(const T* x, int64_t K, int8_t* q, float* scale, int32_t* corr) {
-  for (int64_t b = 0; b < K / QBLOCK; ++b) {
-    float amax = 0.0f;
-    for (int i = 0; i < QBLOCK; ++i) amax = std::fmax(amax, std::fabs(ToF32(x[b * QBLOCK + i])));
-    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    scale[b] = amax / 127.0f;
-    for (int i = 0; i < QBLOCK; ++i) {
-      float v = std::nearbyint(ToF32(x[b * QBLOCK + i]) * inv);   // round half to even
-      q[b * QBLOCK + i] = int8_t(std::fmax(-127.0f, std::fmin(127.0f, v)));
-    }
-  }
-  for (int64_t g = 0; g < K / 4; ++g)
-    corr[g] = 128 * (int32_t(q[4 * g]) + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
+// 16 values of x as fp32.
+SPECRT_AVX512 SPECRT_INLINE __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+SPECRT_AVX512 SPECRT_INLINE __m512 load16(const uint16_t* x) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-inline float f32_id(float v) { return v; }
+// Quantize one row of x (K values, bf16 or fp32) per block of 64: bytes, scales, and the lane
+// corrections 128 * (sum of each 4 consecutive bytes), exact, by vpdpbusd with 128s. Rounding:
+// cvtps2dq under the default rounding mode (to nearest, ties to even), as the reference's
+// torch.round.
+template <typename T>
+SPECRT_AVX512_VNNI void quantize_row(const T* x, int64_t K, int8_t* q, float* scale,
+                                     int32_t* corr) {
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m512i offset = _mm512_set1_epi8(char(0x80));       // 128 as an unsigned byte
+  for (int64_t b = 0; b < K / QBLOCK; ++b) {
+    __m512 v[4];
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = load16(x + b * QBLOCK + 16 * i);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
+    }
+    float m = _mm512_reduce_max_ps(amax);
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    scale[b] = m / 127.0f;
+    __m512 vinv = _mm512_set1_ps(inv);
+    for (int i = 0; i < 4; ++i) {
+      __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], vinv));
+      r = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * QBLOCK + 16 * i), _mm512_cvtepi32_epi8(r));
+    }
+    __m512i bytes = _mm512_loadu_si512(q + b * QBLOCK);
+    _mm512_storeu_si512(corr + b * (QBLOCK / 4),
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, bytes));
+  }
+}
+
 
 }  // namespace
 
@@ -110,11 +130,11 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
   std::vector<float> scale(size_t(M * (K / QBLOCK)));
   for (int64_t m = 0; m < M; ++m) {
     if (x_f32)
-      quantize_row<float, f32_id>(static_cast<const float*>(x) + m * K, K, &q[m * K],
-                                  &scale[m * (K / QBLOCK)], &corr[m * (K / 4)]);
+      quantize_row(static_cast<const float*>(x) + m * K, K, &q[m * K], &scale[m * (K / QBLOCK)],
+                   &corr[m * (K / 4)]);
     else
-      quantize_row<uint16_t, bf16_to_f32>(static_cast<const uint16_t*>(x) + m * K, K, &q[m * K],
-                                          &scale[m * (K / QBLOCK)], &corr[m * (K / 4)]);
+      quantize_row(static_cast<const uint16_t*>(x) + m * K, K, &q[m * K],
+                   &scale[m * (K / QBLOCK)], &corr[m * (K / 4)]);
   }
   auto store = [&](int64_t m, int64_t n, float v) {
     v *= w_scale[n];

@@ -103,6 +103,7 @@ class LLMArgs:
     cuda_graphs: bool | None = None
     max_queue: int = 256
     draft_dtype: object = "auto"
+    draft_vocab: object = "auto"
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -119,6 +120,9 @@ class LLMArgs:
         set_(self, "device", check_device(self.device))
         set_(self, "dtype", check_dtype(self.dtype, self.device))
         set_(self, "draft_dtype", check_draft_dtype(self.draft_dtype, self.device, self.dtype))
+        if self.draft_vocab not in ("auto", None):
+            set_(self, "draft_vocab", check_int("draft_vocab", self.draft_vocab, 1, 2**24,
+                                                fix="'auto', None (every token) or a count"))
 
 
 def check_draft_dtype(value, device, dtype):

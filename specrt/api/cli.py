@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the draft model's weights: auto (default) = int8 where the CPU int8 "
                         "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
                         "output does not change: only the target decides what is emitted")
+    p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
+                   help="token ids the draft scores: auto (default: the first 65536 and the "
+                        "special tokens when the vocabulary is over twice that), all, or N")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--speculative-config", default=None,
@@ -105,7 +108,7 @@ def check_flags(args) -> _Request:
 
     llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
                   max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
-                  draft_dtype=args.draft_dtype)
+                  draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab)
     given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
                             ("--prompt-file", args.prompt_file)) if v is not None]
     if len(given) > 1:
@@ -181,7 +184,7 @@ def _run(args) -> int:
           f"{req.llm.device})", file=sys.stderr)
     llm = LLM(model=model, draft=draft, dtype=req.llm.dtype, device=req.llm.device,
               max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs,
-              draft_dtype=args.draft_dtype)
+              draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab)
     prompt, messages = req.prompt, None
     if args.system is not None:
         prompt, messages = None, [{"role": "system", "content": args.system},
@@ -237,3 +240,12 @@ def _trace_line(llm, step) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+def draft_vocab_flag(value: str):
+    """--draft-vocab: 'auto', 'all' (None) or a count (checked by LLMArgs)."""
+    if value in ("auto", "all"):
+        return None if value == "all" else value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, all or a token count, got {value!r}")

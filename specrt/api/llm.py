@@ -35,6 +35,7 @@ from specrt.model.backends.quantized import int8_serves
 from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
+from specrt.spec.drafters.draft_model import shortlist
 from specrt.spec.sampling import SamplingParams
 
 __all__ = ["LLM", "GenerationResult", "StreamChunk"]
@@ -45,16 +46,17 @@ class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  dtype: str = "auto", device: str | None = None, max_seq_len: int = 4096,
                  max_batch_size: int = 1, cuda_graphs: bool | None = None,
-                 max_queue: int = 256, draft_dtype: str = "auto"):
+                 max_queue: int = 256, draft_dtype: str = "auto", draft_vocab="auto"):
         """The defaults (the same as the CLIs'): device None = CUDA if available, else the CPU;
         dtype "auto" = bfloat16 where the device computes it natively, else float32;
         cuda_graphs None = on with CUDA; draft_dtype "auto" = the draft model's weights in int8
         where the CPU int8 kernel runs (the output is unchanged: only the target decides what
-        is emitted), else in dtype. Every argument is checked (specrt.api.args) before any
-        file is read."""
+        is emitted), else in dtype; draft_vocab: the draft scores only the token ids below it
+        (and the special tokens), "auto" = 65536 for vocabularies over twice that (see
+        specrt.spec.drafters.draft_model.shortlist), None = every token. Every argument is checked (specrt.api.args) before any file is read."""
         args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
-                       max_queue, draft_dtype)
-        self.draft_dtype = args.draft_dtype
+                       max_queue, draft_dtype, draft_vocab)
+        self.draft_dtype, self.draft_vocab = args.draft_dtype, args.draft_vocab
         self.dtype, self.device = args.dtype, args.device
         max_seq_len, max_batch_size = args.max_seq_len, args.max_batch_size
         # No model: the default pair, fetched on first use.
@@ -86,11 +88,18 @@ class LLM:
         if quant == "auto":
             quant = "int8" if int8_serves(ModelConfig.from_dir(draft_dir), self.device) else None
         draft_model = Transformer.from_dir(draft_dir, self.dtype, self.device, self.max_seq_len,
-                                           quant=quant)
+                                           quant=quant, head_rows=self._draft_head_rows(draft_dir))
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
         check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))
         return draft_model
+
+    def _draft_head_rows(self, draft_dir: Path) -> list[int] | None:
+        cfg = ModelConfig.from_dir(draft_dir)
+        specials = set(cfg.eos_token_ids)
+        if self.tokenizer is not None:
+            specials |= set(self.tokenizer.special_ids())
+        return shortlist(cfg.vocab_size, specials, self.draft_vocab)
 
     def _scheduler_for(self, spec: SpecConfig | None) -> Scheduler:
         """A speculative config naming another draft "model" gets its own engine (sharing the

@@ -106,6 +106,11 @@ class Tokenizer:
     def special_tokens(self) -> dict[str, int]:
         return {t: self._tok.convert_tokens_to_ids(t) for t in self._tok.all_special_tokens}
 
+    def special_ids(self) -> list[int]:
+        """Ids of the special and added tokens (chat markers, EOS, tool tags, ...)."""
+        added = getattr(self._tok, "added_tokens_decoder", {}) or {}
+        return sorted(set(self.special_tokens().values()) | set(added))
+
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()

@@ -37,10 +37,13 @@ class Layer:
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_seq_len: int,
-                 backend: Backend | str | None = None, quant: str | None = None):
+                 backend: Backend | str | None = None, quant: str | None = None,
+                 head_rows: list[int] | None = None):
         """Takes ownership of `weights` (popped). backend: a Backend, a backend name, or None
         for the device's default (see specrt.model.backends). quant: store the projections and
-        the output head quantized ("int8", for a draft model), None: in the weights' dtype."""
+        the output head quantized ("int8", for a draft model), None: in the weights' dtype.
+        head_rows: score only these token ids (a draft model's shortlist: its output head
+        shrinks to them, every other logit is -inf); None: the whole vocabulary."""
         self.cfg = cfg
         w = weights
         self.embed = w.pop("model.embed_tokens.weight")            # [V, H]
@@ -58,6 +61,11 @@ class Transformer:
             return backend_linear(weight, bias, quant) if quant else backend_linear(weight, bias)
 
         head = self.embed if cfg.tie_word_embeddings else w.pop("lm_head.weight")
+        self.head_rows = None
+        if head_rows is not None:
+            self.head_rows = torch.tensor(sorted(set(head_rows)), dtype=torch.int64,
+                                          device=self.device)                 # [N]
+            head = head[self.head_rows]
         self.lm_head = linear(head)
         self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
         self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
@@ -85,10 +93,10 @@ class Transformer:
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype="float32", device="cpu",
                  max_seq_len: int = 4096, backend: str | None = None,
-                 quant: str | None = None) -> "Transformer":
+                 quant: str | None = None, head_rows: list[int] | None = None) -> "Transformer":
         cfg = ModelConfig.from_dir(model_dir)
         weights = load_state_dict(model_dir, cfg, parse_dtype(dtype), device)
-        model = cls(cfg, weights, max_seq_len, backend, quant)
+        model = cls(cfg, weights, max_seq_len, backend, quant, head_rows)
         model.source = str(Path(model_dir).resolve())
         return model
 
@@ -125,11 +133,20 @@ class Transformer:
                                 f"max_seq_len is {cache.max_seq_len}; raise max_seq_len")
         h = self.backend.hidden(self, input_ids, cache, rows, last_only)    # [B, T | 1, H]
         cache.advance(rows.valid)
-        return self.lm_head(h, torch.float32)
+        return self._logits(h)
 
     def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
         are read from and advanced in the cache's device tensor, shapes never depend on data,
         and nothing syncs with the host. The caller owns the host mirror of the lengths
         (`cache.note_advanced`) and the capacity check. Returns fp32 logits [B, T, V]."""
-        return self.lm_head(self.backend.hidden_static(self, input_ids, cache), torch.float32)
+        return self._logits(self.backend.hidden_static(self, input_ids, cache))
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [B, T, V] of the final hidden states h [B, T, H]."""
+        logits = self.lm_head(h, torch.float32)                  # [B, T, V] or [B, T, N]
+        if self.head_rows is None:
+            return logits
+        full = torch.full((*logits.shape[:-1], self.cfg.vocab_size), float("-inf"),
+                          device=logits.device)                  # [B, T, V]
+        return full.index_copy_(-1, self.head_rows, logits)

@@ -11,6 +11,8 @@ import argparse
 import json
 import logging
 
+from specrt.api.cli import draft_vocab_flag
+
 log = logging.getLogger("specrt.serve")
 
 
@@ -45,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the draft model's weights: auto (default) = int8 where the CPU int8 "
                         "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
                         "output does not change: only the target decides what is emitted")
+    p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
+                   help="token ids the draft scores: auto (default: the first 65536 and the "
+                        "special tokens when the vocabulary is over twice that), all, or N")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
@@ -90,7 +95,8 @@ def _serve(args) -> int:
              args.dtype, device)
     allm = AsyncLLM(model, draft=draft, dtype=args.dtype, device=device,
                     max_seq_len=args.max_seq_len, max_batch_size=args.max_num_seqs,
-                    max_queue=args.max_queue, draft_dtype=args.draft_dtype)
+                    max_queue=args.max_queue, draft_dtype=args.draft_dtype,
+                    draft_vocab=args.draft_vocab)
     try:
         app = build_app(allm, ServeConfig(name, spec))
         log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, args.host,

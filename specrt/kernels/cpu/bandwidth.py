@@ -1,0 +1,51 @@
+"""The memory-read floor of a decode step: how fast this machine reads a model's weights.
+
+A decode step must read every weight once, so no decode can beat (weight bytes) / (the time
+to just read them). `read_seconds` measures that time with the fastest reader specrt has: the
+C++ probe (csrc/cpu/stream_read.cpp: AVX-512 loads over each tensor, split across the threads,
+nothing else) run over the model's own weight tensors, or, without the extension, PyTorch's
+`sum` (slower: its numbers are a lower bound of the floor, said so in `method`).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specrt.kernels.cpu import extension
+
+_gemv, AVAILABLE = extension.load("specrt._gemv", "SPECRT_CPU_GEMV",
+                                  "the C++ decode/verify matrix products", "torch.sum")
+
+
+def weight_tensors(model) -> list[torch.Tensor]:
+    """The tensors a decode step of `model` (a specrt Transformer) reads: every projection's
+    weight (int8 data and scales when quantized) and bias, the output head and the norms."""
+    from specrt.kernels.cpu.gemv_int8 import Int8Weight
+
+    out = [model.norm]
+    for lin in [model.lm_head] + [x for layer in model.layers
+                                  for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
+        w = lin.weight
+        out += [w.data, w.scale] if isinstance(w, Int8Weight) else [w]
+        if lin.bias is not None:
+            out.append(lin.bias)
+    out += [t for layer in model.layers for t in (layer.input_norm, layer.post_norm)]
+    return out
+
+
+def method() -> str:
+    return ("AVX-512 streaming read (csrc/cpu/stream_read.cpp)" if AVAILABLE
+            else "torch.sum per tensor (no C++ probe: a lower bound of the floor)")
+
+
+def read_seconds(tensors: list[torch.Tensor], threads: int | None = None) -> float:
+    """Wall seconds to read every byte of `tensors` once (CPU, contiguous)."""
+    threads = threads or torch.get_num_threads()
+    t0 = time.perf_counter()
+    for t in tensors:
+        if AVAILABLE:
+            _gemv.stream_read(t.data_ptr(), t.numel() * t.element_size(), threads)
+        else:
+            t.sum()
+    return time.perf_counter() - t0
