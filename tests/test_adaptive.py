@@ -160,20 +160,36 @@ def test_ngram_acceptance_is_kept_per_match_length():
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
 
 
-def test_seeded_auto_sampling_gives_one_output_in_five_runs(llm):
-    """auto's plans decide how a sampled request's randomness is consumed; with a seed they
-    follow the calibrated costs only, so timing noise (and earlier requests that moved the
-    planner's online scales) never changes the output."""
+@pytest.mark.parametrize("sampled", [False, True])
+def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, monkeypatch,
+                                                                        sampled):
+    """auto's plans are a function of the request and the calibrated costs: with every round's
+    measured time scrambled (a machine 5x slower, then faster, as the engine's clock sees it),
+    the same request gives the same plan in every round and the same tokens, greedy or
+    seeded sampling."""
+    import random
+
+    import specrt.engine.round as round_module
+
     spec = {"method": "auto", "num_speculative_tokens": 6}
-    planner = llm.engine.planner_for(SpecConfig.parse(spec))
-    outputs = set()
-    for i in range(5):
-        # a machine that turned 5x slower or faster between runs, as the planner measured it
-        planner.verify_scale, planner.draft_scale = (0.2, 5.0, 1.0, 5.0, 0.2)[i], \
-            (5.0, 0.2, 1.0, 0.2, 5.0)[i]
-        outputs.add(tuple(llm.generate(PROMPTS[1], max_new_tokens=32, temperature=1.0, seed=7,
-                                       speculative=spec).token_ids))
-    assert len(outputs) == 1
+    kw = dict(temperature=1.0, seed=7) if sampled else {}
+    runs = set()
+    for trial in range(4):
+        rng = random.Random(trial)
+        clock = [0.0]
+
+        def scrambled():
+            clock[0] += rng.choice([0.001, 0.005, 0.05, 0.25])
+            return clock[0]
+
+        monkeypatch.setattr(round_module.time, "perf_counter", scrambled)
+        run = llm.submit(PROMPTS[1], max_new_tokens=40, speculative=spec, **kw)
+        plans = tuple(chunk.step.plan for chunk in run.chunks())
+        runs.add((plans, tuple(run.result().token_ids)))
+    monkeypatch.undo()
+    assert len(runs) == 1
+    plans = next(iter(runs))[0]
+    assert any(p != "plain" for p in plans[1:])          # it did speculate
 
 
 class LaggingDraft:

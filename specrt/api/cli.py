@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def default_speculative(has_draft: bool) -> dict:
     if has_draft:
-        return {"method": "auto", "num_speculative_tokens": 8}
+        return {"method": "auto", "num_speculative_tokens": 16}
     return {"method": "ngram", "num_speculative_tokens": 4}
 
 

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--speculative-config", default=None,
                    help="JSON with vLLM's keys, applied to every request that does not send "
-                        "its own \"speculative\" field (default: auto K=8 with a draft, ngram "
+                        "its own \"speculative\" field (default: auto K=16 with a draft, ngram "
                         "K=4 without); 'none' for plain decoding")
     p.add_argument("--max-model-len", "--max-seq-len", dest="max_seq_len", type=int,
                    default=4096, help="tokens per sequence (prompt + answer) in the KV cache")

@@ -25,11 +25,12 @@ class SpecConfig:
 
     method: "draft_model" (a small model with the same tokenizer), "ngram" (prompt lookup) or
     "auto" (choose drafter and K each round). num_speculative_tokens is K (for "auto": the
-    largest K it may choose).
+    largest K it may choose; default 4, for "auto" 16, so a long prompt-lookup match that
+    keeps being accepted can be drafted whole).
     """
 
     method: str = "draft_model"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None
     model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
@@ -38,6 +39,9 @@ class SpecConfig:
         if not isinstance(self.method, str) or self.method not in SPEC_METHODS:
             raise ArgumentError(f"speculative method {show(self.method)} is not known; "
                                 f"choose one of {', '.join(SPEC_METHODS)}")
+        if self.num_speculative_tokens is None:
+            object.__setattr__(self, "num_speculative_tokens",
+                               MAX_SPECULATIVE_TOKENS if self.method == "auto" else 4)
         check_int("num_speculative_tokens (K)", self.num_speculative_tokens, 1,
                   MAX_SPECULATIVE_TOKENS, fix="4 is a good start")
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()

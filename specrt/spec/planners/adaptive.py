@@ -18,8 +18,12 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the draft model, K = 1..K_max, run only when it wins.
 
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
-with a prior; costs come from a calibration at first use (specrt.spec.costs) scaled by the
-ratio of measured to predicted round times. Costs are for the round's whole batch: with more
+with a prior; costs come from a calibration at first use (specrt.spec.costs), cached per
+machine and build, and nothing else: a plan is a function of the request's own history and
+the calibrated costs, never of how long this run's rounds took, so two identical requests get
+the same plans (and a seeded sampled request the same output) however busy the machine is.
+A busier machine slows drafting and verifying alike, which moves no choice; the ratio between
+them is what the calibration measured. Costs are for the round's whole batch: with more
 requests in flight a verify pass of K + 1 tokens each costs more (and past the backend's
 batch-invariant pass size, a chunk more), so a busy batch drafts less. The choice depends only
 on past rounds, never on the current round's outcome, so greedy output stays identical and
@@ -48,7 +52,6 @@ PRIORS = {"draft_model": 0.6, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5}   # 
 # 7 e2e prompts put auto at 93-95% of the best fixed method on prose with 0.3, 97-99% with 0.15.
 WEIGHT = 0.15
 SPREAD = 0.5                  # pull of a fully accepted round on the positions past it
-COST_WEIGHT = 0.2             # EWMA weight of the newest measured/predicted time ratio
 PROBE_BASE = 16
 PROBE_MAX = 512
 # A drafter is probed only if, accepted this often, it would beat a plain step at the round's
@@ -72,7 +75,6 @@ class Decision:
 
     feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none)
     probe: str | None = None        # the state probed, if not a choice on merit
-    predicted_draft: float = 0.0    # calibrated seconds of this round's drafting
     batch: int = 1                  # requests in the round's passes (costs grow with them)
 
 
@@ -96,8 +98,6 @@ class AdaptivePlanner:
         self.draft_model = draft_model
         self.ngram = ngram
         self.drafters = tuple(d for d in (draft_model, ngram) if d is not None)
-        self.verify_scale = 1.0
-        self.draft_scale = 1.0
         self.states: dict[str, DrafterState] = {}
 
     # --- planner protocol -------------------------------------------------------------------
@@ -124,13 +124,7 @@ class AdaptivePlanner:
         only: never from this round's outcome, so greedy output stays identical."""
         rows = [b for b, a in enumerate(ctx.active) if a]
         batch = len(ctx.histories)
-        # A seeded request must reproduce: its plans (which decide how its randomness is
-        # consumed) then follow the calibrated costs alone, never this run's timings.
-        seeded = any(ctx.params[b].seed is not None for b in rows)
-        verify_scale, draft_scale = (1.0, 1.0) if seeded else (self.verify_scale,
-                                                               self.draft_scale)
-        cv = [verify_scale * self.costs.verify_seconds(t, batch)
-              for t in range(1, self.max_k + 2)]
+        cv = [self.costs.verify_seconds(t, batch) for t in range(1, self.max_k + 2)]
         best = ("plain", 0, 1.0 / cv[0])
         can_probe = []
         matches = self.ngram.matches(ctx, self.max_k) if self.ngram is not None else []
@@ -145,7 +139,7 @@ class AdaptivePlanner:
                 can_probe.append(self.states[_ngram_state(max(matches[b][1] for b in rows))])
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            catch_up = self._catch_up(ctx, rows, batch, draft_scale)
+            catch_up = self._catch_up(ctx, rows, batch)
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
                 best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
@@ -163,8 +157,7 @@ class AdaptivePlanner:
                     break
         return self._plan(ctx, name, k, probe, matches, batch)
 
-    def _catch_up(self, ctx: DraftContext, rows: list[int], batch: int,
-                  scale: float) -> "_DraftCosts":
+    def _catch_up(self, ctx: DraftContext, rows: list[int], batch: int) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
         each row has not fed it: one or two once it keeps up, a whole history after plain
         rounds or for a new request. Rows that far behind catch up alone first (the lump), a
@@ -176,11 +169,9 @@ class AdaptivePlanner:
         first = max([n for n in lags if n <= LONG_CATCH_UP] + [1])
         remaining = ctx.remaining or [HORIZON] * len(ctx.active)
         horizon = max(1.0, _mean(min(remaining[b], HORIZON) for b in rows))
-        return _DraftCosts(step=scale * self.costs.draft_seconds(1, batch),
-                           first=scale * self.costs.draft_seconds(first, batch),
-                           lump=scale * lump, horizon=horizon,
-                           unscaled=(lump + self.costs.draft_seconds(first, batch),
-                                     self.costs.draft_seconds(1, batch)))
+        return _DraftCosts(step=self.costs.draft_seconds(1, batch),
+                           first=self.costs.draft_seconds(first, batch), lump=lump,
+                           horizon=horizon)
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
               batch: int) -> Plan:
@@ -191,21 +182,16 @@ class AdaptivePlanner:
             feeds = tuple(_ngram_state(n) if n else None for _, n in matches)
             return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, batch=batch))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        rows = [b for b, a in enumerate(ctx.active) if a]
-        first, step = self._catch_up(ctx, rows, batch, 1.0).unscaled
-        predicted = first + (k - 1) * step
-        return Plan(self.draft_model, k, f"draft_model:{k}",
-                    Decision(feeds, probe, predicted, batch))
+        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, batch))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
                 verify_seconds) -> None:
+        """Learn acceptance from the round's outcome (its timings are not used: see above)."""
         decision: Decision = plan.notes
         used = set(decision.feeds)
         for state in self.states.values():
             state.idle_rounds = 0 if state.name in used else state.idle_rounds + 1
         if plan.k == 0:
-            self.verify_scale = _ewma(self.verify_scale, verify_seconds
-                                      / self.costs.verify_seconds(1, decision.batch))
             return
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
             if d and decision.feeds[row] is not None:
@@ -216,10 +202,6 @@ class AdaptivePlanner:
                 state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
             else:
                 state.probe_gap = PROBE_BASE
-        self.verify_scale = _ewma(self.verify_scale, verify_seconds
-                                  / self.costs.verify_seconds(plan.k + 1, decision.batch))
-        if plan.drafter is self.draft_model and decision.predicted_draft > 0:
-            self.draft_scale = _ewma(self.draft_scale, draft_seconds / decision.predicted_draft)
 
     def _ngram_expected(self, match: tuple[list[int], int], row: int, k: int) -> float:
         draft, n = match
@@ -234,7 +216,6 @@ class _DraftCosts:
     first: float                  # the round's batched first forward (1-2 tokens per row)
     lump: float                   # rows far behind, catching up alone first
     horizon: float                # tokens the lump is spread over
-    unscaled: tuple[float, float]   # (lump + first, step) as calibrated, for observe
 
     def cost(self, k: int, e: float, cv: list[float]) -> float:
         """Seconds per round of drafting k tokens that commit e on average: this round's
@@ -265,7 +246,7 @@ def _ngram_state(n: int) -> str:
     return f"ngram/{n}"
 
 
-def _ewma(old: float, new: float, weight: float = COST_WEIGHT) -> float:
+def _ewma(old: float, new: float, weight: float) -> float:
     return (1 - weight) * old + weight * new
 
 
