@@ -544,6 +544,21 @@ def test_rope_verify_attention_verify_equals_decode_steps_bitwise(split_keys):
     assert torch.equal(k, k2) and torch.equal(v, v2)
 
 
+@needs_cuda_bf16
+def test_rope_verify_attention_verify_equals_decode_steps_bitwise_bf16():
+    """The GPU's promise: in bf16, a 17-token fused verify gives each row the bits of its decode
+    step (one MMA path, fixed split positions), over several splits."""
+    B, T, Hq, Hkv, D, S = 2, 17, 12, 2, 128, 1024
+    qkv, bias, cos, sin, k, v, lens = _fused_inputs(B, T, Hq, Hkv, D, S, torch.bfloat16, seed=11)
+    k2, v2 = k.clone(), v.clone()
+    full = attention_kernel.rope_verify_attention(qkv, bias, cos, sin, k, v, lens, Hq)
+    for t in range(T):
+        step = attention_kernel.rope_verify_attention(
+            qkv[:, t:t + 1].contiguous(), bias, cos, sin, k2, v2, lens - (T - 1 - t), Hq)
+        assert torch.equal(step[:, 0], full[:, t]), f"row {t} differs from its decode step"
+    assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
 # ---------------------------------------------------------------------------------------------
 # add_rms_norm, silu_mul
 

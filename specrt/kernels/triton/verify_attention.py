@@ -245,11 +245,11 @@ def _check_common(q, k_cache, v_cache, lens, T, D):
     return lens
 
 
-def _launch(src, k_cache, v_cache, lens, out, T, G, scale, split_keys, block_n, fused,
+def _launch(src, k_cache, v_cache, lens, out, T, G, scale, split_keys, fused,
             bias=None, cos=None, sin=None):
     B, Hkv, S_max, D = k_cache.shape
     M = T * G
-    BLOCK_N = block_n or block_n_for(src.dtype)
+    BLOCK_N = block_n_for(src.dtype)
     if split_keys is None:  # CPU (the interpreter): one split
         split_keys = SPLIT_KEYS if src.is_cuda else triton.cdiv(S_max, BLOCK_N) * BLOCK_N
     assert split_keys % BLOCK_N == 0, f"split_keys {split_keys} must be a multiple of {BLOCK_N}"
@@ -288,7 +288,6 @@ def verify_attention(
     scale: float | None = None,
     *,
     split_keys: int | None = None,  # keys per split; None: SPLIT_KEYS on CUDA, one split on CPU
-    block_n: int | None = None,  # keys per inner step; None: block_n_for(dtype)
 ) -> torch.Tensor:  # [B, T, Hq, D], q.dtype
     """Attention of q (already rotated) against caches that already hold the new tokens."""
     assert q.dim() == 4, "q must be [B, T, Hq, D]"
@@ -299,8 +298,7 @@ def verify_attention(
     Hkv = k_cache.shape[1]
     assert Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}"
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return _launch(q, k_cache, v_cache, lens, out, T, Hq // Hkv, scale, split_keys, block_n,
-                   False)
+    return _launch(q, k_cache, v_cache, lens, out, T, Hq // Hkv, scale, split_keys, False)
 
 
 def rope_verify_attention(
@@ -329,4 +327,4 @@ def rope_verify_attention(
     lens = _check_common(qkv, k_cache, v_cache, lens, T, D)
     out = torch.empty((B, T, num_heads, D), device=qkv.device, dtype=qkv.dtype)
     return _launch(qkv, k_cache, v_cache, lens, out, T, num_heads // Hkv, scale, split_keys,
-                   None, True, bias, cos, sin)
+                   True, bias, cos, sin)
