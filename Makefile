@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install build test demo bench clean
+.PHONY: install build test compile-check demo bench clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ build: $(STAMP)
 
 # Everything, the packaging tests too (tests/test_packaging.py: build the sdist and wheels and
 # install them outside the repo, ~1-2 min); a quicker local run: PYTEST_ARGS='-m "not packaging"'
-test: build
+test: build compile-check
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+# Every Triton kernel variant the launchers can pick, compiled for sm_90 and sm_80 with the
+# triton wheel's ptxas: no GPU needed, ~1.5 min on 2 cores. Fails on a compile error, a bf16
+# register spill, shared memory over a target's limit, or a missing ptxas (never skips).
+compile-check: $(STAMP)
+	$(PY) -m specrt.kernels.compile_check
 
 demo: build
 	$(PY) -m specrt.models fetch

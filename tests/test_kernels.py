@@ -11,11 +11,13 @@ import pytest
 import torch
 
 import specrt.kernels as kernels
-from specrt.kernels import reference
+from specrt.kernels import reference, reference_layer
 
 dispatch = importlib.import_module("specrt.kernels.dispatch")
 attention_kernel = importlib.import_module("specrt.kernels.triton.verify_attention")
 acceptance_kernel = importlib.import_module("specrt.kernels.triton.acceptance")
+rms_kernel = importlib.import_module("specrt.kernels.triton.add_rms_norm")
+silu_kernel = importlib.import_module("specrt.kernels.triton.silu_mul")
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -54,25 +56,25 @@ def _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed, strided_q=False):
     return q, k, v, lens
 
 
-# (B, T, Hq, Hkv, D, S_max, dtype, num_splits, scale, strided_q)
+# (B, T, Hq, Hkv, D, S_max, dtype, split_keys, scale, strided_q); split_keys None: one split
 ATTENTION_CASES = [
-    (1, 1, 2, 2, 64, 64, torch.float32, 1, None, False),
-    (3, 1, 6, 2, 64, 80, torch.float16, 3, None, False),
-    (3, 2, 6, 2, 64, 80, torch.float32, 1, None, True),
-    (1, 2, 2, 2, 64, 96, torch.float16, 2, 0.3, False),
-    (3, 5, 6, 2, 64, 100, torch.float32, 4, None, False),
-    (3, 5, 2, 2, 64, 72, torch.float16, 1, None, True),
-    (3, 9, 6, 2, 64, 100, torch.float16, 3, None, False),
-    (1, 9, 2, 2, 64, 64, torch.float32, 2, None, False),
-    (2, 17, 8, 1, 64, 80, torch.float32, 2, None, False),  # T * G = 136: two M tiles
-    (2, 5, 6, 2, 128, 72, torch.float16, 2, None, False),  # D = 128
+    (1, 1, 2, 2, 64, 64, torch.float32, None, None, False),
+    (3, 1, 6, 2, 64, 80, torch.float16, 64, None, False),      # 2 splits
+    (3, 2, 6, 2, 64, 80, torch.float32, None, None, True),
+    (1, 2, 2, 2, 64, 96, torch.float16, 64, 0.3, False),
+    (3, 5, 6, 2, 64, 100, torch.float32, 32, None, False),     # 4 splits
+    (3, 5, 2, 2, 64, 72, torch.float16, None, None, True),
+    (3, 9, 6, 2, 64, 100, torch.float16, 64, None, False),
+    (1, 9, 2, 2, 64, 64, torch.float32, 32, None, False),
+    (2, 17, 8, 1, 64, 80, torch.float32, 32, None, False),     # T * G = 136: three M tiles
+    (2, 5, 6, 2, 128, 72, torch.float16, 64, None, False),     # D = 128
 ]
 
 
-@pytest.mark.parametrize("B,T,Hq,Hkv,D,S,dtype,num_splits,scale,strided_q", ATTENTION_CASES)
-def test_verify_attention_matches_reference(B, T, Hq, Hkv, D, S, dtype, num_splits, scale, strided_q):
+@pytest.mark.parametrize("B,T,Hq,Hkv,D,S,dtype,split_keys,scale,strided_q", ATTENTION_CASES)
+def test_verify_attention_matches_reference(B, T, Hq, Hkv, D, S, dtype, split_keys, scale, strided_q):
     q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed=B * 100 + T, strided_q=strided_q)
-    out = attention_kernel.verify_attention(q, k, v, lens, scale, num_splits=num_splits)
+    out = attention_kernel.verify_attention(q, k, v, lens, scale, split_keys=split_keys)
     ref = reference.verify_attention(q, k, v, lens, scale)
     assert out.shape == (B, T, Hq, D) and out.dtype == dtype
     atol, rtol = TOL[dtype]
@@ -93,13 +95,24 @@ def test_verify_attention_reference_matches_per_query_softmax():
                 torch.testing.assert_close(out[b, t, h], w @ v[b, kv, : pos + 1], atol=1e-5, rtol=1e-5)
 
 
-def test_verify_attention_decode_equals_last_row_of_verify():
-    """T = 1 decode at position p equals row t of a T-token verify whose position is p."""
-    B, T, Hq, Hkv, D, S = 2, 5, 6, 2, 64, 64
+@pytest.mark.parametrize("split_keys", [None, 32])
+def test_verify_attention_row_bits_do_not_depend_on_T(split_keys):
+    """Batch invariance: the query at position p gets the same bits whether it is decoded alone
+    (T = 1) or verified as row t of a T-token pass, with one split or several (the splits sit
+    at fixed key positions, not at positions derived from lens)."""
+    B, T, Hq, Hkv, D, S = 2, 6, 6, 2, 64, 96
     q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, torch.float32, seed=3)
-    full = attention_kernel.verify_attention(q, k, v, lens)
-    last = attention_kernel.verify_attention(q[:, -1:].contiguous(), k, v, lens)
-    torch.testing.assert_close(last[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+    full = attention_kernel.verify_attention(q, k, v, lens, split_keys=split_keys)
+    for t in range(T):
+        alone = attention_kernel.verify_attention(q[:, t:t + 1].contiguous(), k, v,
+                                                  lens - (T - 1 - t), split_keys=split_keys)
+        assert torch.equal(alone[:, 0], full[:, t]), f"row {t} differs from its decode step"
+
+
+def test_verify_attention_rejects_head_dims_the_compile_check_does_not_cover():
+    q, k, v, lens = _attention_inputs(1, 1, 2, 2, 32, 8, torch.float32, seed=0)
+    with pytest.raises(AssertionError, match="head dim"):
+        attention_kernel.verify_attention(q, k, v, lens)
 
 
 @needs_cuda_bf16
@@ -432,3 +445,165 @@ def test_dispatch_routes_to_the_forced_backend(monkeypatch, forced):
     kernels.greedy_accept(probs, drafts)
     kernels.rejection_sample(probs, None, drafts, u, noise)
     assert calls == [(forced, "verify_attention"), (forced, "greedy_accept"), (forced, "rejection_sample")]
+
+
+@pytest.mark.parametrize("forced", ["triton", "reference"])
+def test_dispatch_routes_the_layer_ops(monkeypatch, forced):
+    calls = []
+    for module, backend, names in (
+            (attention_kernel, "triton", ["rope_verify_attention"]),
+            (rms_kernel, "triton", ["add_rms_norm"]), (silu_kernel, "triton", ["silu_mul"]),
+            (reference_layer, "reference", ["rope_verify_attention", "add_rms_norm", "silu_mul"])):
+        for name in names:
+            def spy(*args, _fn=getattr(module, name), _tag=(backend, name)):
+                calls.append(_tag)
+                return _fn(*args)
+
+            monkeypatch.setattr(module, name, spy)
+    monkeypatch.setenv("SPECRT_KERNELS", forced)
+    qkv, bias, cos, sin, kc, vc, lens = _fused_inputs(1, 2, 2, 1, 64, 16, torch.float32, seed=0)
+    kernels.rope_verify_attention(qkv, bias, cos, sin, kc, vc, lens, 2)
+    x = torch.randn(3, 40)
+    kernels.add_rms_norm(x, x, torch.ones(40), 1e-6)
+    kernels.silu_mul(torch.randn(3, 40))
+    assert calls == [(forced, "rope_verify_attention"), (forced, "add_rms_norm"),
+                     (forced, "silu_mul")]
+
+
+# ---------------------------------------------------------------------------------------------
+# rope_verify_attention: bias + RoPE + KV-cache write + attention in one kernel
+
+
+def _fused_inputs(B, T, Hq, Hkv, D, S, dtype, seed, rope_len=None):
+    g = _gen(seed)
+    W = (Hq + 2 * Hkv) * D
+    qkv = torch.randn(B, T, W, generator=g, device=DEVICE).to(dtype)
+    bias = (0.5 * torch.randn(W, generator=g, device=DEVICE)).to(dtype)
+    from specrt.model.backends.torch_ref import rope_tables
+    cos, sin = rope_tables(D, 10000.0, rope_len or S, dtype, DEVICE)
+    _, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed + 1)
+    return qkv, bias, cos, sin, k, v, lens
+
+
+# (B, T, Hq, Hkv, D, S_max, dtype, split_keys)
+FUSED_CASES = [
+    (2, 1, 6, 2, 64, 80, torch.float32, None),
+    (3, 5, 6, 2, 64, 100, torch.float32, 32),
+    (2, 9, 4, 1, 64, 70, torch.float16, 64),
+    (2, 17, 7, 1, 64, 90, torch.float32, 32),      # T * G = 119: two M tiles
+    (1, 3, 4, 2, 128, 72, torch.float16, None),
+]
+
+
+@pytest.mark.parametrize("B,T,Hq,Hkv,D,S,dtype,split_keys", FUSED_CASES)
+def test_rope_verify_attention_matches_reference(B, T, Hq, Hkv, D, S, dtype, split_keys):
+    qkv, bias, cos, sin, k, v, lens = _fused_inputs(B, T, Hq, Hkv, D, S, dtype, seed=B + T)
+    k_ref, v_ref = k.clone(), v.clone()
+    out = attention_kernel.rope_verify_attention(qkv, bias, cos, sin, k, v, lens, Hq,
+                                                 split_keys=split_keys)
+    ref = reference_layer.rope_verify_attention(qkv, bias, cos, sin, k_ref, v_ref, lens, Hq)
+    atol, rtol = TOL[dtype]
+    assert out.shape == (B, T, Hq, D) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    # The new tokens' k/v landed in the cache (rotated, with bias); nothing else changed.
+    torch.testing.assert_close(k.float(), k_ref.float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(v.float(), v_ref.float(), atol=atol, rtol=rtol)
+    written = torch.zeros_like(k, dtype=torch.bool)
+    for b in range(B):
+        written[b, :, int(lens[b]) - T:int(lens[b])] = True
+    assert torch.equal(k[~written], k_ref[~written]) and torch.equal(v[~written], v_ref[~written])
+
+
+def test_qkv_rope_reference_rotates_like_the_model():
+    """The fused reference's RoPE is the model's apply_rope (rotate-half) on q + bias."""
+    from specrt.model.backends.torch_ref import apply_rope
+    qkv, bias, cos, sin, *_ = _fused_inputs(2, 3, 4, 2, 64, 40, torch.float32, seed=5)
+    pos = torch.tensor([[3, 4, 5], [30, 31, 32]])
+    q, k, v = reference_layer.qkv_rope(qkv, bias, cos, sin, pos, 4, 2)
+    x = (qkv + bias).view(2, 3, 8, 64)
+    c, s = cos[pos][:, :, None], sin[pos][:, :, None]
+    torch.testing.assert_close(q, apply_rope(x[:, :, :4], c, s))
+    torch.testing.assert_close(k, apply_rope(x[:, :, 4:6], c, s))
+    torch.testing.assert_close(v, x[:, :, 6:])
+
+
+@pytest.mark.parametrize("split_keys", [None, 32])
+def test_rope_verify_attention_verify_equals_decode_steps_bitwise(split_keys):
+    """T fused decode steps and one T-token fused verify leave the same cache bits and give the
+    same outputs, bit for bit (fp32 under the interpreter; bf16 is the GPU's test)."""
+    B, T, Hq, Hkv, D, S = 2, 5, 6, 2, 64, 96
+    qkv, bias, cos, sin, k, v, lens = _fused_inputs(B, T, Hq, Hkv, D, S, torch.float32, seed=9)
+    k2, v2 = k.clone(), v.clone()
+    full = attention_kernel.rope_verify_attention(qkv, bias, cos, sin, k, v, lens, Hq,
+                                                  split_keys=split_keys)
+    for t in range(T):
+        step = attention_kernel.rope_verify_attention(
+            qkv[:, t:t + 1].contiguous(), bias, cos, sin, k2, v2, lens - (T - 1 - t), Hq,
+            split_keys=split_keys)
+        assert torch.equal(step[:, 0], full[:, t]), f"row {t} differs from its decode step"
+    assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+@needs_cuda_bf16
+def test_rope_verify_attention_verify_equals_decode_steps_bitwise_bf16():
+    """The GPU's promise: in bf16, a 17-token fused verify gives each row the bits of its decode
+    step (one MMA path, fixed split positions), over several splits."""
+    B, T, Hq, Hkv, D, S = 2, 17, 12, 2, 128, 1024
+    qkv, bias, cos, sin, k, v, lens = _fused_inputs(B, T, Hq, Hkv, D, S, torch.bfloat16, seed=11)
+    k2, v2 = k.clone(), v.clone()
+    full = attention_kernel.rope_verify_attention(qkv, bias, cos, sin, k, v, lens, Hq)
+    for t in range(T):
+        step = attention_kernel.rope_verify_attention(
+            qkv[:, t:t + 1].contiguous(), bias, cos, sin, k2, v2, lens - (T - 1 - t), Hq)
+        assert torch.equal(step[:, 0], full[:, t]), f"row {t} differs from its decode step"
+    assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+# ---------------------------------------------------------------------------------------------
+# add_rms_norm, silu_mul
+
+
+@pytest.mark.parametrize("N,H,dtype,residual", [
+    (1, 64, torch.float32, True), (5, 1500, torch.float32, True), (3, 2100, torch.float16, True),
+    (4, 896, torch.float16, False), (2, 1536, torch.float32, False)])
+def test_add_rms_norm_matches_reference(N, H, dtype, residual):
+    g = _gen(N + H)
+    x = (3 * torch.randn(N, H, generator=g, device=DEVICE)).to(dtype)
+    y = torch.randn(N, H, generator=g, device=DEVICE).to(dtype) if residual else None
+    w = (1 + 0.1 * torch.randn(H, generator=g, device=DEVICE)).to(dtype)
+    out, res = rms_kernel.add_rms_norm(x, y, w, 1e-6)
+    ref_out, ref_res = reference_layer.add_rms_norm(x, y, w, 1e-6)
+    assert out.dtype == dtype and res.dtype == dtype
+    assert torch.equal(res, ref_res)      # one rounding of x + y, as the reference
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=atol, rtol=rtol)
+
+
+def test_add_rms_norm_reference_is_the_model_norm():
+    from specrt.model.backends.torch_ref import rms_norm
+    x, y, w = torch.randn(3, 50), torch.randn(3, 50), torch.randn(50)
+    out, res = reference_layer.add_rms_norm(x, y, w, 1e-5)
+    assert torch.equal(res, x + y) and torch.equal(out, rms_norm(x + y, w, 1e-5))
+
+
+def test_add_rms_norm_row_bits_do_not_depend_on_row_count():
+    """Each row is reduced in a fixed order: a row normalized alone equals the same row in a
+    batch of 7, bit for bit."""
+    g = _gen(4)
+    x, y = torch.randn(7, 1500, generator=g, device=DEVICE), torch.randn(7, 1500, generator=g, device=DEVICE)
+    w = torch.randn(1500, generator=g, device=DEVICE)
+    out, res = rms_kernel.add_rms_norm(x, y, w, 1e-6)
+    for r in (0, 3, 6):
+        one, one_res = rms_kernel.add_rms_norm(x[r:r + 1], y[r:r + 1], w, 1e-6)
+        assert torch.equal(one[0], out[r]) and torch.equal(one_res[0], res[r])
+
+
+@pytest.mark.parametrize("N,I,dtype", [(1, 64, torch.float32), (3, 1500, torch.float32),
+                                       (2, 2100, torch.float16)])
+def test_silu_mul_matches_reference(N, I, dtype):
+    gu = (2 * torch.randn(N, 2 * I, generator=_gen(I), device=DEVICE)).to(dtype)
+    out = silu_kernel.silu_mul(gu)
+    ref = reference_layer.silu_mul(gu)
+    assert out.shape == (N, I) and out.dtype == dtype
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)

@@ -27,17 +27,13 @@ import sys
 import tempfile
 import time
 
+import torch
+
 # Per-block shared memory a kernel may use (opt-in maximum), bytes.
 SHARED_LIMIT = {90: 232448, 80: 166912}
 TARGETS = (90, 80)
-DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
-HEAD_DIMS = (64, 128)
-BLOCK_MS = (16, 32, 64, 128)      # next_pow2(T * G) clamped to 16..128 (verify_attention)
-# Query heads per KV head: the Qwen2.5 family's (1.5B: 6, 0.5B: 7, 7B: 7), Llama's 4 and 8,
-# and MHA's 1. GROUP is a compile-time constant of the attention kernels.
-GROUPS = (1, 4, 6, 7, 8)
-BLOCK_KS = (2, 4, 8, 16, 32)      # next_pow2(K + 1) (acceptance finalizers), K <= 16
-BLOCK_SS = (2, 32)                # next_pow2(number of vocab splits): tiny vocab, 152k vocab
+_TL = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
+       "fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,93 +43,121 @@ class Variant:
     constants: tuple              # ((name, value), ...)
     num_warps: int
     bf16: bool                    # spills fail the check
+    dtype: str = ""               # the data dtype, for the label
 
     @property
     def label(self) -> str:
-        return f"{self.kernel}[{', '.join(f'{k}={v}' for k, v in self.constants)}]"
+        consts = ", ".join(f"{k}={v}" for k, v in self.constants)
+        return f"{self.kernel}[{self.dtype + ', ' if self.dtype else ''}{consts}]"
 
 
-def _sig(*pairs) -> tuple:
-    return tuple(pairs)
+def _variant(module: str, name: str, types: dict, consts: dict, num_warps: int,
+             dtype: str) -> Variant:
+    """A variant of `module.name` whose signature follows the kernel's own argument list:
+    `*_ptr` arguments take their type from `types` (default: the data dtype), `stride_*` are
+    i32, constexprs come from `consts`, any other argument must be typed in `types` (so a
+    kernel's new argument fails here, loudly, instead of being compiled wrong)."""
+    import importlib
+
+    fn = getattr(importlib.import_module(f"specrt.kernels.triton.{module}"), name)
+    sig = []
+    for arg in fn.arg_names:
+        if arg in consts:
+            sig.append((arg, "constexpr"))
+        elif arg in types:
+            sig.append((arg, types[arg]))
+        elif arg.endswith("_ptr"):
+            sig.append((arg, f"*{dtype}"))
+        elif arg.startswith("stride_"):
+            sig.append((arg, "i32"))
+        else:
+            raise TypeError(f"compile_check: no type for {module}.{name} argument {arg!r}")
+    return Variant(f"{module}.{name}", tuple(sig), tuple(consts.items()), num_warps,
+                   dtype == "bf16", dtype)
 
 
 def attention_variants(quick: bool) -> list[Variant]:
-    from specrt.kernels.triton.verify_attention import attention_num_warps
+    """Every (dtype, head size, fused) the attention launchers accept: BLOCK_M, BLOCK_N and
+    the warps are functions of those (T, GROUP, splits and S_max are runtime arguments)."""
+    from specrt.kernels.triton import verify_attention as va
 
     out = []
-    dims = itertools.product(DTYPES, HEAD_DIMS, BLOCK_MS, GROUPS, (True, False))
-    for dtype, d, block_m, group, split in dims:
-        if quick and (d, block_m, group) != (128, 64, 6):
+    for dtype, d, fused in itertools.product(va.DTYPES, va.HEAD_DIMS, (False, True)):
+        dt = _TL[str(dtype)]
+        if quick and (dt, d) != ("bf16", 128):
             continue
-        block_n = 32 if dtype == "fp32" else 64
-        ptr = f"*{DTYPES[dtype]}"
-        sig = _sig(("q_ptr", ptr), ("k_ptr", ptr), ("v_ptr", ptr), ("lens_ptr", "*i32"),
-                   ("out_ptr", ptr), ("part_acc_ptr", "*fp32"), ("part_m_ptr", "*fp32"),
-                   ("part_l_ptr", "*fp32"),
-                   *[(f"stride_{n}", "i32") for n in ("qb", "qt", "qh", "kb", "kh", "ks", "vb",
-                                                       "vh", "vs", "ob", "ot", "oh")],
-                   ("T", "i32"), ("Hkv", "i32"), ("NUM_SPLITS", "i32"), ("qk_scale", "fp32"))
-        consts = (("GROUP", group), ("HEAD_DIM", d), ("BLOCK_M", block_m), ("BLOCK_N", block_n),
-                  ("SPLIT", split), ("DOT_IEEE", dtype == "fp32"))
-        warps = attention_num_warps(block_m, d)
-        out.append(Variant("verify_attention._verify_attention_kernel",
-                           sig + tuple((k, "constexpr") for k, _ in consts), consts, warps,
-                           dtype == "bf16"))
-        if split:
-            csig = _sig(("part_acc_ptr", "*fp32"), ("part_m_ptr", "*fp32"),
-                        ("part_l_ptr", "*fp32"), ("out_ptr", ptr), ("stride_ob", "i32"),
-                        ("stride_ot", "i32"), ("stride_oh", "i32"), ("T", "i32"),
-                        ("Hkv", "i32"), ("NUM_SPLITS", "i32"))
-            cconsts = (("GROUP", group), ("HEAD_DIM", d), ("BLOCK_M", 16))
-            if block_m == BLOCK_MS[0]:       # the combine kernel does not depend on BLOCK_M
-                out.append(Variant("verify_attention._verify_attention_combine_kernel",
-                                   csig + tuple((k, "constexpr") for k, _ in cconsts), cconsts,
-                                   4, dtype == "bf16"))
+        types = {"lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+                 "part_l_ptr": "*fp32", "count_ptr": "*i32", "T": "i32", "Hkv": "i32",
+                 "GROUP": "i32", "NUM_SPLITS": "i32", "split_keys": "i32", "rope_len": "i32",
+                 "qk_scale": "fp32"}
+        consts = {"HEAD_DIM": d, "BLOCK_M": va.BLOCK_M, "BLOCK_N": va.block_n_for(dtype),
+                  "FUSED": fused, "DOT_IEEE": dtype == torch.float32}
+        out.append(_variant("verify_attention", "_verify_attention_kernel", types, consts,
+                            va.num_warps_for(d), dt))
+    return out
+
+
+def layer_variants(quick: bool) -> list[Variant]:
+    """The CUDA backend's other layer kernels: residual add + RMSNorm, SiLU * mul."""
+    from specrt.kernels.triton import add_rms_norm as rn
+    from specrt.kernels.triton import silu_mul as sm
+
+    out = []
+    for dtype in rn.DTYPES:
+        dt = _TL[str(dtype)]
+        for residual in (True, False):
+            if quick and (dt, residual) != ("bf16", True):
+                continue
+            out.append(_variant("add_rms_norm", "_add_rms_norm_kernel",
+                                {"H": "i32", "eps": "fp32"},
+                                {"HAS_RESIDUAL": residual, "BLOCK_H": rn.BLOCK_H},
+                                rn.NUM_WARPS, dt))
+    for dtype in sm.DTYPES:
+        dt = _TL[str(dtype)]
+        if quick and dt != "bf16":
+            continue
+        out.append(_variant("silu_mul", "_silu_mul_kernel", {"I": "i32"},
+                            {"BLOCK": sm.BLOCK}, sm.NUM_WARPS, dt))
     return out
 
 
 def acceptance_variants(quick: bool) -> list[Variant]:
+    """Every input dtype, draft-probability mode and position block (K = 0..MAX_K) the
+    acceptance launchers can pick; the vocab tiling and the split block are constants."""
+    from specrt.kernels.triton import acceptance as ac
+
+    scalars = {"K1": "i32", "K": "i32", "V": "i32", "NUM_SPLITS": "i32",
+               "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "part_r_val_ptr": "*fp32",
+               "part_r_idx_ptr": "*i32", "part_p_val_ptr": "*fp32", "part_p_idx_ptr": "*i32",
+               "draft_ptr": "*i64", "num_accepted_ptr": "*i32", "out_ptr": "*i64",
+               "u_ptr": "*fp32", "noise_ptr": "*fp32"}
+    fin_blocks = sorted({ac.block_k_for(k + 1) for k in range(ac.MAX_K + 1)})
+    part_blocks = sorted({ac.block_k_for(k) for k in range(ac.MAX_K + 1)})
     out = []
-    for dtype in DTYPES:
-        if quick and dtype != "fp32":
+    for dt in ac.DTYPES:
+        if quick and dt != "fp32":
             continue
-        sig = _sig(("x_ptr", f"*{dtype}"), ("stride_xb", "i32"), ("stride_xk", "i32"),
-                   ("part_val_ptr", "*fp32"), ("part_idx_ptr", "*i32"), ("K1", "i32"),
-                   ("V", "i32"), ("NUM_SPLITS", "i32"), ("SPLIT_SIZE", "constexpr"),
-                   ("BLOCK_V", "constexpr"))
-        out.append(Variant("acceptance._row_argmax_partial_kernel", sig,
-                           (("SPLIT_SIZE", 8192), ("BLOCK_V", 1024)), 4, dtype == "bf16"))
-    for block_k, block_s in itertools.product(BLOCK_KS, BLOCK_SS):
-        if quick and (block_k, block_s) != (16, 32):
+        out.append(_variant("acceptance", "_row_argmax_partial_kernel", scalars,
+                            {"SPLIT_SIZE": ac.SPLIT_SIZE, "BLOCK_V": ac.BLOCK_V}, 4, dt))
+        for has_q, block_k in itertools.product((True, False), part_blocks):
+            if quick and (has_q, block_k) != (True, 16):
+                continue
+            consts = {"HAS_DRAFT_PROBS": has_q, "SPLIT_SIZE": ac.SPLIT_SIZE,
+                      "BLOCK_V": ac.BLOCK_V, "BLOCK_K": block_k}
+            out.append(_variant("acceptance", "_rejection_partial_kernel",
+                                {**scalars, "tp_ptr": f"*{dt}", "dp_ptr": f"*{dt}"}, consts,
+                                4, dt))
+    for block_k in fin_blocks:
+        if quick and block_k != 32:
             continue
-        fin = _sig(("part_val_ptr", "*fp32"), ("part_idx_ptr", "*i32"), ("draft_ptr", "*i64"),
-                   ("stride_db", "i32"), ("num_accepted_ptr", "*i32"), ("out_ptr", "*i64"),
-                   ("stride_ob", "i32"), ("K", "i32"), ("V", "i32"), ("NUM_SPLITS", "i32"),
-                   ("BLOCK_K", "constexpr"), ("BLOCK_S", "constexpr"))
-        consts = (("BLOCK_K", block_k), ("BLOCK_S", block_s))
-        out.append(Variant("acceptance._greedy_finalize_kernel", fin, consts, 1, False))
-        rfin = _sig(("part_r_val_ptr", "*fp32"), ("part_r_idx_ptr", "*i32"),
-                    ("part_p_val_ptr", "*fp32"), ("part_p_idx_ptr", "*i32"),
-                    ("draft_ptr", "*i64"), ("stride_xb", "i32"), ("num_accepted_ptr", "*i32"),
-                    ("out_ptr", "*i64"), ("stride_ob", "i32"), ("K", "i32"), ("V", "i32"),
-                    ("NUM_SPLITS", "i32"), ("BLOCK_K", "constexpr"), ("BLOCK_S", "constexpr"))
-        out.append(Variant("acceptance._rejection_finalize_kernel", rfin, consts, 1, False))
-    for has_q, block_k in itertools.product((True, False), BLOCK_KS[:-1]):
-        if quick and (has_q, block_k) != (True, 16):
-            continue
-        sig = _sig(("tp_ptr", "*fp32"), ("stride_tb", "i32"), ("stride_tk", "i32"),
-                   ("dp_ptr", "*fp32"), ("stride_db", "i32"), ("stride_dk", "i32"),
-                   ("draft_ptr", "*i64"), ("stride_xb", "i32"), ("u_ptr", "*fp32"),
-                   ("stride_ub", "i32"), ("noise_ptr", "*fp32"), ("stride_nb", "i32"),
-                   ("num_accepted_ptr", "*i32"), ("part_r_val_ptr", "*fp32"),
-                   ("part_r_idx_ptr", "*i32"), ("part_p_val_ptr", "*fp32"),
-                   ("part_p_idx_ptr", "*i32"), ("K", "i32"), ("V", "i32"), ("NUM_SPLITS", "i32"),
-                   ("HAS_DRAFT_PROBS", "constexpr"), ("SPLIT_SIZE", "constexpr"),
-                   ("BLOCK_V", "constexpr"), ("BLOCK_K", "constexpr"))
-        consts = (("HAS_DRAFT_PROBS", has_q), ("SPLIT_SIZE", 8192), ("BLOCK_V", 1024),
-                  ("BLOCK_K", block_k))
-        out.append(Variant("acceptance._rejection_partial_kernel", sig, consts, 4, False))
+        consts = {"BLOCK_K": block_k, "BLOCK_S": ac.MAX_V_SPLITS}
+        for name in ("_greedy_finalize_kernel", "_rejection_finalize_kernel"):
+            out.append(_variant("acceptance", name, scalars, consts, 1, ""))
     return out
+
+
+def all_variants(quick: bool = False) -> list[Variant]:
+    return attention_variants(quick) + layer_variants(quick) + acceptance_variants(quick)
 
 
 def ptxas_path() -> str | None:
@@ -166,7 +190,12 @@ def compile_variant(variant: Variant, arch: int) -> Outcome:
     try:
         module, name = variant.kernel.split(".")
         fn = getattr(importlib.import_module(f"specrt.kernels.triton.{module}"), name)
-        src = ASTSource(fn, dict(variant.signature), constexprs=dict(variant.constants))
+        # As a real launch specializes them: pointers and strides divisible by 16 (the
+        # vectorized loads; what the launchers pass for the model shapes).
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (arg, ty) in enumerate(variant.signature)
+                 if ty.startswith("*") or arg.startswith("stride_")}
+        src = ASTSource(fn, dict(variant.signature), constexprs=dict(variant.constants),
+                        attrs=attrs)
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                 options={"num_warps": variant.num_warps})
         regs, spills = _ptxas_report(kernel.asm["ptx"], arch)
@@ -216,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print("compile_check: FAILED: the triton wheel's ptxas is missing "
               "(triton/backends/nvidia/bin/ptxas); nothing was compiled", file=sys.stderr)
         return 1
-    variants = attention_variants(args.quick) + acceptance_variants(args.quick)
+    variants = all_variants(args.quick)
     jobs = [(v, arch) for v in variants for arch in (args.arch or TARGETS)]
     t0 = time.perf_counter()
     failures = []

@@ -15,9 +15,10 @@ import os
 
 import torch
 
-from specrt.kernels import reference
+from specrt.kernels import reference, reference_layer
 
-__all__ = ["backend_for", "verify_attention", "greedy_accept", "rejection_sample"]
+__all__ = ["backend_for", "verify_attention", "greedy_accept", "rejection_sample",
+           "rope_verify_attention", "add_rms_norm", "silu_mul"]
 
 ENV_VAR = "SPECRT_KERNELS"
 BACKENDS = ("triton", "reference")
@@ -72,3 +73,43 @@ def rejection_sample(
         return _triton("acceptance").rejection_sample(target_probs, draft_probs, draft_tokens,
                                                       uniforms, noise)
     return reference.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms, noise)
+
+
+# --- the CUDA backend's layer ops (specrt.model.backends.cuda) ---------------------------------
+
+def rope_verify_attention(
+    qkv: torch.Tensor,  # [B, T, (Hq + 2 Hkv) * D], the QKV projection without its bias
+    bias: torch.Tensor,  # [(Hq + 2 Hkv) * D]
+    cos: torch.Tensor,  # [S, D]
+    sin: torch.Tensor,  # [S, D]
+    k_cache: torch.Tensor,  # [B, Hkv, S_max, D], the new tokens' k written at lens - T + t
+    v_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    lens: torch.Tensor,  # [B] int32, valid positions per row after this pass
+    num_heads: int,
+    scale: float | None = None,
+) -> torch.Tensor:  # [B, T, Hq, D]
+    """Bias + RoPE + KV-cache write + verify attention (see reference_layer.py)."""
+    if backend_for(qkv) == "triton":
+        return _triton("verify_attention").rope_verify_attention(
+            qkv, bias, cos, sin, k_cache, v_cache, lens, num_heads, scale)
+    return reference_layer.rope_verify_attention(qkv, bias, cos, sin, k_cache, v_cache, lens,
+                                                 num_heads, scale)
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [N, H]
+    y: torch.Tensor | None,  # [N, H] added first, or None
+    weight: torch.Tensor,  # [H]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # normed [N, H], residual x + y [N, H]
+    """Residual add + RMSNorm, both outputs (see reference_layer.py)."""
+    if backend_for(x) == "triton":
+        return _triton("add_rms_norm").add_rms_norm(x, y, weight, eps)
+    return reference_layer.add_rms_norm(x, y, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [N, 2 I] -> [N, I]
+    """SiLU(gate) * up (see reference_layer.py)."""
+    if backend_for(gate_up) == "triton":
+        return _triton("silu_mul").silu_mul(gate_up)
+    return reference_layer.silu_mul(gate_up)

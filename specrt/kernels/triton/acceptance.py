@@ -32,6 +32,18 @@ import triton.language as tl
 __all__ = ["greedy_accept", "rejection_sample"]
 
 
+# What the launchers can pick; `specrt.kernels.compile_check` compiles exactly these.
+DTYPES = ("fp16", "bf16", "fp32")     # logits / probabilities
+MAX_K = 16                            # = specrt.spec.config.MAX_SPECULATIVE_TOKENS
+MAX_V_SPLITS = 32                     # vocab splits a finalizer merges (BLOCK_S): V <= 32 * 8192
+SPLIT_SIZE, BLOCK_V = 8192, 1024      # default vocab tiling
+
+
+def block_k_for(n: int) -> int:
+    """The finalizers' and the rejection partial's position block for n positions."""
+    return max(2, triton.next_power_of_2(n))
+
+
 @triton.jit
 def _row_argmax_partial_kernel(
     x_ptr,  # [B, K + 1, V] logits
@@ -213,6 +225,7 @@ def _check_common(name: str, probs: torch.Tensor, draft_tokens: torch.Tensor) ->
         assert os.environ.get("TRITON_INTERPRET") == "1", (
             "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
         )
+    assert K1 - 1 <= MAX_K, f"at most {MAX_K} draft positions, got {K1 - 1}"
     return B, K1 - 1, V
 
 
@@ -220,8 +233,8 @@ def greedy_accept(
     target_logits: torch.Tensor,  # [B, K + 1, V]
     draft_tokens: torch.Tensor,  # [B, K] int, -1 = no draft
     *,
-    split_size: int = 8192,  # vocab entries per program; a multiple of block_v
-    block_v: int = 1024,
+    split_size: int = SPLIT_SIZE,  # vocab entries per program; a multiple of block_v
+    block_v: int = BLOCK_V,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
     """Launch the greedy-acceptance kernels; see the module docstring for the math."""
     B, K, V = _check_common("target_logits", target_logits, draft_tokens)
@@ -229,6 +242,7 @@ def greedy_accept(
     draft_tokens = draft_tokens.contiguous()
     dev = target_logits.device
     num_splits = triton.cdiv(V, split_size)
+    assert num_splits <= MAX_V_SPLITS, f"V={V} needs {num_splits} > {MAX_V_SPLITS} splits of {split_size}"
     part_val = torch.empty((B * (K + 1), num_splits), device=dev, dtype=torch.float32)
     part_idx = torch.empty((B * (K + 1), num_splits), device=dev, dtype=torch.int32)
     num_accepted = torch.empty((B,), device=dev, dtype=torch.int32)
@@ -242,8 +256,8 @@ def greedy_accept(
     _greedy_finalize_kernel[(B,)](
         part_val, part_idx, draft_tokens, draft_tokens.stride(0),
         num_accepted, out_tokens, out_tokens.stride(0), K, V, num_splits,
-        BLOCK_K=max(2, triton.next_power_of_2(K + 1)),
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=1,
+        BLOCK_K=block_k_for(K + 1),
+        BLOCK_S=MAX_V_SPLITS, num_warps=1,
     )
     return num_accepted, out_tokens
 
@@ -255,8 +269,8 @@ def rejection_sample(
     uniforms: torch.Tensor,  # [B, K] fp32 in [0, 1)
     noise: torch.Tensor,  # [B, V] fp32, Exp(1), > 0
     *,
-    split_size: int = 8192,  # vocab entries per program; a multiple of block_v
-    block_v: int = 1024,
+    split_size: int = SPLIT_SIZE,  # vocab entries per program; a multiple of block_v
+    block_v: int = BLOCK_V,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
     """Launch the rejection-sampling kernels; see the module docstring for the math."""
     B, K, V = _check_common("target_probs", target_probs, draft_tokens)
@@ -275,6 +289,7 @@ def rejection_sample(
     uniforms = uniforms.contiguous()
     dev = target_probs.device
     num_splits = triton.cdiv(V, split_size)
+    assert num_splits <= MAX_V_SPLITS, f"V={V} needs {num_splits} > {MAX_V_SPLITS} splits of {split_size}"
     part_val = torch.empty((2, B, num_splits), device=dev, dtype=torch.float32)
     part_idx = torch.empty((2, B, num_splits), device=dev, dtype=torch.int32)
     num_accepted = torch.empty((B,), device=dev, dtype=torch.int32)
@@ -290,13 +305,13 @@ def rejection_sample(
         part_val[0], part_idx[0], part_val[1], part_idx[1],
         K, V, num_splits,
         HAS_DRAFT_PROBS=has_q, SPLIT_SIZE=split_size, BLOCK_V=block_v,
-        BLOCK_K=max(2, triton.next_power_of_2(K)), num_warps=4,
+        BLOCK_K=block_k_for(K), num_warps=4,
     )
     _rejection_finalize_kernel[(B,)](
         part_val[0], part_idx[0], part_val[1], part_idx[1],
         draft_tokens, draft_tokens.stride(0),
         num_accepted, out_tokens, out_tokens.stride(0), K, V, num_splits,
-        BLOCK_K=max(2, triton.next_power_of_2(K + 1)),
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=1,
+        BLOCK_K=block_k_for(K + 1),
+        BLOCK_S=MAX_V_SPLITS, num_warps=1,
     )
     return num_accepted, out_tokens

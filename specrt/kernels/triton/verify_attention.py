@@ -8,28 +8,37 @@ to the cached keys `0..pos`:
     O[b, t, h] = sum_s softmax_s(S[t, :])[s] * v[b, h // G, s]
 
 with G = Hq // Hkv query heads per kv head (grouped-query attention). All T * G queries
-of one kv head form one tile of BLOCK_M rows (row m = t * G + g), so each K/V block is
-loaded from HBM once per group, not once per query head. The softmax is computed online
-in fp32 (FlashAttention-2 style, base-2 exponentials).
+of one kv head form tiles of BLOCK_M rows (row m = t * G + g), so each K/V block is loaded
+once per group, not once per query head. The softmax is computed online in fp32
+(FlashAttention-2 style, base-2 exponentials).
 
-Flash-decoding: each row's keys `0..lens[b]-1` are cut into NUM_SPLITS contiguous chunks
-handled by separate programs, so a batch of 1 still fills the GPU. Each split writes its
-unnormalized partial (acc, running max m, running sum l); a second kernel merges them:
+Batch invariance (a query's result has the same bits whatever T it is verified with, so a
+verify pass reproduces the decode steps it replaces, in bf16 too):
+- one query tile size BLOCK_M for every T (so one MMA path: no mma.sync for small T and
+  wgmma for large T); T and GROUP are runtime arguments, never compile-time constants;
+- flash-decoding splits at fixed key positions: split s covers keys
+  `[s * split_keys, (s + 1) * split_keys)` and the number of splits is `cdiv(S_max,
+  split_keys)`, fixed by the cache, not by `lens` or T. Keys past a query's position are
+  masked, and a masked block or an empty split adds exact zeros;
+- the splits' partials (acc, running max m, running sum l) are merged in split order by the
+  last program of a tile to finish (an atomic ticket per tile, reset by that program), so a
+  split attention is one kernel:
 
     M = max_s m_s,   O = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s
 
-The chunk size is derived from lens[b] inside the kernel, so no host sync is needed and
-the launch depends only on static shapes (CUDA-graph friendly). T is a runtime argument;
-BLOCK_M = next_pow2(T * G) clamped to 16..128 is the only compile-time dependence on T
-(four values at most), so T = 1..17 needs no per-T recompile. T * G > 128 uses several
-M tiles (each re-reads K/V).
+FUSED mode (`rope_verify_attention`) reads q, k, v of the new tokens from the QKV projection
+output (no bias), adds the bias, applies RoPE to q and k (`rope.roped_rows`) and writes the new
+tokens' k and v into the cache at `lens[b] - T + t`, all inside the attention kernel: each
+program writes the new tokens of its own key range (split), then a CTA barrier, then reads
+them back like any cached key, so no other program's write is awaited and no other kernel is
+needed. (Writing before the loop, not inside it, keeps the bf16 tiles free of spills.)
 
-Invalid input (lens[b] < T or lens[b] > S_max) is not checked here on CUDA: it would need
-a host sync. The reference checks it on CPU tensors.
+The launch depends only on static shapes (CUDA-graph friendly, no host sync). Invalid input
+(lens[b] < T or lens[b] > S_max) is not checked on CUDA: it would need a host sync. The
+reference checks it on CPU tensors.
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -37,25 +46,47 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["verify_attention"]
+from specrt.kernels.triton.rope import roped_rows
 
+__all__ = ["verify_attention", "rope_verify_attention", "HEAD_DIMS", "DTYPES", "BLOCK_M",
+           "SPLIT_KEYS", "block_n_for", "num_warps_for"]
+
+# What the launchers can pick; `specrt.kernels.compile_check` compiles exactly these.
+HEAD_DIMS = (64, 128)                  # the Qwen2.5 family's; others take SDPA (backends.cuda)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCK_M = 64                           # query rows (t, g) per program, for every T
+SPLIT_KEYS = 256                       # keys per flash-decoding split on CUDA
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["T", "NUM_SPLITS"])
+def block_n_for(dtype: torch.dtype) -> int:
+    """Keys per inner step."""
+    return 32 if dtype == torch.float32 else 64
+
+
+def num_warps_for(head_dim: int) -> int:
+    """8 warps for 64 x 128 tiles: with 4, the bf16 fused kernel spills on sm_80/sm_90
+    (`python -m specrt.kernels.compile_check`)."""
+    return 8 if head_dim >= 128 else 4
+
+
+@triton.jit(do_not_specialize=["T", "Hkv", "GROUP", "NUM_SPLITS", "split_keys", "rope_len"])
 def _verify_attention_kernel(
-    q_ptr, k_ptr, v_ptr, lens_ptr, out_ptr,
-    part_acc_ptr, part_m_ptr, part_l_ptr,  # [B * Hkv, NUM_SPLITS, T * G, (D)] fp32, SPLIT only
+    q_ptr,  # FUSED: qkv [B, T, (Hq + 2 Hkv) * D] (no bias); else q [B, T, Hq, D]
+    k_ptr, v_ptr,  # caches [B, Hkv, S_max, D]
+    lens_ptr, out_ptr,  # lens [B]; out [B, T, Hq, D]
+    bias_ptr, cos_ptr, sin_ptr,  # FUSED only: bias [(Hq + 2 Hkv) * D], tables [rope_len, D]
+    part_acc_ptr, part_m_ptr, part_l_ptr,  # [B * Hkv, NUM_SPLITS, T * G, (D)] fp32
+    count_ptr,  # [B * Hkv * m_tiles] int32 tickets, zero between launches
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_ot, stride_oh,
-    T, Hkv, NUM_SPLITS, qk_scale,  # qk_scale = scale * log2(e)
-    GROUP: tl.constexpr,
+    T, Hkv, GROUP, NUM_SPLITS, split_keys, rope_len, qk_scale,  # qk_scale = scale * log2(e)
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
+    FUSED: tl.constexpr,
     DOT_IEEE: tl.constexpr,  # fp32 inputs: exact fp32 dots, not TF32
 ):
     pid_bh = tl.program_id(0)
@@ -64,31 +95,53 @@ def _verify_attention_kernel(
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
     M = T * GROUP
+    Hq = Hkv * GROUP
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row m = t * GROUP + g
     row_valid = rows < M
     t = rows // GROUP
     h = kvh * GROUP + rows % GROUP
     offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
 
     lens_b = tl.load(lens_ptr + b).to(tl.int32)
-    # Padding rows (t >= T) get positions >= lens_b: they see every valid key, stay finite,
-    # and are never stored.
-    qpos = lens_b - T + t
+    new_start = lens_b - T  # the T new tokens sit at new_start..lens_b - 1
+    # Padding rows (t >= T) get positions >= lens_b: they stay finite and are never stored.
+    qpos = new_start + t
 
     b64 = b.to(tl.int64)
-    q_ptrs = (q_ptr + b64 * stride_qb + t[:, None].to(tl.int64) * stride_qt
-              + h[:, None] * stride_qh + offs_d[None, :])
-    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
-
-    # This split's key range: chunks of whole BLOCK_Ns, so splits never share a block.
-    chunk = tl.cdiv(tl.cdiv(lens_b, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, lens_b)
-
+    q_base = q_ptr + b64 * stride_qb
+    start = split * split_keys
+    end = tl.minimum(start + split_keys, lens_b)
     k_base = k_ptr + b64 * stride_kb + kvh.to(tl.int64) * stride_kh
     v_base = v_ptr + b64 * stride_vb + kvh.to(tl.int64) * stride_vh
-    offs_n = tl.arange(0, BLOCK_N)
+    q_rows = q_base + t.to(tl.int64) * stride_qt + h * stride_qh  # [BLOCK_M]
+    if FUSED:
+        # Write this split's new keys and values into the cache (every M tile of the split
+        # writes the same bits), then read them back like any cached key: a CTA barrier makes
+        # the program's own global writes visible to all its threads.
+        k_off = (Hq + kvh) * HEAD_DIM  # this kv head's k and v inside a qkv row
+        v_off = (Hq + Hkv + kvh) * HEAD_DIM
+        for start_n in range(tl.maximum(start, new_start), end, BLOCK_N):
+            cols = start_n + offs_n
+            is_new = cols < end
+            src = q_base + (cols - new_start).to(tl.int64) * stride_qt  # [BLOCK_N] new token rows
+            k_tab = tl.minimum(cols, rope_len - 1).to(tl.int64) * HEAD_DIM
+            k_new = roped_rows(src + k_off, bias_ptr + k_off + 0 * cols, k_tab, cos_ptr, sin_ptr,
+                               is_new, HEAD_DIM)
+            tl.store(k_base + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :],
+                     k_new.to(k_ptr.dtype.element_ty), mask=is_new[:, None])
+            v_new = (tl.load(src[:, None] + v_off + offs_d[None, :], mask=is_new[:, None],
+                             other=0.0).to(tl.float32)
+                     + tl.load(bias_ptr + v_off + offs_d).to(tl.float32)[None, :])
+            tl.store(v_base + cols[:, None].to(tl.int64) * stride_vs + offs_d[None, :],
+                     v_new.to(v_ptr.dtype.element_ty), mask=is_new[:, None])
+        tl.debug_barrier()
+        q_tab = tl.minimum(qpos, rope_len - 1).to(tl.int64) * HEAD_DIM
+        q = roped_rows(q_rows, bias_ptr + h * HEAD_DIM, q_tab, cos_ptr, sin_ptr, row_valid,
+                       HEAD_DIM).to(k_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_valid[:, None], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -96,12 +149,12 @@ def _verify_attention_kernel(
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         col_valid = cols < end
-        kt = tl.load(k_base + offs_d[:, None] + cols[None, :].to(tl.int64) * stride_ks,
-                     mask=col_valid[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
+        k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :],
+                    mask=col_valid[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
         if DOT_IEEE:
-            s = tl.dot(q, kt, input_precision="ieee")
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
-            s = tl.dot(q, kt)
+            s = tl.dot(q, tl.trans(k))
         s = s * qk_scale
         visible = col_valid[None, :] & (cols[None, :] <= qpos[:, None])
         s = tl.where(visible, s, float("-inf"))
@@ -120,95 +173,64 @@ def _verify_attention_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    if SPLIT:
+    o_ptrs = (out_ptr + b64 * stride_ob + t[:, None].to(tl.int64) * stride_ot
+              + h[:, None] * stride_oh + offs_d[None, :])
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_valid[:, None])
+    else:
         part_row = (pid_bh * NUM_SPLITS + split).to(tl.int64) * M + rows
         tl.store(part_m_ptr + part_row, m_i, mask=row_valid)
         tl.store(part_l_ptr + part_row, l_i, mask=row_valid)
         tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=row_valid[:, None])
-    else:
-        o = acc / l_i[:, None]
-        o_ptrs = (out_ptr + b64 * stride_ob + t[:, None].to(tl.int64) * stride_ot
-                  + h[:, None] * stride_oh + offs_d[None, :])
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+        tl.debug_barrier()  # every thread's partials are written before the ticket is taken
+        ticket_ptr = count_ptr + pid_bh * tl.num_programs(1) + pid_m
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:  # the last split of this tile merges, in split order
+            m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l = tl.zeros([BLOCK_M], dtype=tl.float32)
+            o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+            # Splits past the row's last key are empty: they would add exact zeros.
+            for s_i in range(0, tl.cdiv(lens_b, split_keys)):
+                pr = (pid_bh * NUM_SPLITS + s_i).to(tl.int64) * M + rows
+                m_s = tl.load(part_m_ptr + pr, mask=row_valid, other=float("-inf"),
+                              cache_modifier=".cg")
+                l_s = tl.load(part_l_ptr + pr, mask=row_valid, other=0.0, cache_modifier=".cg")
+                acc_s = tl.load(part_acc_ptr + pr[:, None] * HEAD_DIM + offs_d[None, :],
+                                mask=row_valid[:, None], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m, m_s)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.math.exp2(m - m_safe)
+                beta = tl.math.exp2(m_s - m_safe)
+                o = o * alpha[:, None] + acc_s * beta[:, None]
+                l = l * alpha + l_s * beta
+                m = m_new
+            o = o / tl.where(row_valid, l, 1.0)[:, None]  # padding rows have l == 0
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+            tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (and graph replay)
 
 
-@triton.jit(do_not_specialize=["T", "NUM_SPLITS"])
-def _verify_attention_combine_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr,
-    stride_ob, stride_ot, stride_oh,
-    T, Hkv, NUM_SPLITS,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    pid_bh = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    b = pid_bh // Hkv
-    kvh = pid_bh % Hkv
-    M = T * GROUP
-
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_valid = rows < M
-    t = rows // GROUP
-    h = kvh * GROUP + rows % GROUP
-    offs_d = tl.arange(0, HEAD_DIM)
-
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for s in range(0, NUM_SPLITS):
-        part_row = (pid_bh * NUM_SPLITS + s).to(tl.int64) * M + rows
-        m_s = tl.load(part_m_ptr + part_row, mask=row_valid, other=float("-inf"))
-        l_s = tl.load(part_l_ptr + part_row, mask=row_valid, other=0.0)
-        acc_s = tl.load(part_acc_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :],
-                        mask=row_valid[:, None], other=0.0)
-        m_new = tl.maximum(m, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_safe)
-        beta = tl.math.exp2(m_s - m_safe)
-        acc = acc * alpha[:, None] + acc_s * beta[:, None]
-        l = l * alpha + l_s * beta
-        m = m_new
-
-    o = acc / tl.where(row_valid, l, 1.0)[:, None]  # padding rows have l == 0
-    o_ptrs = (out_ptr + b.to(tl.int64) * stride_ob + t[:, None].to(tl.int64) * stride_ot
-              + h[:, None] * stride_oh + offs_d[None, :])
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+_tickets: dict = {}         # device -> the newest zeroed ticket buffer
+_retired: list = []         # older ones, kept alive: a captured graph may still use them
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _ticket_buffer(device: torch.device, n: int) -> torch.Tensor:  # [>= n] int32 zeros
+    buf = _tickets.get(device)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _retired.append(buf)
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _tickets[device] = buf
+    return buf
 
 
-def _default_num_splits(q: torch.Tensor, programs: int, s_max: int) -> int:
-    if not q.is_cuda:
-        return 1
-    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    target = 2 * _sm_count(device_index)  # ~2 programs per SM
-    # Keep >= 256 cache slots per split at full cache so the merge stays cheap.
-    return max(1, min(triton.cdiv(target, programs), s_max // 256, 32))
-
-
-def attention_num_warps(block_m: int, head_dim: int) -> int:
-    """Warps per program (the compile check compiles the same choice). Several bf16 tiles still
-    spill registers on sm_80/sm_90 with it (`python -m specrt.kernels.compile_check`; see
-    benchmarks/RESULTS.md): retuning them needs a GPU to measure."""
-    return 8 if block_m * head_dim >= 128 * 128 else 4
-
-
-def _check_inputs(q, k_cache, v_cache, lens) -> torch.Tensor:
-    """Shapes, dtypes, devices and strides the kernel relies on; returns lens contiguous."""
-    assert q.dim() == 4 and k_cache.dim() == 4, "q must be [B, T, Hq, D], caches [B, Hkv, S_max, D]"
-    B, T, Hq, D = q.shape
-    Bk, Hkv, S_max, Dk = k_cache.shape
-    assert v_cache.shape == k_cache.shape, "k_cache and v_cache must have the same shape"
-    assert (Bk, Dk) == (B, D), f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}"
-    assert Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}"
-    assert D >= 16 and D & (D - 1) == 0, f"head dim must be a power of two >= 16, got {D}"
-    assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {q.dtype}"
+def _check_common(q, k_cache, v_cache, lens, T, D):
+    assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, "caches must be [B, Hkv, S_max, D]"
+    assert D in HEAD_DIMS, f"head dim must be one of {HEAD_DIMS}, got {D}"
+    assert q.dtype in DTYPES, f"unsupported dtype {q.dtype}"
     assert k_cache.dtype == q.dtype and v_cache.dtype == q.dtype, "q, k_cache, v_cache dtypes differ"
+    B = k_cache.shape[0]
     assert lens.shape == (B,) and lens.dtype in (torch.int32, torch.int64), "lens must be [B] int32/int64"
     assert q.device == k_cache.device == v_cache.device == lens.device, "inputs on different devices"
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -218,8 +240,44 @@ def _check_inputs(q, k_cache, v_cache, lens) -> torch.Tensor:
         assert os.environ.get("TRITON_INTERPRET") == "1", (
             "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
         )
+        S_max = k_cache.shape[2]
         assert bool((lens >= T).all()) and bool((lens <= S_max).all()), "lens out of [T, S_max]"
     return lens
+
+
+def _launch(src, k_cache, v_cache, lens, out, T, G, scale, split_keys, fused,
+            bias=None, cos=None, sin=None):
+    B, Hkv, S_max, D = k_cache.shape
+    M = T * G
+    BLOCK_N = block_n_for(src.dtype)
+    if split_keys is None:  # CPU (the interpreter): one split
+        split_keys = SPLIT_KEYS if src.is_cuda else triton.cdiv(S_max, BLOCK_N) * BLOCK_N
+    assert split_keys % BLOCK_N == 0, f"split_keys {split_keys} must be a multiple of {BLOCK_N}"
+    num_splits = triton.cdiv(S_max, split_keys)
+    m_tiles = triton.cdiv(M, BLOCK_M)
+    qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * _LOG2E
+    if num_splits > 1:
+        part_acc = torch.empty((B * Hkv, num_splits, M, D), device=src.device, dtype=torch.float32)
+        part_m = torch.empty((B * Hkv, num_splits, M), device=src.device, dtype=torch.float32)
+        part_l = torch.empty_like(part_m)
+        tickets = _ticket_buffer(src.device, B * Hkv * m_tiles)
+    else:
+        part_acc = part_m = part_l = tickets = out  # never read with one split
+    if not fused:
+        bias = cos = sin = src  # never read
+    stride_qh = D if fused else src.stride(2)
+    _verify_attention_kernel[(B * Hkv, m_tiles, num_splits)](
+        src, k_cache, v_cache, lens, out, bias, cos, sin,
+        part_acc, part_m, part_l, tickets,
+        src.stride(0), src.stride(1), stride_qh,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        T, Hkv, G, num_splits, split_keys, cos.shape[0] if fused else 1, qk_scale,
+        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, FUSED=fused,
+        DOT_IEEE=src.dtype == torch.float32, num_warps=num_warps_for(D), num_stages=2,
+    )
+    return out
 
 
 def verify_attention(
@@ -229,50 +287,44 @@ def verify_attention(
     lens: torch.Tensor,  # [B] int32/int64, valid positions per row including the T new ones
     scale: float | None = None,
     *,
-    num_splits: int | None = None,  # flash-decoding splits; None: from SM count (1 on CPU)
-    block_n: int | None = None,  # keys per inner step; None: 64 (32 for fp32)
+    split_keys: int | None = None,  # keys per split; None: SPLIT_KEYS on CUDA, one split on CPU
 ) -> torch.Tensor:  # [B, T, Hq, D], q.dtype
-    """Launch the verify-attention kernel; see the module docstring for the math."""
-    lens = _check_inputs(q, k_cache, v_cache, lens)
+    """Attention of q (already rotated) against caches that already hold the new tokens."""
+    assert q.dim() == 4, "q must be [B, T, Hq, D]"
     B, T, Hq, D = q.shape
-    Hkv, S_max = k_cache.shape[1], k_cache.shape[2]
-    G = Hq // Hkv
-    M = T * G
-    BLOCK_M = min(128, max(16, triton.next_power_of_2(M)))
-    m_tiles = triton.cdiv(M, BLOCK_M)
-    BLOCK_N = block_n or (32 if q.dtype == torch.float32 else 64)
-    if num_splits is None:
-        num_splits = _default_num_splits(q, B * Hkv * m_tiles, S_max)
-    assert num_splits >= 1
-    qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * _LOG2E
-    num_warps = attention_num_warps(BLOCK_M, D)
-
+    lens = _check_common(q, k_cache, v_cache, lens, T, D)
+    assert k_cache.shape[0] == B and k_cache.shape[3] == D, (
+        f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
+    Hkv = k_cache.shape[1]
+    assert Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}"
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    split = num_splits > 1
-    if split:
-        part_acc = torch.empty((B * Hkv, num_splits, M, D), device=q.device, dtype=torch.float32)
-        part_m = torch.empty((B * Hkv, num_splits, M), device=q.device, dtype=torch.float32)
-        part_l = torch.empty_like(part_m)
-    else:
-        part_acc = part_m = part_l = out  # unused when SPLIT is False
+    return _launch(q, k_cache, v_cache, lens, out, T, Hq // Hkv, scale, split_keys, False)
 
-    _verify_attention_kernel[(B * Hkv, m_tiles, num_splits)](
-        q, k_cache, v_cache, lens, out,
-        part_acc, part_m, part_l,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        T, Hkv, num_splits, qk_scale,
-        GROUP=G, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=split,
-        DOT_IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=2,
-    )
-    if split:
-        COMBINE_M = 16
-        _verify_attention_combine_kernel[(B * Hkv, triton.cdiv(M, COMBINE_M))](
-            part_acc, part_m, part_l, out,
-            out.stride(0), out.stride(1), out.stride(2),
-            T, Hkv, num_splits,
-            GROUP=G, HEAD_DIM=D, BLOCK_M=COMBINE_M, num_warps=4,
-        )
-    return out
+
+def rope_verify_attention(
+    qkv: torch.Tensor,  # [B, T, (Hq + 2 Hkv) * D], the QKV projection without its bias
+    bias: torch.Tensor,  # [(Hq + 2 Hkv) * D] (zeros for models without one)
+    cos: torch.Tensor,  # [rope_len, D] rotary tables (rotate-half layout)
+    sin: torch.Tensor,  # [rope_len, D]
+    k_cache: torch.Tensor,  # [B, Hkv, S_max, D], written at lens - T .. lens - 1
+    v_cache: torch.Tensor,  # [B, Hkv, S_max, D]
+    lens: torch.Tensor,  # [B] valid positions per row after this pass
+    num_heads: int,  # Hq
+    scale: float | None = None,
+    *,
+    split_keys: int | None = None,
+) -> torch.Tensor:  # [B, T, Hq, D], qkv.dtype
+    """Bias + RoPE + KV-cache write + attention in one kernel (see the module docstring)."""
+    assert qkv.dim() == 3 and qkv.stride(-1) == 1, "qkv must be [B, T, (Hq + 2 Hkv) * D]"
+    B, T, width = qkv.shape
+    Bk, Hkv, _, D = k_cache.shape
+    assert Bk == B and width == (num_heads + 2 * Hkv) * D, (
+        f"qkv {tuple(qkv.shape)} does not match Hq={num_heads} and cache {tuple(k_cache.shape)}")
+    assert num_heads % Hkv == 0, f"Hq={num_heads} must be a multiple of Hkv={Hkv}"
+    assert bias.shape == (width,) and bias.is_contiguous(), f"bias must be [{width}]"
+    assert cos.shape == sin.shape and cos.shape[1] == D and cos.is_contiguous() and sin.is_contiguous()
+    assert bias.dtype == cos.dtype == sin.dtype == qkv.dtype, "qkv, bias and tables dtypes differ"
+    lens = _check_common(qkv, k_cache, v_cache, lens, T, D)
+    out = torch.empty((B, T, num_heads, D), device=qkv.device, dtype=qkv.dtype)
+    return _launch(qkv, k_cache, v_cache, lens, out, T, num_heads // Hkv, scale, split_keys,
+                   True, bias, cos, sin)

@@ -1,41 +1,100 @@
-"""The CUDA backend: the reference layer loop with Triton attention for decode and verify.
+"""The CUDA backend: decode and verify passes through fused Triton layer kernels.
 
-Decode (T = 1) and verify (T = K + 1 <= 17) passes attend through the Triton
-`verify_attention` kernel; prefills and unsupported head sizes use SDPA. `hidden_static` is
-the body that `specrt.model.graphs` captures in CUDA graphs. Fused layer kernels for the GPU
-belong here: the model and the layers above never see the difference.
+A decode (T = 1) or verify (T = K + 1 <= MAX_KERNEL_T) pass whose tokens are all real runs each
+decoder layer as 8 kernels (counted per layer; the big matmuls stay cuBLAS):
+
+  1. QKV projection, without its bias                                  (cuBLAS)
+  2. bias + RoPE + KV-cache write + attention, flash-decoding splits
+     merged inside                                      (`rope_verify_attention`, Triton)
+  3. o projection                                                      (cuBLAS)
+  4. residual add + post-attention RMSNorm, both outputs (`add_rms_norm`, Triton)
+  5. gate/up projection                                                (cuBLAS)
+  6. SiLU(gate) * up                                        (`silu_mul`, Triton)
+  7. down projection                                                   (cuBLAS)
+  8. residual add + the next layer's input RMSNorm (the final norm after the last layer)
+                                                         (`add_rms_norm`, Triton)
+
+plus, once per pass, the embedding gather and the first input RMSNorm (and the lm_head matmul
+with its fp32 upcast in the Transformer). Prefills, passes with padding and head sizes other
+than 64/128 take the reference layer loop (SDPA). The kernels come through `specrt.kernels`'
+dispatcher: Triton on CUDA tensors, the references elsewhere (SPECRT_KERNELS=triton runs the
+kernels under the interpreter on CPU tensors, which is how the tests check this wiring).
+`hidden_static` is the body that `specrt.model.graphs` captures in CUDA graphs.
+
+Every Triton kernel here gives a row the same bits whatever T it shares a pass with; the
+cuBLAS matmuls do not promise that, so `batch_invariant_tokens` stays 0.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from specrt.kernels import verify_attention
+from specrt.kernels import add_rms_norm, rope_verify_attention, silu_mul
 from specrt.model.backends.base import Pass
 from specrt.model.backends.torch_ref import TorchReference
 
-MAX_KERNEL_T = 17     # the verify-attention kernel's largest query block (K_max + 1)
+MAX_KERNEL_T = 17              # the largest pass the fused path serves (K_max + 1)
+KERNEL_HEAD_DIMS = (64, 128)   # = specrt.kernels.triton.verify_attention.HEAD_DIMS
+KERNELS_PER_LAYER = 8          # the list above (tests/test_cuda_backend.py counts them)
 
 
 def kernel_serves(t: int, head_dim: int) -> bool:
-    """The kernel serves power-of-two head sizes >= 16 (64, 128: the Qwen2.5 family) for up
-    to MAX_KERNEL_T new tokens per row."""
-    return t <= MAX_KERNEL_T and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    """The fused path serves head sizes 64 and 128 (the Qwen2.5 family; the sizes the compile
+    check compiles) for up to MAX_KERNEL_T new tokens per row."""
+    return t <= MAX_KERNEL_T and head_dim in KERNEL_HEAD_DIMS
 
 
 class Cuda(TorchReference):
     name = "cuda"
 
-    def attention_for(self, model, cache, pos: torch.Tensor, rows: Pass):
-        B, T = pos.shape
-        if not (kernel_serves(T, model.cfg.head_dim) and rows.all_valid):
-            return super().attention_for(model, cache, pos, rows)
-        ends = [s + v for s, v in zip(rows.starts, rows.valid)]
-        lens = torch.tensor(ends, dtype=torch.int32, device=model.device)
-        return lambda q, k, v: verify_attention(q, k[:B], v[:B], lens)
+    def __init__(self):
+        self._zero_bias: dict = {}   # (width, dtype, device) -> zeros, for models without one
 
-    def static_attention_for(self, model, cache, pos: torch.Tensor):
-        B, T = pos.shape
+    def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
+               last_only: bool = False) -> torch.Tensor:
+        B, T = input_ids.shape
+        if not (kernel_serves(T, model.cfg.head_dim) and rows.all_valid):
+            return super().hidden(model, input_ids, cache, rows, last_only)
+        ends = [s + v for s, v in zip(rows.starts, rows.valid)]
+        lens = torch.tensor(ends, dtype=torch.int32, device=model.device)       # [B]
+        h = self.fused_layers(model, input_ids, cache, lens)                   # [B, T, H]
+        return h[:, -1:] if last_only else h
+
+    def hidden_static(self, model, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        B, T = input_ids.shape
         if not kernel_serves(T, model.cfg.head_dim):
-            return super().static_attention_for(model, cache, pos)
-        lens = (cache.lengths[:B] + T).to(torch.int32)
-        return lambda q, k, v: verify_attention(q, k[:B], v[:B], lens)
+            return super().hidden_static(model, input_ids, cache)
+        lens = (cache.lengths[:B] + T).to(torch.int32)                         # [B]
+        h = self.fused_layers(model, input_ids, cache, lens)
+        cache.lengths[:B] += T
+        return h
+
+    def fused_layers(self, model, input_ids: torch.Tensor, cache,
+                     lens: torch.Tensor) -> torch.Tensor:
+        """Embedding, layers and final norm -> [B, T, H]; row b's tokens sit at
+        lens[b] - T .. lens[b] - 1 and their K/V are written there. `x` is the residual
+        stream [B * T, H], `h` the normed input of the next matmul."""
+        cfg = model.cfg
+        B, T = input_ids.shape
+        eps = cfg.rms_norm_eps
+        x = model.embed[input_ids.reshape(-1)]                                 # [B * T, H]
+        h, _ = add_rms_norm(x, None, model.layers[0].input_norm, eps)
+        for i, layer in enumerate(model.layers):
+            k_cache, v_cache = cache.layer(i)                                  # [Bmax, Hkv, S, D]
+            qkv = F.linear(h, layer.qkv.weight).view(B, T, -1)                 # [B, T, q + 2 kv]
+            attn = rope_verify_attention(qkv, self._bias(layer.qkv), model.cos, model.sin,
+                                         k_cache[:B], v_cache[:B], lens, cfg.num_heads)
+            h, x = add_rms_norm(x, layer.o(attn.view(B * T, cfg.q_size)), layer.post_norm, eps)
+            act = silu_mul(layer.gate_up(h))                                   # [B * T, I]
+            after = model.layers[i + 1].input_norm if i + 1 < len(model.layers) else model.norm
+            h, x = add_rms_norm(x, layer.down(act), after, eps)
+        return h.view(B, T, -1)
+
+    def _bias(self, linear) -> torch.Tensor:  # [out]
+        if linear.bias is not None:
+            return linear.bias
+        w = linear.weight
+        key = (w.shape[0], w.dtype, w.device)
+        if key not in self._zero_bias:
+            self._zero_bias[key] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+        return self._zero_bias[key]

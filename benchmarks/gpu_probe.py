@@ -1,0 +1,215 @@
+"""One-process GPU measurements for benchmarks/gpu_check.sh (issue 15, item 5).
+
+Builds random bf16 models of the Qwen2.5-1.5B and 0.5B shapes in memory (no checkpoint is
+written) and measures, on CUDA graphs where the engine uses them:
+  decode      ms per graphed 1-token step, against the weight-read floor (bytes / HBM peak)
+  verify      ms per graphed T-token pass for T = 1..17, as a ratio to T = 1
+  draft       0.5B step / 1.5B step
+  kernels     GPU activities in one eager 1-token step (torch.profiler)
+  syncs       host syncs in one eager decode forward and in one graphed verify replay
+              (torch.cuda.set_sync_debug_mode); a whole round's count needs the engine: not here
+  exact       bf16: 512 greedy decode steps vs the same tokens verified 8 at a time, rows whose
+              logits differ in any bit, and argmax mismatches
+Prints a table last and writes JSON (--json). `--tiny` runs the plumbing on CPU in seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+
+import torch
+
+from specrt.model.config import ModelConfig
+from specrt.model.graphs import StaticForward
+from specrt.model.transformer import Transformer
+
+SHAPES = {  # layers, hidden, intermediate, q heads, kv heads, head dim, vocab
+    "1.5b": (28, 1536, 8960, 12, 2, 128, 151936),
+    "0.5b": (24, 896, 4864, 14, 2, 64, 151936),
+    "tiny": (2, 128, 256, 2, 1, 64, 320),
+}
+
+
+def build(shape: str, device, dtype, max_seq: int, seed: int = 0) -> Transformer:
+    L, H, I, Hq, Hkv, D, V = SHAPES[shape]
+    cfg = ModelConfig("Qwen2ForCausalLM", V, H, I, L, Hq, Hkv, D, 1e-6, 1e6, 32768, True, True)
+    g = torch.Generator(device).manual_seed(seed)
+
+    def w(*size, scale=0.02):
+        return (torch.randn(*size, generator=g, device=device) * scale).to(dtype)
+
+    weights = {"model.embed_tokens.weight": w(V, H), "model.norm.weight": w(H, scale=0.1) + 1}
+    for n in range(L):
+        p = f"model.layers.{n}."
+        for x, out in (("q", Hq * D), ("k", Hkv * D), ("v", Hkv * D)):
+            weights[p + f"self_attn.{x}_proj.weight"] = w(out, H)
+            weights[p + f"self_attn.{x}_proj.bias"] = w(out, scale=0.5)
+        weights[p + "self_attn.o_proj.weight"] = w(H, Hq * D)
+        weights[p + "mlp.gate_proj.weight"] = w(I, H)
+        weights[p + "mlp.up_proj.weight"] = w(I, H)
+        weights[p + "mlp.down_proj.weight"] = w(H, I)
+        weights[p + "input_layernorm.weight"] = w(H, scale=0.1) + 1
+        weights[p + "post_attention_layernorm.weight"] = w(H, scale=0.1) + 1
+    return Transformer(cfg, weights, max_seq)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device, reps: int) -> float:
+    fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def runner_ms(model, cache, t: int, reps: int) -> float:
+    """ms per graphed T-token pass at the cache's current length (reset before each replay)."""
+    r = StaticForward(model, cache, 1, t, use_graph=True)
+    saved = cache.lengths.clone()
+
+    def step():
+        cache.lengths.copy_(saved)
+        r._replay()
+    ms = time_ms(step, model.device, reps)
+    cache.lengths.copy_(saved)
+    return ms
+
+
+def count_kernels(model, cache) -> int | None:
+    if model.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    ids = torch.ones(1, 1, dtype=torch.int64, device=model.device)
+    saved = cache.lengths.clone()
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.forward_static(ids, cache)
+        torch.cuda.synchronize()
+    cache.lengths.copy_(saved)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def count_syncs(fn, device) -> int | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def exactness(model, prompt, steps: int, chunk: int) -> dict:
+    """Greedy decode `steps` tokens one at a time (graphed), then feed the same inputs through
+    `chunk`-token verify passes; count logits rows that differ in any bit, and argmax flips."""
+    V = model.cfg.vocab_size
+    caches = [model.new_cache(1, prompt.shape[1] + steps + chunk) for _ in range(2)]
+    for c in caches:
+        model.forward(prompt, c)
+    one = StaticForward(model, caches[0], 1, 1, use_graph=True)
+    inputs = torch.empty(steps, dtype=torch.int64, device=model.device)
+    logits = torch.empty(steps, V, device=model.device)
+    tok = prompt[:, -1:]
+    for i in range(steps):
+        inputs[i] = tok[0, 0]
+        logits[i] = one.run(tok)[0, 0]
+        tok = logits[i].argmax().view(1, 1)
+    many = StaticForward(model, caches[1], 1, chunk, use_graph=True)
+    differ = flips = 0
+    for s in range(0, steps - chunk + 1, chunk):
+        out = many.run(inputs[s:s + chunk].view(1, chunk))[0]
+        differ += int((out != logits[s:s + chunk]).any(dim=-1).sum())
+        flips += int((out.argmax(-1) != logits[s:s + chunk].argmax(-1)).sum())
+    return {"tokens": steps, "chunk": chunk, "rows_differ": differ, "argmax_flips": flips}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiny", action="store_true", help="CPU plumbing run on a tiny model")
+    p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM peak, TB/s (H200: 4.8)")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--budget", type=float, default=200, help="seconds; later sections skipped")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    t_start = time.perf_counter()
+    device = torch.device("cpu" if args.tiny else "cuda")
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    shapes = ["tiny"] if args.tiny else ["1.5b", "0.5b"]
+    reps = 3 if args.tiny else args.reps
+    res: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                 "dtype": str(dtype), "context": args.context, "models": {}}
+    rows = []
+    for shape in shapes:
+        if time.perf_counter() - t_start > args.budget:
+            rows.append((shape, "skipped: over budget", ""))
+            continue
+        torch.manual_seed(0)
+        model = build(shape, device, dtype, args.context + 600)
+        cache = model.new_cache(1, args.context + 600)
+        prompt = torch.randint(0, model.cfg.vocab_size, (1, args.context), device=device)
+        model.forward(prompt, cache)
+        floor_ms = model.weight_bytes / (args.hbm_tbps * 1e12) * 1e3
+        m = {"weight_bytes": model.weight_bytes, "floor_ms": floor_ms, "backend": model.backend.name}
+        m["decode_ms"] = runner_ms(model, cache, 1, reps)
+        m["decode_over_floor"] = m["decode_ms"] / floor_ms
+        m["verify_over_step"] = {t: runner_ms(model, cache, t, reps) / m["decode_ms"]
+                                 for t in range(1, 18)}
+        m["kernels_per_step"] = count_kernels(model, cache)
+        one = StaticForward(model, cache, 1, 8, use_graph=True)
+        one.run(torch.ones(1, 8, dtype=torch.int64, device=device))   # capture outside the count
+        cache.truncate([args.context])
+        m["syncs_graphed_verify"] = count_syncs(
+            lambda: one.run(torch.ones(1, 8, dtype=torch.int64, device=device)), device)
+        cache.truncate([args.context])
+        m["syncs_eager_decode"] = count_syncs(
+            lambda: model.forward(torch.ones(1, 1, dtype=torch.int64, device=device), cache), device)
+        cache.truncate([args.context])
+        if shape in ("1.5b", "tiny") and time.perf_counter() - t_start < args.budget:
+            m["exact"] = exactness(model, prompt[:, :64], 512 if not args.tiny else 16, 8)
+        res["models"][shape] = m
+        del model, cache, one
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    ms = res["models"]
+    if "1.5b" in ms and "0.5b" in ms:
+        res["draft_over_target"] = ms["0.5b"]["decode_ms"] / ms["1.5b"]["decode_ms"]
+    res["seconds"] = time.perf_counter() - t_start
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    for shape, m in ms.items():
+        v = m["verify_over_step"]
+        rows += [
+            (shape, "decode ms/token (floor)", f"{m['decode_ms']:.3f} ({m['floor_ms']:.3f}, "
+                                               f"{m['decode_over_floor']:.2f}x)"),
+            (shape, "verify(T)/step T=2,5,9,17", " ".join(f"{v[t]:.2f}" for t in (2, 5, 9, 17))),
+            (shape, "kernels per eager step", str(m["kernels_per_step"])),
+            (shape, "syncs: eager decode / graphed verify",
+             f"{m['syncs_eager_decode']} / {m['syncs_graphed_verify']}"),
+        ]
+        if "exact" in m:
+            e = m["exact"]
+            rows.append((shape, f"verify==decode over {e['tokens']} tokens",
+                         f"{e['rows_differ']} rows differ, {e['argmax_flips']} argmax flips"))
+    if "draft_over_target" in res:
+        rows.append(("0.5b/1.5b", "draft step / target step", f"{res['draft_over_target']:.2f}"))
+    print("\n| model | measure | value |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""The CUDA backend's fused layer loop, checked without a GPU: on CPU tensors with
+SPECRT_KERNELS=triton its Triton kernels run under the interpreter (fp32), and its logits must
+match the torch_ref backend's on tiny random models; its kernels per layer are counted."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specrt.model.backends import cuda as cuda_backend
+from specrt.model.config import ModelConfig
+from specrt.model.loader import load_state_dict
+from specrt.model.transformer import Transformer
+from tests.tiny import make_model
+
+
+def _model(model_dir, backend):
+    cfg = ModelConfig.from_dir(model_dir)
+    return Transformer(cfg, load_state_dict(model_dir, cfg, torch.float32), 128, backend)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """Head size 64, as the kernels need: Qwen2-style (bias, GQA 2:1) and Llama-style (no bias,
+    tied head, GQA 4:2); and a 3-layer twin of the first for the per-layer count."""
+    root = tmp_path_factory.mktemp("cuda_backend")
+    return {
+        "qwen2": make_model(root / "q", "qwen2", hidden=128, heads=2, kv_heads=1, seed=2,
+                            tokenizer=False, eos=False),
+        "llama": make_model(root / "l", "llama", hidden=256, heads=4, kv_heads=2, seed=3,
+                            tokenizer=False, eos=False),
+        "qwen2_3": make_model(root / "q3", "qwen2", hidden=128, heads=2, kv_heads=1, layers=3,
+                              seed=4, tokenizer=False, eos=False),
+    }
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_fused_layer_loop_matches_torch_ref(dirs, kind, monkeypatch):
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    ref = _model(dirs[kind], "torch_ref")
+    fused = _model(dirs[kind], cuda_backend.Cuda())
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, ref.cfg.vocab_size, (2, 20), generator=g)   # > 17: reference prefill
+    steps = [torch.randint(0, ref.cfg.vocab_size, (2, t), generator=g) for t in (1, 4, 1, 17)]
+    caches = [m.new_cache(2, 128) for m in (ref, fused)]
+    for ids in [prompt] + steps:
+        want = ref.forward(ids, caches[0])
+        got = fused.forward(ids, caches[1])
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    # The fused kernel wrote the decode/verify tokens' K/V where the reference did.
+    n = caches[0].host_lengths()[0]
+    torch.testing.assert_close(caches[1].k[:, :, :, :n], caches[0].k[:, :, :, :n], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(caches[1].v[:, :, :, :n], caches[0].v[:, :, :, :n], atol=2e-4, rtol=2e-4)
+
+
+def test_static_forward_matches_torch_ref(dirs, monkeypatch):
+    """The graph body (hidden_static): positions from the device lengths, which it advances."""
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    ref = _model(dirs["qwen2"], "torch_ref")
+    fused = _model(dirs["qwen2"], cuda_backend.Cuda())
+    caches = [m.new_cache(1, 128) for m in (ref, fused)]
+    prompt = torch.arange(30).view(1, 30) % ref.cfg.vocab_size
+    for m, c in zip((ref, fused), caches):
+        m.forward(prompt, c)
+    ids = torch.tensor([[5, 6, 7]])
+    want = ref.forward_static(ids, caches[0])
+    got = fused.forward_static(ids, caches[1])
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    assert caches[1].lengths.tolist() == caches[0].lengths.tolist() == [33]
+
+
+class _CountKernels(TorchDispatchMode):
+    """Counts the ops that launch a kernel on a GPU: not views, not allocations."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.__name__.split(".")[0] not in ("empty", "empty_like"):
+            self.ops.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _count_pass(model, monkeypatch) -> tuple[int, list[str]]:
+    """Kernels of one 4-token verify pass: aten ops seen plus one per fused-kernel call (the
+    fused ops are stubbed, so their reference arithmetic does not count)."""
+    calls = []
+
+    def stub(name, make):
+        def f(*args, **kwargs):
+            calls.append(name)
+            return make(*args)
+        monkeypatch.setattr(cuda_backend, name, f)
+
+    cfg = model.cfg
+    stub("rope_verify_attention", lambda qkv, *a: torch.empty(
+        qkv.shape[0], qkv.shape[1], cfg.num_heads, cfg.head_dim))
+    stub("add_rms_norm", lambda x, *a: (torch.empty_like(x), x))
+    stub("silu_mul", lambda gu: torch.empty(gu.shape[0], gu.shape[1] // 2))
+    cache = model.new_cache(1, 64)
+    lens = torch.tensor([4], dtype=torch.int32)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode(), _CountKernels() as mode:
+        model.backend.fused_layers(model, ids, cache, lens)
+    return len(mode.ops) + len(calls), mode.ops + calls
+
+
+def test_eight_kernels_per_layer(dirs, monkeypatch):
+    one, ops1 = _count_pass(_model(dirs["qwen2"], cuda_backend.Cuda()), monkeypatch)      # 2 layers
+    three, ops3 = _count_pass(_model(dirs["qwen2_3"], cuda_backend.Cuda()), monkeypatch)  # 3 layers
+    assert three - one == cuda_backend.KERNELS_PER_LAYER == 8, (ops1, ops3)
+    assert one == 2 + 2 * 8, ops1      # + the embedding gather and the first input norm
