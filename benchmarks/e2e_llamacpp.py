@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from benchmarks.e2e_records import E2EResult, Measurement, Method
 from benchmarks.harness import compare, report
+from benchmarks.llamacpp.commands import NGRAM_N
 
 SECTION = "## specrt vs llama.cpp (benchmarks/e2e.py --llamacpp)"
 NAN = float("nan")
@@ -76,11 +77,13 @@ def _accept(rs: list[Measurement]) -> float | None:
     return _ratio(sum(a for _, a in da), sum(d for d, _ in da))
 
 
-def _rows(task: str, records: list[Measurement]) -> list[Row]:
-    by: dict[Method, list[Measurement]] = {}
+def _rows(task: str, records: list[Measurement], order: tuple[Method, ...]) -> list[Row]:
+    """The task's rows in run order (the two systems' methods alternating)."""
+    by: dict[Method, list[Measurement]] = {m: [] for m in order}
     for r in records:
         if r.task == task and r.decode_seconds is not None:
-            by.setdefault(r.method, []).append(r)
+            by[r.method].append(r)
+    by = {m: rs for m, rs in by.items() if rs}
     speed = {m: _ratio(sum(r.decode_tokens for r in rs), sum(r.decode_seconds for r in rs))
              for m, rs in by.items()}
     return [Row(task=task, method=m.label, engine=m.engine,
@@ -107,7 +110,7 @@ def _task_line(task: str, rows: list[Row]) -> TaskLine:
 
 def side_by_side(result: E2EResult) -> SideBySide:
     recs = [r for r in result.measurements if r.method.engine in ("specrt", "llamacpp")]
-    rows = [row for t in result.config.tasks for row in _rows(t, recs)]
+    rows = [row for t in result.config.tasks for row in _rows(t, recs, result.config.methods)]
     plains = {(r.task, r.prompt, r.method.engine): r for r in recs if r.method.is_reference}
     prompts = sorted({(t, p) for t, p, _ in plains})
     return SideBySide(
@@ -178,6 +181,13 @@ def markdown(result: E2EResult, side: SideBySide, note: str | None) -> str:
         f"tokens, greedy, chat template; {side.prompts} prompt(s), {c.repeats} repeat(s) "
         "(median), specrt's and llama.cpp's methods alternating within each prompt's sweep. "
         f"Decode-only tokens/s. {result.elapsed / 60:.1f} min in all.",
+        "",
+        "llama.cpp: the vendored tree of the `llama-cpp-python==0.3.36` sdist, built by `make "
+        "bench-llamacpp` (Release, `GGML_NATIVE=ON`, CPU); plain = `llama-completion`, "
+        "draft:K = `llama-speculative-simple --spec-type draft-simple --spec-draft-n-max K "
+        "--spec-draft-p-min 0`, ngram-simple:K / ngram-map-k:K = `--spec-type ngram-simple` / "
+        f"`ngram-map-k` with a lookup n-gram of {NGRAM_N} and a draft m-gram of K; greedy "
+        "(`--temp 0 --top-k 1`).",
         "",
         report.markdown_table(TASK_HEADERS, task_cells(side), "lrrrlrlrr"),
         "",
