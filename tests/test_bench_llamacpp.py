@@ -149,3 +149,23 @@ def test_missing_build_says_how_to_make_it(tmp_path):
     (tmp_path / "gguf" / "qwen-bf16.gguf").write_text("")
     assert install.find(tmp_path, [Path("/m/qwen")]).gguf(Path("/m/qwen")) == \
         tmp_path / "gguf" / "qwen-bf16.gguf"
+
+
+def _plan(*argv: str) -> list[str]:
+    from benchmarks import e2e, e2e_plan
+
+    args = e2e.build_parser().parse_args(list(argv))
+    e2e_plan.apply_quick_defaults(args)
+    return [m.label for m in e2e_plan.plan_methods(args, has_draft=True)[0]]
+
+
+def test_llamacpp_methods_alternate_with_specrts_and_keep_their_plain():
+    assert _plan("--quick", "--no-hf", "--llamacpp", "--llamacpp-ks", "4") == [
+        "plain", "llamacpp:plain", "draft_model:2", "llamacpp:draft:4", "draft_model:4",
+        "llamacpp:ngram-simple:4", "ngram:2", "llamacpp:ngram-map-k:4", "ngram:4", "auto:8"]
+    assert _plan("--no-hf", "--llamacpp", "--methods", "ngram:4,llamacpp:ngram-map-k:8") == [
+        "plain", "llamacpp:plain", "ngram:4", "llamacpp:ngram-map-k:8"]
+    assert not any(m.startswith("llamacpp") for m in _plan("--quick", "--no-hf"))
+    with pytest.raises(SystemExit) as e:
+        _plan("--methods", "llamacpp:plain")      # llama.cpp methods need --llamacpp
+    assert e.value.code == 2
