@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install build test compile-check demo bench clean
+.PHONY: install build test compile-check demo bench bench-llamacpp clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ compile-check: $(STAMP)
 demo: build
 	$(PY) -m specrt.models fetch
 	$(PY) -m specrt.generate
+
+# Optional, not part of `make test`: llama.cpp for `python -m benchmarks.e2e --llamacpp`, built
+# once from the llama-cpp-python sdist's vendored sources into ~/.cache/specrt/llamacpp/
+# (~10 min on 2 cores), with the default pair converted to bf16 GGUF by llama.cpp's own
+# converter (its own venv there). Needs the pair fetched (`make demo` or specrt.models fetch).
+bench-llamacpp:
+	PYTHON=$(PYTHON) bash benchmarks/llamacpp/build.sh
 
 clean:
 	rm -rf build dist *.egg-info specrt/*.so $(VENV)

@@ -1,7 +1,7 @@
 """Benchmark: end-to-end speedup of speculative decoding per kind of text, side by side with
-Hugging Face transformers, in one run.
+Hugging Face transformers (and llama.cpp with --llamacpp), in one run.
 
-Run: python -m benchmarks.e2e [--quick]        (--help for the knobs)
+Run: python -m benchmarks.e2e [--quick] [--llamacpp]      (--help for the knobs)
 
 Tasks (benchmarks/prompts.json, the seed study's four kinds of text, 3 prompts each): code,
 rewrite (the answer copies a paragraph of the prompt), explain, story. Chat template, greedy.
@@ -23,6 +23,18 @@ goals as PASS/FAIL; where specrt stands vs the seed study. Writes the section
 "End-to-end speedup" of benchmarks/RESULTS.md (--no-record to skip), benchmarks/results/e2e.json,
 e2e_speedup.png, e2e_theory.png and e2e_auto_choices.png; JSON on the last line.
 
+--llamacpp (llama.cpp built once by `make bench-llamacpp`; without it this exits 2 saying so):
+  llamacpp:plain (llama-completion), llamacpp:draft:K (llama-speculative-simple --spec-type
+  draft-simple, the same draft, --spec-draft-n-max K), llamacpp:ngram-simple:K and
+  llamacpp:ngram-map-k:K (lookup n-gram 3, draft m-gram K), K in --llamacpp-ks (2,4,8), on
+  bf16 GGUFs made by llama.cpp's own converter, with --threads threads. Each prompt goes to
+  llama.cpp already formatted with the chat template (its token ids are checked against
+  specrt's before the sweep); specrt's and llama.cpp's methods alternate within each prompt's
+  sweep. Adds a table of decode-only tokens/s (after the prompt's pass: llama.cpp's own
+  timing lines, specrt's time after prefill) per task x method, and per task specrt best /
+  llama.cpp best and specrt plain / llama.cpp plain; records the section "specrt vs
+  llama.cpp" of RESULTS.md instead of "End-to-end speedup". Pass --no-hf to leave HF out.
+
 --quick: one prompt per task, K in {2, 4}, auto:8, HF with K = 4 only, and 64 new tokens
 (unless --max-new-tokens is given), for a run of well under 10 minutes.
 Full run: 12 prompts x 15 methods (specrt: plain, draft_model and ngram at K = 1, 2, 4, 8,
@@ -36,7 +48,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import e2e_measure, e2e_plan, e2e_plots, e2e_report, e2e_summary
+from benchmarks import e2e_llamacpp, e2e_measure, e2e_plan, e2e_plots, e2e_report, e2e_summary
 from benchmarks.e2e_records import TASKS
 from benchmarks.harness import cli, machine, report
 
@@ -68,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-k", default=None, help="K values of the HF methods (default 4,8; "
                    "4 with --quick)")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face")
+    p.add_argument("--llamacpp", action="store_true", help="also run llama.cpp (see below)")
+    p.add_argument("--llamacpp-ks", default=None, help="K values of llama.cpp's draft and "
+                   "n-gram methods (default 2,4,8; 2,4 with --quick)")
+    p.add_argument("--llamacpp-dir", default=None, help="the `make bench-llamacpp` folder "
+                   "(default $SPECRT_LLAMACPP_DIR or ~/.cache/specrt/llamacpp)")
+    p.add_argument("--llamacpp-timeout", type=float, default=600.0,
+                   help="seconds one llama.cpp process may take (default 600)")
     p.add_argument("--repeats", type=int, default=1, help="sweeps over the prompts; the median "
                    "time per prompt x method is used (default 1)")
     p.add_argument("--max-seq-len", type=int, default=4096)
@@ -89,10 +108,18 @@ def main(argv=None) -> int:
 
     e2e_report.print_report(result)
     pngs = e2e_plots.draw(result, out)
-    if args.record:
+    payload = e2e_report.json_payload(result, pngs)
+    if config.has_llamacpp:
+        side = e2e_llamacpp.side_by_side(result)
+        e2e_llamacpp.print_report(side)
+        payload["llamacpp"] = side.json()
+        if args.record:
+            report.record_section(e2e_llamacpp.SECTION, e2e_llamacpp.markdown(
+                result, side, args.note), args.results_md)
+    elif args.record:
         report.record_section(SECTION, e2e_report.markdown(result, pngs, args.note),
                               args.results_md)
-    report.emit_json(e2e_report.json_payload(result, pngs), out / "e2e.json")
+    report.emit_json(payload, out / "e2e.json")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Measuring the end-to-end benchmark: load both engines once, run every prompt x method back
-to back, and return Measurement records.
+"""Measuring the end-to-end benchmark: load both engines once (llama.cpp runs as one process
+per generation), run every prompt x method back to back, and return Measurement records.
 
 For each prompt every method runs back to back, the order reversed on every other prompt (and
 repeat), so machine drift hits them all alike. A generation's time is the wall time of the
@@ -24,6 +24,15 @@ class Generation:
     stats: dict | None                  # specrt's result stats; None for HF
     rounds: tuple[tuple[int, int], ...] = ()    # (drafted, accepted) per round with drafts
     plans: tuple[str, ...] = ()                  # every round's plan ("plain", "ngram:3", ...)
+    decode: tuple[int, float] | None = None     # (tokens, s) after the prompt's pass; not HF
+    drafted_accepted: tuple[int, int] | None = None     # llama.cpp's totals
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A prompt as both systems get it."""
+    ids: list[int]      # specrt's token ids (through the chat template)
+    text: str           # the same prompt formatted with the chat template, for llama.cpp
 
 
 class Runner:
@@ -40,25 +49,31 @@ class Runner:
         except SpecrtError as e:
             cli.fail(str(e))
         self.eos = sorted(self.llm.eos_ids)
+        self.config = config
         self.hf = self.assistant = None
         if config.has_hf:
             self.hf = hf.load(config.target, config.dtype, config.device)
             if any(m.kind == "assisted" for m in config.methods):
                 self.assistant = hf.load(config.draft, config.dtype, config.device)
 
-    def encode(self, prompt: str) -> list[int]:
-        """The prompt as token ids, through the chat template when the tokenizer has one."""
+    def encode(self, prompt: str) -> Encoded:
+        """The prompt as token ids and as text, through the chat template when the tokenizer
+        has one."""
         from specrt.errors import SpecrtError
 
         try:
             tok = self.llm.tokenizer
-            return self.llm.encode(prompt, chat=tok is not None and tok.has_chat_template)
+            chat = tok is not None and tok.has_chat_template
+            text = tok.chat_text([{"role": "user", "content": prompt}]) if chat else prompt
+            return Encoded(self.llm.encode(prompt, chat=chat), text)
         except SpecrtError as e:
             cli.fail(str(e))
 
-    def run(self, m: Method, ids: list[int], max_new: int) -> Generation:
-        return self._run_specrt(m, ids, max_new) if m.engine == "specrt" else \
-            self._run_hf(m, ids, max_new)
+    def run(self, m: Method, p: Encoded, max_new: int) -> Generation:
+        if m.engine == "llamacpp":
+            return self._run_llamacpp(m, p, max_new)
+        return self._run_specrt(m, p.ids, max_new) if m.engine == "specrt" else \
+            self._run_hf(m, p.ids, max_new)
 
     def _run_specrt(self, m: Method, ids: list[int], max_new: int) -> Generation:
         from specrt.errors import SpecrtError
@@ -78,7 +93,34 @@ class Runner:
         except SpecrtError as e:
             cli.fail(f"{m.label}: {e}")
         wall = time.perf_counter() - t0
-        return Generation(tuple(res.token_ids), wall, res.stats, tuple(rounds), tuple(plans))
+        st = res.stats     # prefill made the first token; the rest is the decode phase
+        decode = (len(res.token_ids) - 1, st["seconds"] - st["prefill_seconds"])
+        return Generation(tuple(res.token_ids), wall, st, tuple(rounds), tuple(plans), decode)
+
+    def _run_llamacpp(self, m: Method, p: Encoded, max_new: int) -> Generation:
+        """One llama.cpp process; its prompt must be specrt's tokens (else exit 2)."""
+        from benchmarks.llamacpp import commands, install, run
+
+        c = self.config
+        inst = install.Install.at(c.llamacpp_dir)
+        job = commands.Job(kind=m.kind, k=m.k, target=inst.gguf(c.target),
+                           draft=inst.gguf(c.draft) if c.draft else None, prompt=p.text,
+                           max_new_tokens=max_new, threads=c.threads, ctx=c.max_seq_len)
+        try:
+            t = run.run(inst.bin_dir, job, c.llamacpp_timeout)
+        except run.LlamaCppFailed as e:
+            cli.fail(str(e))
+        if t.prompt_tokens != len(p.ids) or (t.prompt_ids and list(t.prompt_ids) != p.ids):
+            at = compare.first_difference(t.prompt_ids, p.ids) if t.prompt_ids else None
+            cli.fail(f"{m.label}: llama.cpp saw {t.prompt_tokens} prompt tokens, specrt "
+                     f"{len(p.ids)}" + ("" if at is None else f"; first different id at {at}")
+                     + ": the two systems would not run the same prompt")
+        # llama.cpp prints text, not ids; speculative-simple may run one token past -n
+        ids = tuple(self.llm.tokenizer.encode(t.text)[:max_new])
+        return Generation(ids, t.prompt_seconds + t.decode_seconds, None,
+                          decode=(t.decode_tokens, t.decode_seconds),
+                          drafted_accepted=(None if t.drafted is None
+                                            else (t.drafted, t.accepted)))
 
     def _run_hf(self, m: Method, ids: list[int], max_new: int) -> Generation:
         kw = {}
@@ -102,9 +144,11 @@ def per_position_acceptance(rounds) -> float:
 
 
 def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: dict):
-    """Every repeat x prompt x method -> ({(task, id, method): [walls]}, {...: last run})."""
+    """Every repeat x prompt x method -> ({(task, id, method): [walls]}, {...: last run},
+    {...: [decode seconds]})."""
     methods = list(config.methods)
     walls: dict[tuple, list[float]] = {}
+    decodes: dict[tuple, list[float]] = {}
     last: dict[tuple, Generation] = {}
     bar = cli.progress(total=len(prompts) * len(methods) * config.repeats, desc="e2e",
                        disable=not config.show_progress)
@@ -114,10 +158,12 @@ def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: di
                 bar.set_postfix_str(f"{p.task} / {p.id} / {m.label}")
                 g = runner.run(m, encoded[(p.task, p.id)], config.max_new_tokens)
                 walls.setdefault((p.task, p.id, m), []).append(g.wall)
+                if g.decode:
+                    decodes.setdefault((p.task, p.id, m), []).append(g.decode[1])
                 last[(p.task, p.id, m)] = g
                 bar.update(1)
     bar.close()
-    return walls, last
+    return walls, last, decodes
 
 
 def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement], float]:
@@ -125,22 +171,34 @@ def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement]
     t_start = time.perf_counter()
     runner = Runner(config)
     encoded = {(p.task, p.id): runner.encode(p.text) for p in prompts}
-    # Warm-up: every method once, briefly, so no first call pays for lazy initialisation.
+    if config.has_llamacpp:
+        # Before the sweep, not in it: llama.cpp must see specrt's prompt tokens (checked
+        # on every llamacpp:plain run); this also brings the GGUFs into the page cache.
+        for p in cli.progress(prompts, desc="llama.cpp prompt ids",
+                              disable=not config.show_progress):
+            runner.run(Method("llamacpp", "plain"), encoded[(p.task, p.id)], 1)
+    # Warm-up: every method once, briefly, so no first call pays for lazy initialisation
+    # (llama.cpp starts afresh every time and warms itself up before it times anything).
     first = encoded[(prompts[0].task, prompts[0].id)]
-    for m in cli.progress(config.methods, desc="warm-up", disable=not config.show_progress):
+    warm = [m for m in config.methods if m.engine != "llamacpp"]
+    for m in cli.progress(warm, desc="warm-up", disable=not config.show_progress):
         runner.run(m, first, 4)
-    walls, last = _sweep(runner, config, prompts, encoded)
+    walls, last, decodes = _sweep(runner, config, prompts, encoded)
     elapsed = time.perf_counter() - t_start
     out = []
     for (task, pid, m), g in last.items():
         ref = last[(task, pid, Method(m.engine, "plain"))].ids
         diff = None if m.is_reference else compare.first_difference(g.ids, ref)
+        dec = decodes.get((task, pid, m))
         out.append(Measurement(
-            task=task, prompt=pid, method=m, prompt_tokens=len(encoded[(task, pid)]),
+            task=task, prompt=pid, method=m, prompt_tokens=len(encoded[(task, pid)].ids),
             ids=g.ids, wall=timing.median(walls[(task, pid, m)]),
             walls=tuple(walls[(task, pid, m)]), first_diff=diff,
             a=per_position_acceptance(g.rounds), drafted_rounds=len(g.rounds),
-            rejections=sum(a < d for d, a in g.rounds), stats=g.stats, plans=g.plans))
+            rejections=sum(a < d for d, a in g.rounds), stats=g.stats, plans=g.plans,
+            decode_tokens=g.decode[0] if g.decode else None,
+            decode_seconds=timing.median(dec) if dec else None,
+            drafted_accepted=g.drafted_accepted))
     del runner
     gc.collect()
     return out, elapsed

@@ -12,7 +12,12 @@ from pathlib import Path
 from benchmarks.e2e_records import TASKS, Method, Prompt, RunConfig
 from benchmarks.harness import cli, model_dirs
 
-METHOD_SYNTAX = "plain, draft_model:K, ngram:K, auto:K, hf:plain, hf:assisted:K, hf:lookup:K"
+METHOD_SYNTAX = ("plain, draft_model:K, ngram:K, auto:K, hf:plain, hf:assisted:K, hf:lookup:K, "
+                 "llamacpp:plain, llamacpp:draft:K, llamacpp:ngram-simple:K, "
+                 "llamacpp:ngram-map-k:K")
+KINDS = {"specrt": ("plain", "draft_model", "ngram", "auto"),
+         "hf": ("plain", "assisted", "lookup"),
+         "llamacpp": ("plain", "draft", "ngram-simple", "ngram-map-k")}
 
 
 def apply_quick_defaults(args) -> None:
@@ -25,6 +30,8 @@ def apply_quick_defaults(args) -> None:
         args.ks = "2,4" if args.quick else "1,2,4,8"
     if args.hf_k is None:
         args.hf_k = "4" if args.quick else "4,8"
+    if args.llamacpp_ks is None:
+        args.llamacpp_ks = "2,4" if args.quick else "2,4,8"
 
 
 def build_config(args) -> RunConfig:
@@ -36,25 +43,41 @@ def build_config(args) -> RunConfig:
     for t in tasks:
         if t not in TASKS:
             cli.fail(f"unknown task {t!r}; tasks are {', '.join(TASKS)}")
-    cli.setup_torch(args.threads, args.device)
     target, draft = model_dirs.resolve_models(args)
     methods, notes = plan_methods(args, has_draft=draft is not None)
+    lc_dir = None
+    if any(m.engine == "llamacpp" for m in methods):
+        lc_dir = find_llamacpp(args, target, draft if any(
+            m.engine == "llamacpp" and m.needs_draft for m in methods) else None)
+    cli.setup_torch(args.threads, args.device)
     return RunConfig(target=target, draft=draft, dtype=args.dtype, device=args.device,
                      threads=args.threads, max_new_tokens=args.max_new_tokens,
                      max_seq_len=args.max_seq_len, tasks=tasks,
                      prompts_per_task=args.prompts_per_task, repeats=args.repeats,
                      methods=tuple(methods), quick=args.quick,
-                     show_progress=not args.no_progress, notes=tuple(notes))
+                     show_progress=not args.no_progress, notes=tuple(notes),
+                     llamacpp_dir=lc_dir, llamacpp_timeout=args.llamacpp_timeout)
 
 
-def _parse_method(tok: str, ks: list[int], hf_ks: list[int], auto_k: int) -> list[Method]:
-    """One --methods entry -> its methods ('ngram' alone: every K in --ks)."""
+def find_llamacpp(args, target: Path, draft: Path | None) -> Path:
+    """The `make bench-llamacpp` cache folder, or exit 2 saying how to build it."""
+    from benchmarks.llamacpp import install
+
+    if args.device != "cpu":
+        cli.fail("--llamacpp compares CPU decoding; use --device cpu")
+    try:
+        return install.find(args.llamacpp_dir and Path(args.llamacpp_dir),
+                            [m for m in (target, draft) if m]).root
+    except install.NotInstalled as e:
+        cli.fail(str(e))
+
+
+def _parse_method(tok: str, ks: dict[str, list[int]], auto_k: int) -> list[Method]:
+    """One --methods entry -> its methods ('ngram' alone: every K of its engine)."""
     parts = tok.split(":")
-    engine = "hf" if parts[0] == "hf" else "specrt"
-    parts = parts[1:] if engine == "hf" else parts
-    kinds = (("plain", "assisted", "lookup") if engine == "hf"
-             else ("plain", "draft_model", "ngram", "auto"))
-    if not parts or parts[0] not in kinds or len(parts) > 2:
+    engine = parts[0] if parts[0] in ("hf", "llamacpp") else "specrt"
+    parts = parts[1:] if engine != "specrt" else parts
+    if not parts or parts[0] not in KINDS[engine] or len(parts) > 2:
         cli.fail(f"unknown method {tok!r} in --methods; use {METHOD_SYNTAX}")
     kind = parts[0]
     if kind == "plain":
@@ -63,37 +86,52 @@ def _parse_method(tok: str, ks: list[int], hf_ks: list[int], auto_k: int) -> lis
         return [Method(engine, kind, cli.positive_ints(parts[1], f"K of {tok!r}")[0])]
     if kind == "auto":
         return [Method(engine, kind, auto_k)]
-    return [Method(engine, kind, k) for k in (hf_ks if engine == "hf" else ks)]
+    return [Method(engine, kind, k) for k in ks[engine]]
+
+
+def _defaults(engine: str, ks: list[int], auto_k: int) -> list[Method]:
+    return [Method(engine, "plain")] + [Method(engine, kind, k) for kind in KINDS[engine][1:]
+                                        for k in ((auto_k,) if kind == "auto" else ks)]
+
+
+def interleave(a: list[Method], b: list[Method]) -> list[Method]:
+    """a[0], b[0], a[1], b[1], ... then the rest of the longer: the two systems' methods
+    alternate, so drift within a prompt's sweep hits both alike."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i:i + 1] + b[i:i + 1]
+    return out
 
 
 def plan_methods(args, has_draft: bool) -> tuple[list[Method], list[str]]:
-    """(methods in run order: specrt's then HF's, notes on what was added or skipped)."""
-    ks = cli.positive_ints(args.ks, "--ks", unique_sorted=True)
-    hf_ks = cli.positive_ints(args.hf_k, "--hf-k", unique_sorted=True)
+    """(methods in run order: specrt's alternating with llama.cpp's, then HF's; notes on what
+    was added or skipped)."""
+    ks = {"specrt": cli.positive_ints(args.ks, "--ks", unique_sorted=True),
+          "hf": cli.positive_ints(args.hf_k, "--hf-k", unique_sorted=True),
+          "llamacpp": cli.positive_ints(args.llamacpp_ks, "--llamacpp-ks", unique_sorted=True)}
     notes = []
-    default_hf = ([Method("hf", "plain")] + [Method("hf", "assisted", k) for k in hf_ks]
-                  + [Method("hf", "lookup", k) for k in hf_ks])
-    if args.methods:
-        sp, hf = [], []
-        for tok in (t.strip() for t in args.methods.split(",") if t.strip()):
-            for m in _parse_method(tok, ks, hf_ks, args.auto_k):
-                if m not in sp + hf:
-                    (hf if m.engine == "hf" else sp).append(m)
-        if Method("specrt", "plain") not in sp:
-            sp.insert(0, Method("specrt", "plain"))
-            notes.append("plain added: it is the baseline of every speedup and of exactness")
-        if not hf:
-            hf = default_hf
-        elif Method("hf", "plain") not in hf:
-            hf.insert(0, Method("hf", "plain"))
-    else:
-        sp = ([Method("specrt", "plain")] + [Method("specrt", "draft_model", k) for k in ks]
-              + [Method("specrt", "ngram", k) for k in ks]
-              + [Method("specrt", "auto", args.auto_k)])
-        hf = default_hf
-    methods = sp + ([] if args.no_hf else hf)
+    by = {e: [] for e in KINDS}
+    for tok in (t.strip() for t in (args.methods or "").split(",") if t.strip()):
+        for m in _parse_method(tok, ks, args.auto_k):
+            if m not in by[m.engine]:
+                by[m.engine].append(m)
+    if by["llamacpp"] and not args.llamacpp:
+        cli.fail("llamacpp:... methods need --llamacpp")
+    if not args.methods:
+        by["specrt"] = _defaults("specrt", ks["specrt"], args.auto_k)
+    elif Method("specrt", "plain") not in by["specrt"]:
+        by["specrt"].insert(0, Method("specrt", "plain"))
+        notes.append("plain added: it is the baseline of every speedup and of exactness")
+    for e in ("hf", "llamacpp"):
+        if not by[e]:
+            by[e] = _defaults(e, ks[e], args.auto_k)
+        elif Method(e, "plain") not in by[e]:
+            by[e].insert(0, Method(e, "plain"))
+    methods = interleave(by["specrt"], by["llamacpp"] if args.llamacpp else [])
+    methods += [] if args.no_hf else by["hf"]
     if not has_draft and any(m.needs_draft for m in methods):
-        notes.append("draft_model, auto and hf:assisted skipped: no draft model (pass --draft)")
+        notes.append("draft_model, auto, hf:assisted and llamacpp:draft skipped: no draft "
+                     "model (pass --draft)")
         methods = [m for m in methods if not m.needs_draft]
     return methods, notes
 

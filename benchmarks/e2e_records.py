@@ -17,18 +17,19 @@ TASKS = ("code", "rewrite", "explain", "story")
 
 @dataclass(frozen=True)
 class Method:
-    engine: str          # "specrt" | "hf"
-    kind: str            # plain | draft_model | ngram | auto | assisted | lookup
+    engine: str          # "specrt" | "hf" | "llamacpp"
+    kind: str            # plain | draft_model | ngram | auto (specrt); assisted | lookup (hf);
+                         # draft | ngram-simple | ngram-map-k (llamacpp)
     k: int = 0           # draft tokens per round (0 for plain)
 
     @property
     def label(self) -> str:
-        base = self.kind if self.engine == "specrt" else f"hf:{self.kind}"
+        base = self.kind if self.engine == "specrt" else f"{self.engine}:{self.kind}"
         return base if self.kind == "plain" else f"{base}:{self.k}"
 
     @property
     def needs_draft(self) -> bool:
-        return self.kind in ("draft_model", "auto", "assisted")
+        return self.kind in ("draft_model", "auto", "assisted", "draft")
 
     @property
     def is_reference(self) -> bool:
@@ -68,17 +69,24 @@ class RunConfig:
     quick: bool
     show_progress: bool
     notes: tuple[str, ...] = ()     # what planning added or skipped, said in the report
+    llamacpp_dir: Path | None = None    # the `make bench-llamacpp` cache folder (--llamacpp)
+    llamacpp_timeout: float = 600.0     # s, per llama.cpp process
 
     @property
     def has_hf(self) -> bool:
         return any(m.engine == "hf" for m in self.methods)
+
+    @property
+    def has_llamacpp(self) -> bool:
+        return any(m.engine == "llamacpp" for m in self.methods)
 
     def json(self) -> dict:
         return {"target": str(self.target), "draft": str(self.draft) if self.draft else None,
                 "dtype": self.dtype, "max_new_tokens": self.max_new_tokens,
                 "tasks": list(self.tasks), "prompts_per_task": self.prompts_per_task,
                 "repeats": self.repeats, "methods": [m.label for m in self.methods],
-                "quick": self.quick}
+                "quick": self.quick,
+                "llamacpp_dir": str(self.llamacpp_dir) if self.llamacpp_dir else None}
 
 
 @dataclass(frozen=True)
@@ -88,15 +96,22 @@ class Measurement:
     prompt: str                   # Prompt.id
     method: Method
     prompt_tokens: int
-    ids: tuple[int, ...]          # the new tokens of the last repeat
-    wall: float                   # s, median over the repeats, prefill included
+    ids: tuple[int, ...]          # the new tokens of the last repeat (llama.cpp: its text,
+                                  # re-encoded by specrt's tokenizer, at most max_new_tokens)
+    wall: float                   # s, median over the repeats, prefill included (llama.cpp:
+                                  # its prompt + decode time, loading excluded)
     walls: tuple[float, ...]      # s, every repeat
     first_diff: int | None        # vs plain greedy of the same engine; None: same (or plain)
     a: float                      # per-position acceptance; NaN without drafted rounds
     drafted_rounds: int
     rejections: int               # drafted rounds that stopped before the end of their drafts
-    stats: dict | None            # specrt's result stats; None for HF
+    stats: dict | None            # specrt's result stats; None for HF and llama.cpp
     plans: tuple[str, ...] = ()   # every round's plan (auto's choices over the generation)
+    # Decode-only (after the prompt's pass; specrt and llama.cpp, None for HF): tokens the
+    # decode phase made and its seconds, the median over the repeats
+    decode_tokens: int | None = None
+    decode_seconds: float | None = None
+    drafted_accepted: tuple[int, int] | None = None     # llama.cpp's n_drafted, n_accept
 
     @property
     def new_tokens(self) -> int:
@@ -111,6 +126,10 @@ class Measurement:
                "drafted_rounds": self.drafted_rounds, "rejections": self.rejections}
         if self.stats:
             out["stats"] = dict(self.stats)
+        if self.decode_seconds is not None:
+            out.update(decode_tokens=self.decode_tokens, decode_seconds=self.decode_seconds)
+        if self.drafted_accepted is not None:
+            out["drafted"], out["accepted"] = self.drafted_accepted
         return out
 
 

@@ -21,7 +21,10 @@ SEED_ALIGN = "llll"
 
 
 def print_start(config: RunConfig, info: dict) -> None:
-    report.print_header("end-to-end speculative decoding: specrt vs Hugging Face", info, {
+    others = [name for name, on in (("Hugging Face", config.has_hf),
+                                    ("llama.cpp", config.has_llamacpp)) if on]
+    report.print_header("end-to-end speculative decoding: specrt"
+                        + (" vs " + " and ".join(others) if others else ""), info, {
         "target": config.target.name, "draft": config.draft.name if config.draft else None,
         "dtype": config.dtype, "max_new_tokens": config.max_new_tokens,
         "tasks": list(config.tasks), "prompts_per_task": config.prompts_per_task,
@@ -37,6 +40,8 @@ def method_rows(result: E2EResult) -> tuple[list[str], list[list]]:
     for t, ms in result.per_task.items():
         for s in ms.values():
             m = s.method
+            if m.engine == "llamacpp":     # decode-only, in e2e_llamacpp's table
+                continue
             mm = f"{s.mismatches}/{s.prompts}"
             if s.mismatches:
                 mm += " @" + ",".join(str(d) for d in s.first_diffs if d is not None)

@@ -65,6 +65,11 @@ class Tokenizer:
     def encode_messages(self, messages: list[dict]) -> list[int]:
         """Chat messages [{"role": "system" | "user" | "assistant", "content": str}, ...]
         through the chat template, ending with the prompt for the assistant's next turn."""
+        return self._tok.encode(self.chat_text(messages), add_special_tokens=False)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        """The text encode_messages() tokenizes: the messages through the chat template, with
+        the prompt for the assistant's next turn (for tools that take formatted text)."""
         if not self.has_chat_template:
             raise SpecrtError("chat messages need a chat template, and this tokenizer has none; "
                               "pass a plain prompt instead")
@@ -85,7 +90,7 @@ class Tokenizer:
                 f"the chat template in {self._template_file()} fails ({type(e).__name__}: "
                 f"{_first_line(e)}); fix the template, or pass a plain prompt with chat=False "
                 "(CLI: --no-chat)") from None
-        return self._tok.encode(text, add_special_tokens=False)
+        return text
 
     def _template_file(self) -> Path:
         for name in ("chat_template.jinja", "chat_template.json"):

@@ -1,0 +1,200 @@
+"""specrt vs llama.cpp from an end-to-end run's records (benchmarks/e2e.py --llamacpp):
+decode-only tokens/s per task x method of both systems, and per task specrt best / llama.cpp
+best and specrt plain / llama.cpp plain; its text table, RESULTS.md section and JSON.
+
+Decode-only = tokens made after the prompt's pass / the time after it: llama.cpp's own timing
+lines (benchmarks/llamacpp/parse.py), specrt's result time less its prefill. A task's speed is
+its total decode tokens / total decode seconds over the task's prompts (medians over the
+repeats). Derives and renders only: it measures nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from benchmarks.e2e_records import E2EResult, Measurement, Method
+from benchmarks.harness import compare, report
+from benchmarks.llamacpp.commands import NGRAM_N
+
+SECTION = "## specrt vs llama.cpp (benchmarks/e2e.py --llamacpp)"
+NAN = float("nan")
+
+
+def _ratio(x: float, y: float) -> float:
+    return x / y if y and x == x and y == y else NAN
+
+
+@dataclass(frozen=True)
+class Row:
+    """One task x method, decode-only."""
+    task: str
+    method: str                  # label
+    engine: str                  # specrt | llamacpp
+    tokens: int
+    seconds: float
+    tok_s: float
+    vs_own_plain: float          # this tok/s / its own system's plain tok/s
+    accept: float | None         # accepted / drafted tokens; None for plain
+    mismatches: int              # prompts whose tokens differ from its own system's plain
+
+
+@dataclass(frozen=True)
+class TaskLine:
+    task: str
+    specrt_plain: float
+    llamacpp_plain: float
+    plain_ratio: float           # specrt plain / llama.cpp plain
+    specrt_best: str
+    specrt_best_tok_s: float
+    llamacpp_best: str
+    llamacpp_best_tok_s: float
+    best_ratio: float            # specrt best / llama.cpp best
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    rows: tuple[Row, ...]
+    tasks: tuple[TaskLine, ...]
+    threads: int
+    prompts: int
+    prompt_tokens: int                       # over the prompts, the same in both systems
+    plain_vs_plain: dict[str, int | None]    # "task/prompt" -> first different token
+
+    def json(self) -> dict:
+        return {"threads": self.threads, "prompts": self.prompts,
+                "prompt_tokens": self.prompt_tokens, "rows": [asdict(r) for r in self.rows],
+                "tasks": [asdict(t) for t in self.tasks],
+                "llamacpp_plain_vs_specrt_plain_first_diff": self.plain_vs_plain}
+
+
+def _accept(rs: list[Measurement]) -> float | None:
+    if rs[0].method.is_reference:
+        return None
+    if rs[0].method.engine == "specrt":
+        st = [r.stats for r in rs if r.stats]
+        drafted = sum(x["num_draft_tokens"] for x in st)
+        return _ratio(sum(x["num_accepted_tokens"] for x in st), drafted)
+    da = [r.drafted_accepted for r in rs if r.drafted_accepted]
+    return _ratio(sum(a for _, a in da), sum(d for d, _ in da))
+
+
+def _rows(task: str, records: list[Measurement], order: tuple[Method, ...]) -> list[Row]:
+    """The task's rows in run order (the two systems' methods alternating)."""
+    by: dict[Method, list[Measurement]] = {m: [] for m in order}
+    for r in records:
+        if r.task == task and r.decode_seconds is not None:
+            by[r.method].append(r)
+    by = {m: rs for m, rs in by.items() if rs}
+    speed = {m: _ratio(sum(r.decode_tokens for r in rs), sum(r.decode_seconds for r in rs))
+             for m, rs in by.items()}
+    return [Row(task=task, method=m.label, engine=m.engine,
+                tokens=sum(r.decode_tokens for r in rs),
+                seconds=sum(r.decode_seconds for r in rs), tok_s=speed[m],
+                vs_own_plain=_ratio(speed[m], speed.get(Method(m.engine, "plain"), NAN)),
+                accept=_accept(rs), mismatches=sum(r.first_diff is not None for r in rs))
+            for m, rs in by.items()]
+
+
+def _task_line(task: str, rows: list[Row]) -> TaskLine:
+    def best(engine):
+        return max((r for r in rows if r.engine == engine), key=lambda r: r.tok_s)
+
+    def plain(engine):
+        return next(r.tok_s for r in rows if r.engine == engine and r.method.endswith("plain"))
+
+    sb, lb = best("specrt"), best("llamacpp")
+    sp, lp = plain("specrt"), plain("llamacpp")
+    return TaskLine(task=task, specrt_plain=sp, llamacpp_plain=lp, plain_ratio=_ratio(sp, lp),
+                    specrt_best=sb.method, specrt_best_tok_s=sb.tok_s, llamacpp_best=lb.method,
+                    llamacpp_best_tok_s=lb.tok_s, best_ratio=_ratio(sb.tok_s, lb.tok_s))
+
+
+def side_by_side(result: E2EResult) -> SideBySide:
+    recs = [r for r in result.measurements if r.method.engine in ("specrt", "llamacpp")]
+    rows = [row for t in result.config.tasks for row in _rows(t, recs, result.config.methods)]
+    plains = {(r.task, r.prompt, r.method.engine): r for r in recs if r.method.is_reference}
+    prompts = sorted({(t, p) for t, p, _ in plains})
+    return SideBySide(
+        rows=tuple(rows), threads=result.config.threads, prompts=len(prompts),
+        tasks=tuple(_task_line(t, [r for r in rows if r.task == t])
+                    for t in result.config.tasks),
+        prompt_tokens=sum(plains[(t, p, "specrt")].prompt_tokens for t, p in prompts),
+        plain_vs_plain={f"{t}/{p}": compare.first_difference(
+            plains[(t, p, "llamacpp")].ids, plains[(t, p, "specrt")].ids) for t, p in prompts})
+
+
+# --- rendering -------------------------------------------------------------------------------
+ROW_HEADERS = ["task", "system", "method", "decode tok/s", "vs own plain", "accept",
+               "mismatch"]
+TASK_HEADERS = ["task", "specrt plain", "llama.cpp plain", "specrt/llama.cpp plain",
+                "specrt best", "tok/s", "llama.cpp best", "tok/s", "specrt/llama.cpp best"]
+
+
+def row_cells(side: SideBySide) -> list[list]:
+    return [[r.task, "specrt" if r.engine == "specrt" else "llama.cpp",
+             r.method.removeprefix("llamacpp:"), f"{r.tok_s:.2f}", f"{r.vs_own_plain:.2f}x",
+             "-" if r.accept is None else ("none drafted" if r.accept != r.accept
+                                           else f"{r.accept:.0%}"),
+             "(ref)" if r.method.endswith("plain") else str(r.mismatches)] for r in side.rows]
+
+
+def task_cells(side: SideBySide) -> list[list]:
+    return [[t.task, f"{t.specrt_plain:.2f}", f"{t.llamacpp_plain:.2f}", f"{t.plain_ratio:.2f}x",
+             t.specrt_best, f"{t.specrt_best_tok_s:.2f}", t.llamacpp_best.removeprefix(
+                 "llamacpp:"), f"{t.llamacpp_best_tok_s:.2f}", f"{t.best_ratio:.2f}x"]
+            for t in side.tasks]
+
+
+def facts(side: SideBySide) -> list[str]:
+    same = sum(v is None for v in side.plain_vs_plain.values())
+    diffs = ", ".join(f"{k}@{v}" for k, v in side.plain_vs_plain.items() if v is not None)
+    return [f"threads: {side.threads} in both systems (specrt torch threads; llama.cpp -t/-tb, "
+            f"and -td/-tbd for its draft)",
+            f"prompt tokens: identical ids in both systems on all {side.prompts} prompts "
+            f"({side.prompt_tokens} tokens; checked before the sweep, a difference stops the "
+            "run)",
+            f"llama.cpp plain vs specrt plain: same tokens on {same} of {len(side.plain_vs_plain)}"
+            " prompts" + (f" (first differences: {diffs}; two bf16 implementations round "
+                          "differently and can flip near-ties)" if diffs else "")]
+
+
+def print_report(side: SideBySide) -> None:
+    print("specrt vs llama.cpp, decode-only tokens/s (after the prompt's pass); vs own plain "
+          "= speedup over the same system's plain; mismatch = prompts whose tokens differ "
+          "from the same system's plain (llama.cpp: its text re-encoded)")
+    print(report.table(ROW_HEADERS, row_cells(side), "lll" + "r" * 4))
+    print()
+    print("per task: specrt vs llama.cpp, decode-only tokens/s")
+    print(report.table(TASK_HEADERS, task_cells(side), "lrrrlrlrr"))
+    print()
+    for line in facts(side):
+        print(line)
+    print()
+
+
+def markdown(result: E2EResult, side: SideBySide, note: str | None) -> str:
+    """The body of the "specrt vs llama.cpp" section of RESULTS.md."""
+    c, info = result.config, result.machine
+    return "\n".join([
+        report.results_preamble(info, note),
+        f"Models: target `{c.target.name}`, draft `{c.draft.name if c.draft else '-'}`; specrt "
+        f"{c.dtype}, llama.cpp bf16 GGUF from its own converter; {c.max_new_tokens} new "
+        f"tokens, greedy, chat template; {side.prompts} prompt(s), {c.repeats} repeat(s) "
+        "(median), specrt's and llama.cpp's methods alternating within each prompt's sweep. "
+        f"Decode-only tokens/s. {result.elapsed / 60:.1f} min in all.",
+        "",
+        "llama.cpp: the vendored tree of the `llama-cpp-python==0.3.36` sdist, built by `make "
+        "bench-llamacpp` (Release, `GGML_NATIVE=ON`, CPU); plain = `llama-completion`, "
+        "draft:K = `llama-speculative-simple --spec-type draft-simple --spec-draft-n-max K "
+        "--spec-draft-p-min 0`, ngram-simple:K / ngram-map-k:K = `--spec-type ngram-simple` / "
+        f"`ngram-map-k` with a lookup n-gram of {NGRAM_N} and a draft m-gram of K; greedy "
+        "(`--temp 0 --top-k 1`).",
+        "",
+        report.markdown_table(TASK_HEADERS, task_cells(side), "lrrrlrlrr"),
+        "",
+        "<details><summary>Every task x method</summary>",
+        "",
+        report.markdown_table(ROW_HEADERS, row_cells(side), "lll" + "r" * 4),
+        "",
+        "</details>",
+        "",
+    ] + [f"- {line}." for line in facts(side)])
