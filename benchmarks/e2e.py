@@ -49,7 +49,6 @@ import argparse
 from pathlib import Path
 
 from benchmarks import e2e_llamacpp, e2e_measure, e2e_plan, e2e_plots, e2e_report, e2e_summary
-from benchmarks.e2e_records import TASKS
 from benchmarks.harness import cli, machine, report
 
 SECTION = "## End-to-end speedup (benchmarks/e2e.py)"
@@ -66,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "64 new tokens (see below)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="new tokens per generation (default 128; 64 with --quick)")
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of "
-                   "code,rewrite,explain,story")
+    p.add_argument("--tasks", default=None, help="comma-separated subset of the prompts "
+                   "file's tasks (default: all of them)")
     p.add_argument("--prompts-per-task", type=int, default=None, help="default 3 (1 with --quick)")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts file (default "
                    "benchmarks/prompts.json)")

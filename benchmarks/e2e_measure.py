@@ -56,13 +56,16 @@ class Runner:
             if any(m.kind == "assisted" for m in config.methods):
                 self.assistant = hf.load(config.draft, config.dtype, config.device)
 
-    def encode(self, prompt: str) -> Encoded:
+    def encode(self, prompt: str | tuple) -> Encoded:
         """The prompt as token ids and as text, through the chat template when the tokenizer
-        has one."""
+        has one (a conversation, ((role, content), ...), always goes through it)."""
         from specrt.errors import SpecrtError
 
         try:
             tok = self.llm.tokenizer
+            if isinstance(prompt, tuple):
+                messages = [{"role": r, "content": c} for r, c in prompt]
+                return Encoded(tok.encode_messages(messages), tok.chat_text(messages))
             chat = tok is not None and tok.has_chat_template
             text = tok.chat_text([{"role": "user", "content": prompt}]) if chat else prompt
             return Encoded(self.llm.encode(prompt, chat=chat), text)

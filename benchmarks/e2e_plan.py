@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.e2e_records import TASKS, Method, Prompt, RunConfig
+from benchmarks.e2e_records import Method, Prompt, RunConfig
 from benchmarks.harness import cli, model_dirs
 
 METHOD_SYNTAX = ("plain, draft_model:K, ngram:K, auto:K, hf:plain, hf:assisted:K, hf:lookup:K, "
@@ -39,10 +39,9 @@ def build_config(args) -> RunConfig:
     apply_quick_defaults(args)
     if args.max_new_tokens < 1 or args.prompts_per_task < 1 or args.repeats < 1:
         cli.fail("--max-new-tokens, --prompts-per-task and --repeats must be >= 1")
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    for t in tasks:
-        if t not in TASKS:
-            cli.fail(f"unknown task {t!r}; tasks are {', '.join(TASKS)}")
+    # default: every task of the prompts file (checked against the file by load_prompts)
+    tasks = tuple(t.strip() for t in (args.tasks or "").split(",") if t.strip()) or \
+        tuple(prompt_tasks(args.prompts))
     target, draft = model_dirs.resolve_models(args)
     methods, notes = plan_methods(args, has_draft=draft is not None)
     lc_dir = None
@@ -136,15 +135,22 @@ def plan_methods(args, has_draft: bool) -> tuple[list[Method], list[str]]:
     return methods, notes
 
 
-def load_prompts(path: str, tasks: tuple[str, ...], per_task: int) -> list[Prompt]:
-    """The first `per_task` prompts of each task in the prompts file, task by task."""
+def prompt_tasks(path: str) -> dict:
+    """The "tasks" of a prompts file (benchmarks/prompts.json format)."""
     try:
-        data = json.loads(Path(path).read_text())["tasks"]
+        return json.loads(Path(path).read_text())["tasks"]
     except (OSError, ValueError, KeyError) as e:
         cli.fail(f"cannot read prompts from {path}: {e}")
+
+
+def load_prompts(path: str, tasks: tuple[str, ...], per_task: int) -> list[Prompt]:
+    """The first `per_task` prompts of each task in the prompts file, task by task. A prompt is
+    a text ("prompt", sent as one user message) or a conversation ("messages")."""
+    data = prompt_tasks(path)
     out = []
     for t in tasks:
         if t not in data:
             cli.fail(f"task {t!r} is not in {path} (it has {', '.join(data)})")
-        out += [Prompt(t, p["id"], p["prompt"]) for p in data[t][:per_task]]
+        out += [Prompt(t, p["id"], p["prompt"] if "prompt" in p else tuple(
+            (m["role"], m["content"]) for m in p["messages"])) for p in data[t][:per_task]]
     return out

@@ -12,7 +12,6 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-TASKS = ("code", "rewrite", "explain", "story")
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,9 @@ class Method:
 
 @dataclass(frozen=True)
 class Prompt:
-    task: str            # one of TASKS
+    task: str            # a task of the prompts file
     id: str              # its id in prompts.json
-    text: str
+    text: str | tuple    # one user message, or a conversation: ((role, content), ...)
 
 
 @dataclass(frozen=True)
