@@ -51,6 +51,10 @@ PRIORS = {"draft_model": 0.6, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5}   # 
 # rejections in a row, sat out, and was only probed back later; summed calibrated costs over
 # 7 e2e prompts put auto at 93-95% of the best fixed method on prose with 0.3, 97-99% with 0.15.
 WEIGHT = 0.15
+# Prompt lookup is either copying (nearly every guess right) or not, and switches between the
+# two within a few tokens: its states learn faster, or a copied paragraph is half over before
+# auto drafts it in long runs (held-out rewrite prompts: K ramped 1, 2, ... 10 over ~20 rounds).
+NGRAM_WEIGHT = 0.35
 SPREAD = 0.5                  # pull of a fully accepted round on the positions past it
 PROBE_BASE = 16
 PROBE_MAX = 512
@@ -195,7 +199,9 @@ class AdaptivePlanner:
             return
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
             if d and decision.feeds[row] is not None:
-                _learn(self.states[decision.feeds[row]].alphas[row], n, d)
+                state = self.states[decision.feeds[row]]
+                _learn(state.alphas[row], n, d,
+                       NGRAM_WEIGHT if state.drafter == "ngram" else WEIGHT)
         for key in used - {None}:
             state = self.states[key]
             if key == decision.probe:   # won nothing on merit: wait longer before the next probe
@@ -231,10 +237,10 @@ def _could_win(value, max_k: int, cv: list[float]) -> bool:
     return any(value(k) > 1.0 / cv[0] for k in range(1, max_k + 1))
 
 
-def _learn(alphas: list[float], accepted: int, drafted: int) -> None:
+def _learn(alphas: list[float], accepted: int, drafted: int, weight: float = WEIGHT) -> None:
     """Update one row's per-position acceptance after a round that drafted `drafted`."""
     for i in range(min(accepted + 1, drafted)):     # positions whose outcome was observed
-        alphas[i] = _ewma(alphas[i], 1.0 if i < accepted else 0.0, WEIGHT)
+        alphas[i] = _ewma(alphas[i], 1.0 if i < accepted else 0.0, weight)
     if accepted == drafted:
         # Every guess was right: the positions past the round are unobserved, but the
         # evidence says they are at least as good as the last one we saw.
