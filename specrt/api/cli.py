@@ -46,14 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): bfloat16 where the device computes it natively, "
                         "else float32")
-    p.add_argument("--draft-dtype", default="auto",
-                   choices=["auto", "int8", "float32", "bfloat16", "float16"],
-                   help="the draft model's weights: auto (default) = int8 where the CPU int8 "
-                        "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
-                        "output does not change: only the target decides what is emitted")
-    p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
-                   help="token ids the draft scores: auto (default: the first 65536 and the "
-                        "special tokens when the vocabulary is over twice that), all, or N")
+    add_draft_args(p)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--speculative-config", default=None,
@@ -240,6 +233,18 @@ def _trace_line(llm, step) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    """--draft-dtype and --draft-vocab, shared by this CLI and specrt-serve."""
+    p.add_argument("--draft-dtype", default="auto",
+                   choices=["auto", "int8", "float32", "bfloat16", "float16"],
+                   help="the draft model's weights: auto (default) = int8 where the CPU int8 "
+                        "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
+                        "output does not change: only the target decides what is emitted")
+    p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
+                   help="token ids the draft scores: auto (default: the first 65536 and the "
+                        "special tokens when the vocabulary is over twice that), all, or N")
+
 
 def draft_vocab_flag(value: str):
     """--draft-vocab: 'auto', 'all' (None) or a count (checked by LLMArgs)."""

@@ -84,22 +84,20 @@ class LLM:
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
 
     def _load_draft(self, target: Transformer, draft_dir: Path) -> Transformer:
+        cfg = ModelConfig.from_dir(draft_dir)
         quant = self.draft_dtype
         if quant == "auto":
-            quant = "int8" if int8_serves(ModelConfig.from_dir(draft_dir), self.device) else None
-        draft_model = Transformer.from_dir(draft_dir, self.dtype, self.device, self.max_seq_len,
-                                           quant=quant, head_rows=self._draft_head_rows(draft_dir))
+            quant = "int8" if int8_serves(cfg, self.device) else None
+        specials = set(cfg.eos_token_ids)
+        if self.tokenizer is not None:
+            specials |= set(self.tokenizer.special_ids())
+        draft_model = Transformer.from_dir(
+            draft_dir, self.dtype, self.device, self.max_seq_len, quant=quant,
+            head_rows=shortlist(cfg.vocab_size, specials, self.draft_vocab))
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
         check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))
         return draft_model
-
-    def _draft_head_rows(self, draft_dir: Path) -> list[int] | None:
-        cfg = ModelConfig.from_dir(draft_dir)
-        specials = set(cfg.eos_token_ids)
-        if self.tokenizer is not None:
-            specials |= set(self.tokenizer.special_ids())
-        return shortlist(cfg.vocab_size, specials, self.draft_vocab)
 
     def _scheduler_for(self, spec: SpecConfig | None) -> Scheduler:
         """A speculative config naming another draft "model" gets its own engine (sharing the

@@ -43,9 +43,10 @@ class Scheduler:
         if isinstance(engine, Engine):
             self.engine = engine
         else:
-            self.engine = self._build_on_thread(engine)
+            self._build_on_thread(engine)
 
-    def _build_on_thread(self, build: Callable[[], Engine]) -> Engine:
+    def _build_on_thread(self, build: Callable[[], Engine]) -> None:
+        """Start the thread, which sets self.engine = build() and then runs the loop."""
         ready, failed = threading.Event(), []
 
         def run() -> None:
@@ -64,7 +65,6 @@ class Scheduler:
         if failed:
             self._closed = True
             raise failed[0]
-        return self.engine
 
     # --- any thread ---------------------------------------------------------------------------
     def submit(self, request: Request) -> RequestHandle:

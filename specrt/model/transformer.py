@@ -13,6 +13,7 @@ gate/up into another at load time, so a decode step makes 4 matmuls per layer in
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import torch
@@ -55,11 +56,7 @@ class Transformer:
         else:
             self.backend = select_backend(self.device, self.dtype, backend)
         self.quant = quant
-        backend_linear = self.backend.linear
-
-        def linear(weight, bias=None):
-            return backend_linear(weight, bias, quant) if quant else backend_linear(weight, bias)
-
+        linear = functools.partial(self.backend.linear, quant=quant)
         head = self.embed if cfg.tie_word_embeddings else w.pop("lm_head.weight")
         self.head_rows = None
         if head_rows is not None:

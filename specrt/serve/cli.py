@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 
-from specrt.api.cli import draft_vocab_flag
+from specrt.api.cli import add_draft_args
 
 log = logging.getLogger("specrt.serve")
 
@@ -42,14 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests waiting for a slot before new ones get 503")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): bfloat16 where the device computes it natively")
-    p.add_argument("--draft-dtype", default="auto",
-                   choices=["auto", "int8", "float32", "bfloat16", "float16"],
-                   help="the draft model's weights: auto (default) = int8 where the CPU int8 "
-                        "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
-                        "output does not change: only the target decides what is emitted")
-    p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
-                   help="token ids the draft scores: auto (default: the first 65536 and the "
-                        "special tokens when the vocabulary is over twice that), all, or N")
+    add_draft_args(p)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])

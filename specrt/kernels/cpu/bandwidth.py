@@ -12,10 +12,7 @@ import time
 
 import torch
 
-from specrt.kernels.cpu import extension
-
-_gemv, AVAILABLE = extension.load("specrt._gemv", "SPECRT_CPU_GEMV",
-                                  "the C++ decode/verify matrix products", "torch.sum")
+from specrt.kernels.cpu.gemv import AVAILABLE, _gemv   # the probe lives in specrt._gemv
 
 
 def weight_tensors(model) -> list[torch.Tensor]:

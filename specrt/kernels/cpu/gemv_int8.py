@@ -19,12 +19,11 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from specrt.kernels.cpu import checks, extension
+from specrt.kernels.cpu import checks
+from specrt.kernels.cpu.gemv import AVAILABLE as _GEMV_AVAILABLE, _gemv
 
 # The same extension as the bf16 kernels (specrt._gemv); int8 needs AVX-512 VNNI on top.
-_gemv, _BUILT = extension.load("specrt._gemv", "SPECRT_CPU_GEMV",
-                               "the C++ decode/verify matrix products", "PyTorch")
-AVAILABLE = _BUILT and bool(_gemv.int8_supported())
+AVAILABLE = _GEMV_AVAILABLE and bool(_gemv.int8_supported())
 BLOCK = 64          # activation values per scale; K must be a multiple of it for the kernel
 
 
