@@ -136,3 +136,15 @@ def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir
 
 def test_draft_vocab_auto_keeps_small_vocabularies_whole(pair):
     assert pair["int8"].engine.draft.head_rows is None      # 320 tokens: nothing to cut
+
+
+def test_calibration_tells_draft_forms_apart(tiny_draft_dir):
+    """An int8 draft, a shortlisted one and the plain one cost differently: each gets its own
+    calibration entry."""
+    from specrt.model.transformer import Transformer
+    from specrt.spec.calibration import calibration_key
+
+    forms = [dict(), dict(quant="int8"), dict(head_rows=list(range(100)))]
+    keys = {calibration_key(Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64, **kw), 8)
+            for kw in forms}
+    assert len(keys) == 3

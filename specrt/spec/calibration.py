@@ -33,13 +33,21 @@ log = logging.getLogger("specrt.spec.calibration")
 _lock = threading.Lock()
 
 
+def calibration_key(model: Transformer, max_t: int) -> str:
+    """What a forward's cost depends on: the weights and how they are stored (dtype, int8, the
+    output head's shortlist), the device, threads, CPU and the build of the kernels."""
+    head = None if model.head_rows is None else len(model.head_rows)
+    return "|".join(map(str, (model.source, model.dtype, model.quant, head, model.device,
+                              torch.get_num_threads(), max_t, cpu_name(),
+                              model.backend.build_id)))
+
+
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
     (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
     warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
     except for the step from 1 to 2 rows, where CPU matmuls switch kernels."""
-    key = "|".join(map(str, (model.source, model.dtype, model.quant, model.device,
-                             torch.get_num_threads(), max_t, cpu_name(), model.backend.build_id)))
+    key = calibration_key(model, max_t)
     with _lock:
         if key not in _cache:
             entries, healed = _load_disk()
