@@ -173,6 +173,9 @@ def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, mo
 
     spec = {"method": "auto", "num_speculative_tokens": 6}
     kw = dict(temperature=1.0, seed=7) if sampled else {}
+    # The costs are calibrated once, at first use, on the real clock (and cached): only the
+    # rounds' clock is scrambled below.
+    llm.generate(PROMPTS[0], max_new_tokens=2, speculative=spec)
     runs = set()
     for trial in range(4):
         rng = random.Random(trial)
@@ -251,3 +254,42 @@ def test_long_catch_up_is_spread_over_what_the_request_has_left(remaining, expec
     planner.reset([0])
     plan = planner.choose(_ctx(1, remaining, history=300))
     assert plan.label.startswith(expected)
+
+
+def test_a_pass_is_priced_by_the_tokens_each_row_computes():
+    """Rows are packed: a row without drafts adds one token, not K + 1; past the backend's
+    pass size the rows run in chunks of whole rows, each streaming the weights again."""
+    curve = [float(t) for t in range(1, 65)]          # a pass of r tokens costs r
+    costs = CostModel(verify=curve, draft=[], chunk_rows=32)
+    assert costs.verify_pass([1, 9, 1, 1]) == 12.0
+    assert costs.verify_pass([0, 1, 0]) == 1.0        # rows that sit out cost nothing
+    assert costs.verify_pass([17] * 4) == 4 * 17.0   # 17 + 17 > 32: one chunk per row
+    assert costs.verify_pass([16] * 4) == 2 * 32.0
+    assert costs.verify_seconds(9, 4) == costs.verify_pass([9] * 4)
+
+
+class OneRowMatches:
+    """An n-gram stand-in: row 0 copies (a 3-token match, always right), the others have
+    nothing to look up."""
+
+    name = "ngram"
+    min_n, max_n = 1, 3
+
+    def reset(self, rows):
+        pass
+
+    def matches(self, ctx, k):
+        return [([7] * k, 3)] + [([], 0)] * (len(ctx.histories) - 1)
+
+
+def test_a_match_of_one_row_in_a_busy_batch_is_drafted_when_it_pays():
+    """Four rows, one of which copies: verifying its drafts costs only its own tokens (the
+    others score one each), so on a pass that is memory-bound up to 12 tokens the planner
+    drafts the copying row as far as that stays cheap."""
+    curve = [max(1.0, t / 12) for t in range(1, 65)]
+    costs = CostModel(verify=curve, draft=[], chunk_rows=32)
+    planner = AdaptivePlanner(16, costs, draft_model=None, ngram=OneRowMatches())
+    planner.reset([0, 1, 2, 3])
+    planner.states["ngram/3"].alphas[0] = [0.95] * 16
+    plan = planner.choose(_ctx(4, remaining=500))
+    assert plan.label == "ngram:8"       # 4 + 8 = 12 tokens: one memory-bound pass

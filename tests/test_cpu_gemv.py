@@ -78,6 +78,23 @@ def test_dispatch_uses_the_kernel_only_where_it_wins(monkeypatch):
             cpu_gemv.linear(torch.randn(m, 64).to(dtype), w)
     limits = [cpu_gemv.MAX_ROWS[d] for d in (torch.bfloat16, torch.float32)]
     assert calls == [m for lim in limits for m in (1, 2, lim)]
+    calls.clear()     # logits (fp32 asked for) take the kernel at any row count
+    for dtype in (torch.bfloat16, torch.float32):
+        w = torch.randn(8, 64).to(dtype)
+        cpu_gemv.linear(torch.randn(200, 64).to(dtype), w, out_dtype=torch.float32)
+    assert calls == [200, 200]
+
+
+@needs_kernel
+def test_logits_of_a_large_batch_are_the_bits_of_each_row_alone():
+    """A verify pass of 4 rows x 17 tokens scores 68 rows at once; each must equal its own
+    decode step's logits, bit for bit (greedy exactness in a busy batch)."""
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(500, 128, generator=g) * 0.1).bfloat16()
+    x = torch.randn(68, 128, generator=g).bfloat16()
+    full = cpu_gemv.linear(x, w, out_dtype=torch.float32)
+    for m in (0, 31, 32, 67):
+        assert torch.equal(full[m], cpu_gemv.linear(x[m:m + 1], w, out_dtype=torch.float32)[0])
 
 
 def _bad_calls():

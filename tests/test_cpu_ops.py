@@ -51,34 +51,34 @@ def test_silu_mul_matches_reference(dtype, m, i):
                                **TOL[dtype])
 
 
-def _reference_attention(qkv, k_cache, v_cache, cos, sin, starts, valid, T, hq):
-    """The PyTorch path of Transformer.forward for the attention block, row by row."""
+def _reference_attention(qkv, k_cache, v_cache, cos, sin, starts, counts, hq):
+    """The PyTorch path of Transformer.forward for the attention block, token by token; qkv
+    holds row b's counts[b] tokens after row b - 1's."""
     _, hkv, s, d = k_cache.shape
-    B = len(starts)
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    q, k, v = qkv.view(B, T, -1).split([hq * d, hkv * d, hkv * d], dim=-1)
-    pos = torch.tensor(starts)[:, None] + torch.arange(T)                  # [B, T]
-    c, sn = cos[pos][:, :, None], sin[pos][:, :, None]
-    q = apply_rope(q.reshape(B, T, hq, d), c, sn)
-    k = apply_rope(k.reshape(B, T, hkv, d), c, sn)
-    v = v.reshape(B, T, hkv, d)
-    for b in range(B):
-        for t in range(valid[b]):
-            k_cache[b, :, pos[b, t]] = k[b, t]
-            v_cache[b, :, pos[b, t]] = v[b, t]
-    out = torch.zeros(B, T, hq, d, dtype=qkv.dtype)
-    for b in range(B):
-        for t in range(T):
-            n = pos[b, t] + 1
-            kk = k_cache[b, :, :n].repeat_interleave(hq // hkv, dim=0)      # [Hq, n, D]
-            vv = v_cache[b, :, :n].repeat_interleave(hq // hkv, dim=0)
-            out[b, t] = F.scaled_dot_product_attention(q[b, t][:, None], kk, vv)[:, 0]
-    return out.reshape(B * T, hq * d), k_cache, v_cache
+    out = torch.zeros(qkv.shape[0], hq * d, dtype=qkv.dtype)
+    m = 0
+    for b, (start, n) in enumerate(zip(starts, counts)):
+        rows = qkv[m:m + n]
+        q, k, v = rows.split([hq * d, hkv * d, hkv * d], dim=-1)
+        pos = start + torch.arange(n)                                       # [n]
+        c, sn = cos[pos][:, None], sin[pos][:, None]
+        q = apply_rope(q.reshape(n, hq, d), c, sn)
+        k = apply_rope(k.reshape(n, hkv, d), c, sn)
+        k_cache[b, :, pos] = k.transpose(0, 1)
+        v_cache[b, :, pos] = v.reshape(n, hkv, d).transpose(0, 1)
+        for t in range(n):
+            kk = k_cache[b, :, :pos[t] + 1].repeat_interleave(hq // hkv, dim=0)   # [Hq, p, D]
+            vv = v_cache[b, :, :pos[t] + 1].repeat_interleave(hq // hkv, dim=0)
+            att = F.scaled_dot_product_attention(q[t][:, None], kk, vv)[:, 0]      # [Hq, D]
+            out[m + t] = att.reshape(-1)
+        m += n
+    return out, k_cache, v_cache
 
 
-def _attention_case(dtype, B, T, hq, hkv, d, starts, seed=0, S=48):
+def _attention_case(dtype, M, hq, hkv, d, seed=0, S=48):
     g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(B * T, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    qkv = torch.randn(M, (hq + 2 * hkv) * d, generator=g).to(dtype)
     k_cache = torch.randn(4, hkv, S, d, generator=g).to(dtype)     # Bmax = 4 > B; stale data
     v_cache = torch.randn(4, hkv, S, d, generator=g).to(dtype)
     ang = torch.outer(torch.arange(S + 8, dtype=torch.float32), torch.rand(d // 2, generator=g))
@@ -88,40 +88,44 @@ def _attention_case(dtype, B, T, hq, hkv, d, starts, seed=0, S=48):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B, T, hq, hkv, d, starts, valid", [
-    (1, 1, 4, 2, 16, [7], [1]),              # a decode step
-    (1, 5, 4, 4, 64, [0], [5]),              # from an empty cache, no grouping
-    (2, 3, 6, 2, 24, [10, 3], [3, 1]),       # rows at different positions, one padded
-    (3, 2, 2, 1, 128, [30, 0, 17], [2, 2, 0]),
+@pytest.mark.parametrize("hq, hkv, d, starts, counts", [
+    (4, 2, 16, [7], [1]),                # a decode step
+    (4, 4, 64, [0], [5]),                # from an empty cache, no grouping
+    (6, 2, 24, [10, 3], [3, 1]),         # rows at different positions, of different lengths
+    (2, 1, 128, [30, 0, 17], [2, 2, 0]),  # a row with no tokens
+    (2, 1, 128, [0, 9, 40], [0, 17, 8]),  # ... first; a verify-sized row; one ending at S
 ])
-def test_rope_attention_matches_reference(dtype, B, T, hq, hkv, d, starts, valid):
-    qkv, kc, vc, cos, sin = _attention_case(dtype, B, T, hq, hkv, d, starts, seed=B * T + d)
-    want, want_k, want_v = _reference_attention(qkv, kc[:B], vc[:B], cos, sin, starts, valid,
-                                                T, hq)
-    got = cpu_ops.rope_attention(qkv, kc, vc, cos, sin, torch.tensor(starts), torch.tensor(valid),
-                                 T, hq, d ** -0.5)
+def test_rope_attention_matches_reference(dtype, hq, hkv, d, starts, counts):
+    B, M = len(starts), sum(counts)
+    qkv, kc, vc, cos, sin = _attention_case(dtype, M, hq, hkv, d, seed=M * B + d)
+    want, want_k, want_v = _reference_attention(qkv, kc[:B], vc[:B], cos, sin, starts, counts,
+                                                hq)
+    got = cpu_ops.rope_attention(qkv, kc, vc, cos, sin, torch.tensor(starts),
+                                 torch.tensor(counts), hq, d ** -0.5)
     # the cache holds exactly what the reference writes (same roundings), and nothing else moved
     assert torch.equal(kc[:B], want_k) and torch.equal(vc[:B], want_v)
-    for b in range(B):     # padded rows' outputs are meaningless: compare the valid ones
-        rows = slice(b * T, b * T + valid[b])
-        torch.testing.assert_close(got[rows].float(), want[rows].float(), **TOL[dtype])
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_attention_rows_do_not_depend_on_how_many_share_the_call(dtype):
-    """T rows in one call == T calls of one row each, bit for bit (verify == decode steps)."""
-    B, T, hq, hkv, d = 2, 6, 4, 2, 64
-    starts = [9, 20]
-    qkv, kc, vc, cos, sin = _attention_case(dtype, B, T, hq, hkv, d, starts, seed=5)
+def test_rope_attention_tokens_do_not_depend_on_how_many_share_the_call(dtype):
+    """A pass of rows of 6 and 3 tokens == one call per token, bit for bit (verify == decode
+    steps, and a row's bits do not depend on its neighbours' lengths)."""
+    hq, hkv, d = 4, 2, 64
+    starts, counts = [9, 20], [6, 3]
+    qkv, kc, vc, cos, sin = _attention_case(dtype, sum(counts), hq, hkv, d, seed=5)
     kc2, vc2 = kc.clone(), vc.clone()
     full = cpu_ops.rope_attention(qkv, kc, vc, cos, sin, torch.tensor(starts),
-                                  torch.tensor([T, T]), T, hq, d ** -0.5)
-    for t in range(T):
-        rows = qkv.view(B, T, -1)[:, t].contiguous()
-        one = cpu_ops.rope_attention(rows, kc2, vc2, cos, sin, torch.tensor(starts) + t,
-                                     torch.tensor([1, 1]), 1, hq, d ** -0.5)
-        assert torch.equal(one, full.view(B, T, -1)[:, t]), f"row {t} differs from its decode step"
+                                  torch.tensor(counts), hq, d ** -0.5)
+    for t in range(max(counts)):
+        live = [b for b in range(2) if t < counts[b]]
+        at = [sum(counts[:b]) + t for b in live]                   # token t of each live row
+        one = cpu_ops.rope_attention(qkv[at], kc2, vc2, cos, sin,
+                                     torch.tensor([starts[b] + t for b in range(2)]),
+                                     torch.tensor([int(b in live) for b in range(2)]), hq,
+                                     d ** -0.5)
+        assert torch.equal(one, full[at]), f"token {t} differs from its decode step"
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
 
 
@@ -176,11 +180,49 @@ def test_bf16_greedy_speculative_output_equals_plain(tiny_noeos_dir, tiny_draft_
             assert llm.generate(p, max_new_tokens=48, speculative=spec).token_ids == want, spec
 
 
+@needs_kernel
+def test_a_pass_computes_only_the_real_tokens(tiny_noeos_dir, monkeypatch):
+    """Rows of 5, 1 and 0 real tokens in a [3, 5] pass: 6 tokens go through the layers (a
+    verify row without drafts costs one), their logits equal the padded-free reference, and
+    the padding's logits are zeros."""
+    model = Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=64)
+    ref = Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=64,
+                               backend="torch_ref")
+    seen = []
+    real = cpu_ops.rope_attention
+    monkeypatch.setattr(cpu_ops, "rope_attention",
+                        lambda qkv, *a: seen.append(qkv.shape[0]) or real(qkv, *a))
+    ids = torch.tensor([[5, 9, 2, 31, 7], [12, 0, 0, 0, 0], [0] * 5])
+    got = model.forward(ids, model.new_cache(3, 16), num_valid=[5, 1, 0])
+    want = ref.forward(ids, ref.new_cache(3, 16), num_valid=[5, 1, 0])
+    assert set(seen) == {6} and len(seen) == model.cfg.num_layers
+    assert got.shape == (3, 5, model.cfg.vocab_size)
+    torch.testing.assert_close(got[0], want[0], atol=0.1, rtol=0.05)
+    torch.testing.assert_close(got[1, :1], want[1, :1], atol=0.1, rtol=0.05)
+    assert not got[1, 1:].any() and not got[2].any()
+
+
+@needs_kernel
+def test_bf16_greedy_output_in_a_batch_wider_than_one_pass_equals_alone(tiny_noeos_dir,
+                                                                         tiny_draft_dir):
+    """4 rows x 13 tokens = 52 > 32: the verify pass runs in chunks and its 52 rows of logits
+    in one call; every row still gives its own tokens, bit for bit, in bf16."""
+    import specrt
+
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="bfloat16", max_seq_len=256,
+                     max_batch_size=4)
+    prompts = [[5, 9, 2, 31, 7, 7, 1], [12, 3, 3, 3, 40, 8], [77, 1, 2, 77, 1, 2, 77, 1], [4]]
+    plain = [llm.generate(p, max_new_tokens=40).token_ids for p in prompts]
+    spec = {"method": "draft_model", "num_speculative_tokens": 12}
+    got = llm.generate(prompts, max_new_tokens=40, speculative=spec)
+    assert [r.token_ids for r in got] == plain
+
+
 def _good_attention(dtype=torch.float32):
-    """Valid rope_attention arguments: B = 2 rows of T = 3 tokens, Hq = 4, Hkv = 2, D = 16."""
-    qkv, kc, vc, cos, sin = _attention_case(dtype, 2, 3, 4, 2, 16, [5, 0])
+    """Valid rope_attention arguments: B = 2 rows of 3 and 2 tokens, Hq = 4, Hkv = 2, D = 16."""
+    qkv, kc, vc, cos, sin = _attention_case(dtype, 5, 4, 2, 16)
     return dict(qkv=qkv, k_cache=kc, v_cache=vc, cos=cos, sin=sin, starts=torch.tensor([5, 0]),
-                valid=torch.tensor([3, 2]), tokens=3, num_heads=4, scale=0.25)
+                counts=torch.tensor([3, 2]), num_heads=4, scale=0.25)
 
 
 def _bad_calls():
@@ -217,13 +259,13 @@ def _bad_calls():
         ("sin", lambda a: a["sin"].t().contiguous().t(), "strides"),
         ("starts", lambda a: a["starts"].int(), "dtype"),
         ("starts", lambda a: torch.tensor([[5, 0]]), "shape"),
-        ("valid", lambda a: torch.tensor([3, 2, 1]), "shape: B from starts"),
-        ("valid", lambda a: torch.tensor([[3, 2]]), "shape"),
-        ("valid", lambda a: torch.tensor([3, 2, 9, 9])[::2], "strides"),
-        ("starts[0], valid[0]", lambda a: torch.tensor([46, 0]), "starts + valid > S"),
-        ("starts[1], valid[1]", lambda a: torch.tensor([5, -1]), "negative start"),
+        ("counts", lambda a: torch.tensor([3, 2, 1]), "shape: B from starts"),
+        ("counts", lambda a: torch.tensor([[3, 2]]), "shape"),
+        ("counts", lambda a: torch.tensor([3, 2, 9, 9])[::2], "strides"),
+        ("starts[0], counts[0]", lambda a: torch.tensor([46, 0]), "starts + counts > S"),
+        ("starts[1], counts[1]", lambda a: torch.tensor([5, -1]), "negative start"),
+        ("qkv", lambda a: {"counts": torch.tensor([3, 3])}, "rows != sum(counts)"),
         ("num_heads", lambda a: 3, "Hq % Hkv != 0"),
-        ("tokens", lambda a: 0, "no tokens"),
     ]:
         kwargs = _good_attention()
         change = bad(kwargs)
@@ -245,7 +287,7 @@ def test_bad_arguments_raise_value_error_naming_them(fn, kwargs, arg):
 def test_good_attention_arguments_pass_the_checks():
     """The valid case the bad ones are derived from runs (so each failure above is its own)."""
     kwargs = _good_attention()
-    assert cpu_ops.rope_attention(**kwargs).shape == (6, 4 * 16)
+    assert cpu_ops.rope_attention(**kwargs).shape == (5, 4 * 16)
 
 
 def test_build_id_names_the_build_or_the_library(monkeypatch):

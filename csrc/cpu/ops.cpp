@@ -225,47 +225,47 @@ SPECRT_AVX512 static void attend(const float* q, const T* k, const T* v, int64_t
 
 template <typename T>
 SPECRT_AVX512 static void rope_attention_k(const T* qkv, T* k_cache, T* v_cache, const T* cos, const T* sin,
-                                  const int64_t* starts, const int64_t* valid, T* out,
+                                  const int64_t* starts, const int64_t* offsets, T* out,
                                   AttentionShape sh, int threads) {
-  const int64_t B = sh.B, Tn = sh.T, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, S = sh.S;
-  const int64_t M = B * Tn, row = (Hq + 2 * Hkv) * D, group = Hq / Hkv;
-  auto position = [&](int64_t m) { return std::min(starts[m / Tn] + m % Tn, S - 1); };
+  const int64_t B = sh.B, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, S = sh.S;
+  const int64_t M = offsets[B], row = (Hq + 2 * Hkv) * D, group = Hq / Hkv;
   auto cache_at = [&](T* base, int64_t b, int64_t h, int64_t p) { return base + ((b * Hkv + h) * S + p) * D; };
 
-  // 1. Rotate q (kept in fp32, with T's values) and write the valid rows' k, v into the cache.
+  // 1. Rotate q (kept in fp32, with T's values) and write every token's k, v into the cache.
   std::vector<float> q(static_cast<size_t>(M * Hq * D));
   std::vector<T> tmp(static_cast<size_t>(D));     // one rotated head in T
-  for (int64_t m = 0; m < M; ++m) {
-    const int64_t b = m / Tn, t = m % Tn, p = starts[b] + t;
-    const int64_t pr = std::min(p, sh.S_rope - 1);
-    const T* src = qkv + m * row;
-    const T* c = cos + pr * D;
-    const T* s = sin + pr * D;
-    for (int64_t h = 0; h < Hq; ++h) {
-      rope(src + h * D, c, s, tmp.data(), D);
-      for (int64_t d = 0; d < D; d += 16) {
-        __mmask16 mk = lanes(D - d);
-        _mm512_mask_storeu_ps(&q[size_t((m * Hq + h) * D + d)], mk, load(tmp.data() + d, mk));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t m = offsets[b]; m < offsets[b + 1]; ++m) {
+      const int64_t p = starts[b] + (m - offsets[b]);
+      const int64_t pr = std::min(p, sh.S_rope - 1);
+      const T* src = qkv + m * row;
+      const T* c = cos + pr * D;
+      const T* s = sin + pr * D;
+      for (int64_t h = 0; h < Hq; ++h) {
+        rope(src + h * D, c, s, tmp.data(), D);
+        for (int64_t d = 0; d < D; d += 16) {
+          __mmask16 mk = lanes(D - d);
+          _mm512_mask_storeu_ps(&q[size_t((m * Hq + h) * D + d)], mk, load(tmp.data() + d, mk));
+        }
+      }
+      for (int64_t h = 0; h < Hkv; ++h) {
+        rope(src + (Hq + h) * D, c, s, cache_at(k_cache, b, h, p), D);
+        std::copy(src + (Hq + Hkv + h) * D, src + (Hq + Hkv + h + 1) * D, cache_at(v_cache, b, h, p));
       }
     }
-    if (t >= valid[b] || p >= S) continue;      // padding: its k, v are not kept
-    for (int64_t h = 0; h < Hkv; ++h) {
-      rope(src + (Hq + h) * D, c, s, cache_at(k_cache, b, h, p), D);
-      std::copy(src + (Hq + Hkv + h) * D, src + (Hq + Hkv + h + 1) * D, cache_at(v_cache, b, h, p));
-    }
   }
-  // 2. Every (row of the batch, query head) on its own: its T queries against its kv head.
+  // 2. Every (row of the batch, query head) on its own: its queries against its kv head.
   #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scores(static_cast<size_t>(S));
     #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * Hq; ++task) {
       const int64_t b = task / Hq, h = task % Hq, kvh = h / group;
-      for (int64_t t = 0; t < Tn; ++t) {
-        const int64_t m = b * Tn + t;
+      for (int64_t m = offsets[b]; m < offsets[b + 1]; ++m) {
+        const int64_t p = starts[b] + (m - offsets[b]);
         attend(&q[size_t((m * Hq + h) * D)], cache_at(k_cache, b, kvh, 0),
-                   cache_at(v_cache, b, kvh, 0), position(m) + 1, D, sh.scale, scores.data(),
-                   out + (m * Hq + h) * D);
+               cache_at(v_cache, b, kvh, 0), p + 1, D, sh.scale, scores.data(),
+               out + (m * Hq + h) * D);
       }
     }
   }
@@ -284,9 +284,9 @@ template <typename T>
 void silu_mul(const T* gu, T* out, int64_t M, int64_t I) { silu_mul_k(gu, out, M, I); }
 template <typename T>
 void rope_attention(const T* qkv, T* k_cache, T* v_cache, const T* cos, const T* sin,
-                    const int64_t* starts, const int64_t* valid, T* out, AttentionShape shape,
+                    const int64_t* starts, const int64_t* offsets, T* out, AttentionShape shape,
                     int threads) {
-  rope_attention_k(qkv, k_cache, v_cache, cos, sin, starts, valid, out, shape, threads);
+  rope_attention_k(qkv, k_cache, v_cache, cos, sin, starts, offsets, out, shape, threads);
 }
 
 #define SPECRT_INSTANTIATE(T)                                                                   \

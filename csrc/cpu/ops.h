@@ -19,20 +19,22 @@ void add_rms_norm(T* x, const T* y, const T* w, float eps, T* out, int64_t M, in
 template <typename T>
 void silu_mul(const T* gu, T* out, int64_t M, int64_t I);
 
-// The attention block of a layer for B rows of T new tokens (M = B * T rows of qkv):
-// 1. RoPE on q and k of every row (row m = b * T + t sits at position starts[b] + t);
-// 2. k and v of the rows with t < valid[b] written into the cache at that position;
+// The attention block of a layer for B rows of new tokens, packed: row b's tokens are the qkv
+// rows offsets[b] .. offsets[b + 1] - 1 (M = offsets[B] in all), token t of row b at position
+// starts[b] + t. Rows hold only real tokens (no padding is computed):
+// 1. RoPE on q and k of every token;
+// 2. k and v written into row b's cache at that position;
 // 3. each query head attends to keys 0..position of its row's cache (grouped-query: head h
 //    reads kv head h / (Hq / Hkv)), softmax in fp32 -> out[m, h * D : (h + 1) * D].
 // qkv [M, (Hq + 2 * Hkv) * D]; k_cache, v_cache [Bmax, Hkv, S, D]; cos, sin [S_rope, D] (in T);
-// starts, valid [B]; out [M, Hq * D].
+// starts [B]; offsets [B + 1], non-decreasing from 0; out [M, Hq * D].
 struct AttentionShape {
-  int64_t B, T, Hq, Hkv, D, S, S_rope;
+  int64_t B, Hq, Hkv, D, S, S_rope;
   float scale;
 };
 template <typename T>
 void rope_attention(const T* qkv, T* k_cache, T* v_cache, const T* cos, const T* sin,
-                    const int64_t* starts, const int64_t* valid, T* out, AttentionShape shape,
+                    const int64_t* starts, const int64_t* offsets, T* out, AttentionShape shape,
                     int threads);
 
 }  // namespace specrt

@@ -1,7 +1,7 @@
 // pybind11 bindings of the per-layer CPU operations (ops.cpp) -> specrt._cpu_ops.
 // Tensors cross as raw data pointers plus sizes, which this layer cannot verify: a wrong one reads
 // or writes out of bounds. specrt/kernels/cpu/ops.py is the checked boundary (dtype, shape,
-// strides, device, starts + valid <= S; ValueError otherwise): call these only through it.
+// strides, device, starts + counts <= S; ValueError otherwise): call these only through it.
 // `bf16` picks the element type: bf16 bits (uint16) or fp32.
 #include <pybind11/pybind11.h>
 
@@ -48,23 +48,24 @@ PYBIND11_MODULE(_cpu_ops, m) {
   m.def(
       "rope_attention",
       [](bool bf16, uintptr_t qkv, uintptr_t k_cache, uintptr_t v_cache, uintptr_t cos,
-         uintptr_t sin, uintptr_t starts, uintptr_t valid, uintptr_t out, int64_t B, int64_t T,
+         uintptr_t sin, uintptr_t starts, uintptr_t offsets, uintptr_t out, int64_t B,
          int64_t Hq, int64_t Hkv, int64_t D, int64_t S, int64_t S_rope, float scale, int threads) {
         py::gil_scoped_release release;
-        AttentionShape shape{B, T, Hq, Hkv, D, S, S_rope, scale};
+        AttentionShape shape{B, Hq, Hkv, D, S, S_rope, scale};
         auto st = p<const int64_t>(starts);
-        auto va = p<const int64_t>(valid);
+        auto of = p<const int64_t>(offsets);
         if (bf16)
           specrt::rope_attention(p<const uint16_t>(qkv), p<uint16_t>(k_cache), p<uint16_t>(v_cache),
-                                 p<const uint16_t>(cos), p<const uint16_t>(sin), st, va,
+                                 p<const uint16_t>(cos), p<const uint16_t>(sin), st, of,
                                  p<uint16_t>(out), shape, threads);
         else
           specrt::rope_attention(p<const float>(qkv), p<float>(k_cache), p<float>(v_cache),
-                                 p<const float>(cos), p<const float>(sin), st, va, p<float>(out),
+                                 p<const float>(cos), p<const float>(sin), st, of, p<float>(out),
                                  shape, threads);
       },
-      "RoPE on qkv [B*T, (Hq+2Hkv)*D], k/v written into the caches [Bmax, Hkv, S, D] at "
-      "starts[b] + t for t < valid[b], attention of every query -> out [B*T, Hq*D]");
+      "RoPE on qkv [M, (Hq+2Hkv)*D] (row b's tokens at rows offsets[b]..offsets[b+1]), k/v "
+      "written into the caches [Bmax, Hkv, S, D] at starts[b] + t, attention of every query "
+      "-> out [M, Hq*D]");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");

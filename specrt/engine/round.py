@@ -114,11 +114,14 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     if k:
         drafts = proposal.tokens.to(device)                                 # [B, K]
         ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)                  # [B, K + 1]
+    counts = proposal.counts if proposal is not None else [0] * B
     if static_forward is not None:
         logits = static_forward(B, k + 1).run(ids)
     else:
-        logits = target.forward(ids, cache, num_valid=[(k + 1) * g for g in generating])
-    counts = proposal.counts if proposal is not None else [0] * B
+        # Each row scores its last token and its own drafts: a row with fewer (or none) costs
+        # only those, and their logits are all acceptance reads.
+        logits = target.forward(ids, cache, num_valid=[(1 + c) * g
+                                                       for c, g in zip(counts, generating)])
     num_acc, out = _accept(logits, proposal, counts, k_plan, generating, ctx)
     # Roll back the rejected drafts: keep the last token + the accepted drafts.
     cache.truncate([s + (1 + a if g else 0) for s, a, g in zip(start, num_acc, generating)])

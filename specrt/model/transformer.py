@@ -119,7 +119,8 @@ class Transformer:
         num_valid: [B] how many of row b's T tokens are real (default all); the rest are
             right-padding: their K/V are not kept and their logits are meaningless.
         last_only: return only the logits of each row's last valid token, [B, 1, V].
-        Returns fp32 logits [B, T, V] (or [B, 1, V]); cache lengths advance by num_valid.
+        Returns fp32 logits [B, T, V] (or [B, 1, V]), zeros at the padding (which the backend
+        need not compute); cache lengths advance by num_valid.
         """
         B, T = input_ids.shape
         rows = Pass(T, cache.host_lengths()[:B],
@@ -128,9 +129,10 @@ class Transformer:
         if need > cache.max_seq_len:
             raise CapacityError(f"KV cache overflow: a row needs {need} positions but "
                                 f"max_seq_len is {cache.max_seq_len}; raise max_seq_len")
-        h = self.backend.hidden(self, input_ids, cache, rows, last_only)    # [B, T | 1, H]
+        h = self.backend.hidden(self, input_ids, cache, rows, last_only)    # [N | B, H]
         cache.advance(rows.valid)
-        return self._logits(h)
+        logits = self._logits(h)            # only real tokens are scored: [N | B, V]
+        return logits.view(B, 1, -1) if last_only else rows.unpack(logits)
 
     def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
@@ -140,7 +142,7 @@ class Transformer:
         return self._logits(self.backend.hidden_static(self, input_ids, cache))
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [B, T, V] of the final hidden states h [B, T, H]."""
+        """fp32 logits [..., V] of the final hidden states h [..., H]."""
         logits = self.lm_head(h, torch.float32)                  # [B, T, V] or [B, T, N]
         if self.head_rows is None:
             return logits

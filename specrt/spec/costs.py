@@ -1,13 +1,15 @@
 """What a round costs: c_verify(T) for the target and c_draft(T) for the draft model.
 
-Built from calibrated forward times (`specrt.spec.calibration`). The adaptive planner scales
-these by online ratios (measured / calibrated), so a machine that gets busier or quieter moves
-every estimate together.
+Built from calibrated forward times (`specrt.spec.calibration`) and used as they are: the
+adaptive planner's plans depend on the request and these costs, never on how long this run's
+rounds took. A pass is priced by the tokens each row really computes (rows are packed, so a row
+without drafts costs one token), in the chunks the backend would split it into.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from specrt.model.backends.base import chunks
 from specrt.model.transformer import Transformer
 from specrt.spec.calibration import forward_seconds
 
@@ -17,7 +19,7 @@ class CostModel:
     verify: list[float]           # [R] seconds of a target pass over r = index + 1 new tokens
     draft: list[float]            # [R] the same for the draft model ([] if none)
     chunk_rows: int = 0           # the backend's batch-invariant pass size: a batch of more
-                                  # tokens runs in chunks of whole requests (0: one pass)
+                                  # tokens runs in chunks of whole rows (0: one pass)
 
     @classmethod
     def calibrate(cls, target: Transformer, draft: Transformer | None, max_k: int) -> "CostModel":
@@ -30,30 +32,36 @@ class CostModel:
     @property
     def draft_step(self) -> float:
         """Seconds of one draft-model decode step of one request (0 without a draft model)."""
-        return self.draft_seconds(1)
+        return self.draft_pass([1])
+
+    def verify_pass(self, tokens: list[int]) -> float:
+        """A target pass over tokens[b] new tokens of each row b (0: the row sits it out)."""
+        return _pass(self.verify, tokens, self.chunk_rows)
+
+    def draft_pass(self, tokens: list[int]) -> float:
+        """A draft-model forward of tokens[b] tokens of each row (a catch-up on committed
+        tokens it has not seen, or with 1 a decode step); 0 without a draft model."""
+        return _pass(self.draft, tokens, self.chunk_rows) if self.draft else 0.0
 
     def verify_seconds(self, t: int, batch: int = 1) -> float:
         """A target pass of t new tokens for each of `batch` requests."""
-        return _pass(self.verify, t, batch, self.chunk_rows)
-
-    def draft_seconds(self, t: int, batch: int = 1) -> float:
-        """One draft forward of t tokens per request (a catch-up on committed tokens it has
-        not seen, or with t = 1 a decode step)."""
-        return _pass(self.draft, t, batch, self.chunk_rows) if self.draft else 0.0
+        return self.verify_pass([t] * batch)
 
 
-def _pass(curve: list[float], t: int, batch: int, chunk: int) -> float:
-    """A pass over batch x t tokens: one pass, or chunks of whole requests of at most `chunk`
-    tokens each (every chunk streams the weights again)."""
-    if not chunk or batch * t <= chunk or t > chunk:
-        return _at(curve, batch * t)
-    per = chunk // t                                  # requests per chunk
-    full, rest = divmod(batch, per)
-    return full * _at(curve, per * t) + (_at(curve, rest * t) if rest else 0.0)
+def _pass(curve: list[float], tokens: list[int], chunk: int) -> float:
+    """A pass over the rows' tokens, packed: one pass, or chunks of whole rows of at most
+    `chunk` tokens each (`specrt.model.backends.base.chunks`; every chunk streams the weights
+    again). A row longer than `chunk` (a prefill) takes one pass for all."""
+    if not chunk or max(tokens, default=0) > chunk:
+        return _at(curve, sum(tokens))
+    return sum(_at(curve, o1 - o0) for _, _, o0, o1 in chunks(tokens, chunk) if o1 > o0)
 
 
 def _at(curve: list[float], t: int) -> float:
-    """curve[t - 1], extended linearly past its end (a forward's cost grows ~linearly in T)."""
+    """curve[t - 1], extended linearly past its end (a forward's cost grows ~linearly in T);
+    nothing for no tokens."""
+    if t <= 0:
+        return 0.0
     if t <= len(curve):
         return curve[t - 1]
     slope = (curve[-1] - curve[0]) / (len(curve) - 1) if len(curve) > 1 else curve[0]

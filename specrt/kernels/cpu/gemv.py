@@ -3,8 +3,8 @@
 `F.linear` is the specification and the fallback. The C++ kernels (csrc/cpu/gemv.cpp) stream the
 weight once per call for the skinny inputs of decode (M = 1) and verify (M = K + 1), and give
 each row the same bits whatever M is.
-They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows;
-anything else (other dtypes, CUDA tensors, prefills, a missing extension) takes `F.linear`.
+They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows (any
+number when fp32 results are asked for: logits); anything else (other dtypes, CUDA tensors, prefills, a missing extension) takes `F.linear`.
 Mismatched operands raise ValueError on every path, before a pointer reaches C++.
 """
 from __future__ import annotations
@@ -44,9 +44,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out_dtype=torch.float32 with bf16 inputs keeps the fp32 accumulator (used for logits).
     Any device and layout: what the kernel does not serve takes `F.linear`."""
     _check_operands("linear", x, weight, bias)
-    out_dtype = out_dtype or x.dtype
+    # Asked-for fp32 results (logits) take the kernel at any row count: a batch's logits must
+    # be the bits of each row alone (and the library would round bf16 products to bf16 first).
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not (usable(weight) and 0 < rows <= MAX_ROWS[weight.dtype]
+    most = rows if out_dtype == torch.float32 else MAX_ROWS.get(weight.dtype, 0)
+    out_dtype = out_dtype or x.dtype
+    if not (usable(weight) and 0 < rows <= most
             and (bias is None or bias.is_contiguous()) and out_dtype in (x.dtype, torch.float32)):
         y = F.linear(x, weight, bias)
         return y if y.dtype == out_dtype else y.to(out_dtype)

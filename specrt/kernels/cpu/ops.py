@@ -82,27 +82,29 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def rope_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, starts: torch.Tensor,
-                   valid: torch.Tensor, tokens: int, num_heads: int, scale: float) -> torch.Tensor:
-    """The attention block of one layer for B rows of `tokens` new tokens.
+                   counts: torch.Tensor, num_heads: int, scale: float) -> torch.Tensor:
+    """The attention block of one layer for B rows of new tokens, packed (no padding).
 
-    qkv: [B * tokens, (Hq + 2 * Hkv) * D] the fused projection of the new tokens.
-    k_cache, v_cache: [Bmax, Hkv, S, D] this layer's cache; row b's new k, v go to positions
-        starts[b] + t for t < valid[b] (the rest are padding and are not kept).
+    qkv: [M, (Hq + 2 * Hkv) * D] the fused projection of the new tokens, row after row: row b's
+        counts[b] tokens follow row b - 1's (M = sum(counts)).
+    k_cache, v_cache: [Bmax, Hkv, S, D] this layer's cache; row b's token t goes to position
+        starts[b] + t.
     cos, sin: [S_rope, D] rotary tables in the model's dtype.
-    starts, valid: [B] int64, with starts[b] + valid[b] <= S.
-    Returns [B * tokens, Hq * D]: each query's attention over its row's keys 0..its position.
+    starts, counts: [B] int64, with starts[b] + counts[b] <= S (counts[b] may be 0).
+    Returns [M, Hq * D]: each query's attention over its row's keys 0..its position.
     """
-    b, hkv, s, d = _check_attention(qkv, k_cache, v_cache, cos, sin, starts, valid, tokens,
-                                    num_heads)
+    b, hkv, s, d = _check_attention(qkv, k_cache, v_cache, cos, sin, starts, counts, num_heads)
+    offsets = torch.zeros(b + 1, dtype=torch.int64)                          # [B + 1]
+    torch.cumsum(counts, 0, out=offsets[1:])
     out = torch.empty(qkv.shape[0], num_heads * d, dtype=qkv.dtype)
     _cpu_ops.rope_attention(_bf16(qkv), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                            cos.data_ptr(), sin.data_ptr(), starts.data_ptr(), valid.data_ptr(),
-                            out.data_ptr(), b, tokens, num_heads, hkv, d, s, cos.shape[0], scale,
+                            cos.data_ptr(), sin.data_ptr(), starts.data_ptr(), offsets.data_ptr(),
+                            out.data_ptr(), b, num_heads, hkv, d, s, cos.shape[0], scale,
                             torch.get_num_threads())
     return out
 
 
-def _check_attention(qkv, k_cache, v_cache, cos, sin, starts, valid, tokens: int,
+def _check_attention(qkv, k_cache, v_cache, cos, sin, starts, counts,
                      num_heads: int) -> tuple[int, int, int, int]:
     """rope_attention's arguments, checked; returns (B, Hkv, S, D)."""
     fn = "rope_attention"
@@ -117,21 +119,20 @@ def _check_attention(qkv, k_cache, v_cache, cos, sin, starts, valid, tokens: int
                           getattr(starts, "shape", type(starts).__name__))
     b = starts.shape[0]
     checks.tensor(fn, "starts", starts, torch.int64, (b,), "[B]")
-    checks.tensor(fn, "valid", valid, torch.int64, (b,), "[B] like starts")
+    checks.tensor(fn, "counts", counts, torch.int64, (b,), "[B] like starts")
     if bmax < b or hkv < 1 or s < 1 or d < 2 or d % 2:
         raise checks.fail(fn, "k_cache", f"[Bmax >= B = {b}, Hkv >= 1, S >= 1, D even >= 2]",
                           f"shape {tuple(k_cache.shape)}")
-    if not (isinstance(tokens, int) and tokens >= 1):
-        raise checks.fail(fn, "tokens", "an int >= 1", repr(tokens))
     if not (isinstance(num_heads, int) and num_heads >= 1 and num_heads % hkv == 0):
         raise checks.fail(fn, "num_heads", f"a positive multiple of Hkv = {hkv}", repr(num_heads))
-    checks.tensor(fn, "qkv", qkv, dt, (b * tokens, (num_heads + 2 * hkv) * d),
-                  "[B * tokens, (Hq + 2 * Hkv) * D]", "k_cache")
+    for i, (p, n) in enumerate(zip(starts.tolist(), counts.tolist())):
+        if p < 0 or n < 0 or p + n > s:
+            raise checks.fail(fn, f"starts[{i}], counts[{i}]", f"0 <= starts, 0 <= counts, "
+                              f"starts + counts <= S = {s}", (p, n))
+    m = int(counts.sum())
+    checks.tensor(fn, "qkv", qkv, dt, (m, (num_heads + 2 * hkv) * d),
+                  "[M = sum(counts), (Hq + 2 * Hkv) * D]", "k_cache")
     s_rope = cos.shape[0] if isinstance(cos, torch.Tensor) and cos.dim() == 2 else 0
     checks.tensor(fn, "cos", cos, dt, (max(s_rope, 1), d), "[S_rope >= 1, D]", "k_cache")
     checks.tensor(fn, "sin", sin, dt, cos.shape, "[S_rope, D] like cos", "k_cache")
-    for i, (p, n) in enumerate(zip(starts.tolist(), valid.tolist())):
-        if p < 0 or not 0 <= n <= tokens or p + n > s:
-            raise checks.fail(fn, f"starts[{i}], valid[{i}]", f"0 <= starts, 0 <= valid <= "
-                              f"tokens = {tokens}, starts + valid <= S = {s}", (p, n))
     return b, hkv, s, d

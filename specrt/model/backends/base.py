@@ -40,6 +40,50 @@ class Pass:
     def all_valid(self) -> bool:
         return all(v == self.tokens for v in self.valid)
 
+    def real_index(self) -> torch.Tensor:
+        """[N] positions of the real tokens in the flattened [B * T], row after row."""
+        T = self.tokens
+        return torch.tensor([b * T + t for b, v in enumerate(self.valid) for t in range(v)],
+                            dtype=torch.int64)
+
+    def pack(self, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """x [B, T, ...] -> its real tokens [N, ...] packed row after row, or with last_only
+        each row's last real token [B, ...] (meaningless for a row with none)."""
+        B, T = x.shape[:2]
+        flat = x.reshape(B * T, *x.shape[2:])
+        if last_only:
+            index = torch.tensor([b * T + max(v, 1) - 1 for b, v in enumerate(self.valid)])
+        elif self.all_valid:
+            return flat
+        else:
+            index = self.real_index()
+        return flat[index.to(x.device)]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of `pack`: x [N, ...] -> [B, T, ...], zeros at the padding."""
+        B, T = len(self.valid), self.tokens
+        if self.all_valid:
+            return x.view(B, T, *x.shape[1:])
+        out = x.new_zeros(B * T, *x.shape[1:])
+        out[self.real_index().to(x.device)] = x
+        return out.view(B, T, *x.shape[1:])
+
+
+def chunks(counts: list[int], most: int) -> list[tuple[int, int, int, int]]:
+    """A pass's rows in consecutive groups of whole rows of at most `most` tokens in all (a
+    row alone may be up to `most`; most = 0: one group): (first row, end row, first token,
+    end token) of each, tokens counted in the packed layout (`Pass.pack`). How a backend
+    with batch-invariant passes of limited size splits a larger one, and what the cost model
+    prices."""
+    out, g0, o0, n = [], 0, 0, 0
+    for b, c in enumerate(counts):
+        if most and n and n + c > most:
+            out.append((g0, b, o0, o0 + n))
+            g0, o0, n = b, o0 + n, 0
+        n += c
+    out.append((g0, len(counts), o0, o0 + n))
+    return out
+
 
 class Backend(Protocol):
     name: str
@@ -58,9 +102,10 @@ class Backend(Protocol):
 
     def hidden(self, model: "Transformer", input_ids: torch.Tensor, cache: "StaticKVCache",
                rows: Pass, last_only: bool = False) -> torch.Tensor:
-        """Embedding + layers + final norm of input_ids [B, T] -> [B, T, H] (last_only: each
-        row's last valid token, [B, 1, H]); writes the new tokens' K/V into `cache` (the
-        caller advances its lengths)."""
+        """Embedding + layers + final norm of the real tokens of input_ids [B, T] -> [N, H],
+        packed row after row (`Pass.pack`; N = sum(rows.valid)), or with last_only each row's
+        last real token, [B, H]; writes the real tokens' K/V into `cache` (the caller advances
+        its lengths). Padding need not be computed at all."""
 
     def hidden_static(self, model: "Transformer", input_ids: torch.Tensor,
                       cache: "StaticKVCache") -> torch.Tensor:

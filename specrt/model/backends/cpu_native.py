@@ -4,16 +4,18 @@ A decode step of a small model on the CPU is ~85% weight streaming and ~15% smal
 matmuls go through `specrt.kernels.cpu.gemv` (the weight streamed once per call for 1..32
 rows) and the rest of each layer through `specrt.kernels.cpu.ops`: one call for the residual
 add + RMSNorm, one for RoPE + KV-cache write + attention, one for SwiGLU. Both compute every
-row on its own in a fixed order, so a verify pass of K + 1 rows gives the bits of the K + 1
-decode steps it replaces, in bf16 too, whatever other rows share the batch. Passes of more
-than MAX_ROWS tokens per row (prefills) take the reference.
+token on its own in a fixed order, so a verify pass of K + 1 tokens gives the bits of the
+K + 1 decode steps it replaces, in bf16 too, whatever other rows share the batch. Only real
+tokens are computed: a batch's rows are packed, so a row with fewer drafts (or none) costs
+only its own tokens. Passes of more than MAX_ROWS tokens per row (prefills) take the
+reference.
 """
 from __future__ import annotations
 
 import torch
 
 from specrt.kernels.cpu import gemv, ops
-from specrt.model.backends.base import Pass
+from specrt.model.backends.base import Pass, chunks
 from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -51,35 +53,38 @@ class CpuNative(TorchReference):
         B, T = input_ids.shape
         if T > ops.MAX_ROWS:
             return super().hidden(model, input_ids, cache, rows, last_only)
-        # Batches of more than MAX_ROWS tokens run in chunks of whole rows: a row's bits
-        # never depend on which other rows share the pass (batched output == alone output).
-        per = ops.MAX_ROWS // T
-        chunks = [self._layers(model, input_ids[g:g + per], cache.rows(g, min(g + per, B)),
-                               Pass(T, rows.starts[g:g + per], rows.valid[g:g + per]))
-                  for g in range(0, B, per)]
-        h = chunks[0] if len(chunks) == 1 else torch.cat(chunks)             # [B, T, H]
+        # Only real tokens are computed, packed row after row (a row without drafts in a
+        # verify pass costs one token, not K + 1). Passes of more than MAX_ROWS tokens run in
+        # chunks of whole rows: a row's bits never depend on which rows share its pass.
+        ids = rows.pack(input_ids)                                           # [N]
+        h = torch.cat([self._layers(model, ids[o0:o1], cache.rows(g0, g1),
+                                    rows.starts[g0:g1], rows.valid[g0:g1])
+                       for g0, g1, o0, o1 in chunks(rows.valid, ops.MAX_ROWS)])  # [N, H]
         if last_only:
-            h = h[torch.arange(B), torch.tensor(rows.valid) - 1][:, None]    # [B, 1, H]
+            ends = torch.tensor(rows.valid).cumsum(0)                        # [B]
+            h = h[(ends - 1).clamp(min=0)]                                   # [B, H]
         return h
 
-    def _layers(self, model, input_ids: torch.Tensor, cache, rows: Pass) -> torch.Tensor:
-        """Embedding, layers and final norm, one C++ call per norm, attention block and
-        SwiGLU. The residual stream x [B * T, H] is updated in place; returns the final-normed
-        hidden states [B, T, H]."""
+    def _layers(self, model, ids: torch.Tensor, cache, starts: list[int],
+                counts: list[int]) -> torch.Tensor:
+        """Embedding, layers and final norm of packed tokens ids [N] (row b's counts[b] tokens
+        at positions starts[b] + t), one C++ call per norm, attention block and SwiGLU. The
+        residual stream x [N, H] is updated in place; returns the final-normed hidden states
+        [N, H]."""
         cfg = model.cfg
-        B, T = input_ids.shape
         eps = cfg.rms_norm_eps
-        starts = torch.tensor(rows.starts, dtype=torch.int64)                # [B]
-        valid = torch.tensor(rows.valid, dtype=torch.int64)                  # [B]
+        starts_t = torch.tensor(starts, dtype=torch.int64)                   # [B]
+        counts_t = torch.tensor(counts, dtype=torch.int64)                   # [B]
         scale = cfg.head_dim ** -0.5
-        x = model.embed[input_ids.reshape(-1)]                               # [B * T, H], a copy
+        x = model.embed[ids]                                                 # [N, H], a copy
         h = ops.rms_norm(x, model.layers[0].input_norm, eps)
         for i, layer in enumerate(model.layers):
             k_cache, v_cache = cache.layer(i)                                # [Bmax, Hkv, S, D]
             attn = ops.rope_attention(layer.qkv(h), k_cache, v_cache, model.cos, model.sin,
-                                      starts, valid, T, cfg.num_heads, scale)
+                                      starts_t, counts_t, cfg.num_heads, scale)
             h = ops.add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
-            act = ops.silu_mul(layer.gate_up(h))                             # [B * T, I]
+            act = ops.silu_mul(layer.gate_up(h))                             # [N, I]
             after = model.layers[i + 1].input_norm if i + 1 < len(model.layers) else model.norm
             h = ops.add_rms_norm(x, layer.down(act), after, eps)
-        return h.view(B, T, -1)
+        return h
+

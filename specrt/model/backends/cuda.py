@@ -58,7 +58,7 @@ class Cuda(TorchReference):
         ends = [s + v for s, v in zip(rows.starts, rows.valid)]
         lens = torch.tensor(ends, dtype=torch.int32, device=model.device)       # [B]
         h = self.fused_layers(model, input_ids, cache, lens)                   # [B, T, H]
-        return h[:, -1:] if last_only else h
+        return rows.pack(h, last_only)                                         # [N | B, H]
 
     def hidden_static(self, model, input_ids: torch.Tensor, cache) -> torch.Tensor:
         B, T = input_ids.shape

@@ -113,9 +113,7 @@ class TorchReference:
             keep = keep_h.to(device)
         attend = self.attention_for(model, cache, pos, rows)
         x = self.layers(model, input_ids, pos, cache, write_rows, write_pos, keep, attend)
-        if last_only:
-            x = x[torch.arange(B, device=device), torch.tensor(rows.valid, device=device) - 1]
-            x = x[:, None]                                                  # [B, 1, H]
+        x = rows.pack(x, last_only)                                         # [N | B, H]
         return rms_norm(x, model.norm, model.cfg.rms_norm_eps)
 
     def hidden_static(self, model, input_ids: torch.Tensor, cache) -> torch.Tensor:

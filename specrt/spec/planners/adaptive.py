@@ -23,9 +23,11 @@ machine and build, and nothing else: a plan is a function of the request's own h
 the calibrated costs, never of how long this run's rounds took, so two identical requests get
 the same plans (and a seeded sampled request the same output) however busy the machine is.
 A busier machine slows drafting and verifying alike, which moves no choice; the ratio between
-them is what the calibration measured. Costs are for the round's whole batch: with more
-requests in flight a verify pass of K + 1 tokens each costs more (and past the backend's
-batch-invariant pass size, a chunk more), so a busy batch drafts less. The choice depends only
+them is what the calibration measured. Costs are for the round's whole batch, priced by the
+tokens each row really computes (rows are packed: a row without guesses scores one token; past
+the backend's batch-invariant pass size each chunk streams the weights again): with more
+requests in flight, drafting K more tokens per row costs more, so a busy batch drafts less,
+and a match of one row among four is cheap to verify. The choice depends only
 on past rounds, never on the current round's outcome, so greedy output stays identical and
 sampling stays exact.
 
@@ -128,29 +130,39 @@ class AdaptivePlanner:
         only: never from this round's outcome, so greedy output stays identical."""
         rows = [b for b, a in enumerate(ctx.active) if a]
         batch = len(ctx.histories)
-        cv = [self.costs.verify_seconds(t, batch) for t in range(1, self.max_k + 2)]
-        best = ("plain", 0, 1.0 / cv[0])
+        # The verify pass packs each row's real tokens: every running row scores its last
+        # token, and a drafting row its drafts too (rows without guesses add nothing).
+        base = [1 if h else 0 for h in ctx.histories]                        # [B]
+
+        def verify(extra) -> float:       # extra[b]: row b's drafts
+            return self.costs.verify_pass([n + e for n, e in zip(base, extra)])
+
+        plain = verify([0] * batch)
+        best = ("plain", 0, 1.0 / plain)
         can_probe = []
         matches = self.ngram.matches(ctx, self.max_k) if self.ngram is not None else []
         if matches:
-            longest = max((len(matches[b][0]) for b in rows), default=0)
+            guesses = [len(matches[b][0]) if ctx.active[b] else 0 for b in range(batch)]
+            longest = max(guesses, default=0)
+            cv = [verify([min(k, g) for g in guesses]) for k in range(longest + 1)]
             for k in range(1, longest + 1):
                 e = _mean(self._ngram_expected(matches[b], b, k) for b in rows)
                 best = max(best, ("ngram", k, e / cv[k]), key=lambda c: c[2])
             if longest and _could_win(lambda k: _mean(
-                    expected_tokens([OPTIMISTIC] * min(k, len(matches[b][0])), k) for b in rows)
-                    / cv[k], longest, cv):
+                    expected_tokens([OPTIMISTIC] * min(k, guesses[b]), k) for b in rows)
+                    / cv[k], longest, plain):
                 can_probe.append(self.states[_ngram_state(max(matches[b][1] for b in rows))])
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            catch_up = self._catch_up(ctx, rows, batch)
+            cv = [verify([k * a for a in ctx.active]) for k in range(self.max_k + 1)]
+            catch_up = self._catch_up(ctx, rows)
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
                 best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
                            key=lambda c: c[2])
             optimistic = [expected_tokens([OPTIMISTIC] * k, k) for k in range(self.max_k + 1)]
             if _could_win(lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
-                          self.max_k, cv):
+                          self.max_k, plain):
                 can_probe.insert(0, state)
 
         name, k, probe = best[0], best[1], None
@@ -161,7 +173,7 @@ class AdaptivePlanner:
                     break
         return self._plan(ctx, name, k, probe, matches, batch)
 
-    def _catch_up(self, ctx: DraftContext, rows: list[int], batch: int) -> "_DraftCosts":
+    def _catch_up(self, ctx: DraftContext, rows: list[int]) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
         each row has not fed it: one or two once it keeps up, a whole history after plain
         rounds or for a new request. Rows that far behind catch up alone first (the lump), a
@@ -169,12 +181,12 @@ class AdaptivePlanner:
         commit (at most HORIZON): a request near its end, or a busy batch, must not pay a
         long catch-up for a few drafted rounds."""
         lags = self.draft_model.lags(ctx)
-        lump = sum(self.costs.draft_seconds(n - 1, 1) for n in lags if n > LONG_CATCH_UP)
+        lump = sum(self.costs.draft_pass([n - 1]) for n in lags if n > LONG_CATCH_UP)
         first = max([n for n in lags if n <= LONG_CATCH_UP] + [1])
         remaining = ctx.remaining or [HORIZON] * len(ctx.active)
         horizon = max(1.0, _mean(min(remaining[b], HORIZON) for b in rows))
-        return _DraftCosts(step=self.costs.draft_seconds(1, batch),
-                           first=self.costs.draft_seconds(first, batch), lump=lump,
+        return _DraftCosts(step=self.costs.draft_pass([1] * len(rows)),
+                           first=self.costs.draft_pass([first] * len(rows)), lump=lump,
                            horizon=horizon)
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
@@ -229,12 +241,13 @@ class _DraftCosts:
         return self.first + (k - 1) * self.step + cv[k] + self.lump * e / self.horizon
 
 
-def _could_win(value, max_k: int, cv: list[float]) -> bool:
-    """Whether a drafter whose guesses were accepted at OPTIMISTIC would beat a plain step for
-    some K at this round's costs (value(k): committed tokens per second drafting k; rows it
-    has no guesses for commit one). A probe that could not change the plan is not worth its
-    price (in a busy batch the draft model rarely is, nor a match of a few rows)."""
-    return any(value(k) > 1.0 / cv[0] for k in range(1, max_k + 1))
+def _could_win(value, max_k: int, plain: float) -> bool:
+    """Whether a drafter whose guesses were accepted at OPTIMISTIC would beat a plain step
+    (a pass of `plain` seconds) for some K at this round's costs (value(k): committed tokens
+    per second drafting k; rows it has no guesses for commit one). A probe that could not
+    change the plan is not worth its price (in a busy batch the draft model rarely is, nor a
+    match of a few rows)."""
+    return any(value(k) > 1.0 / plain for k in range(1, max_k + 1))
 
 
 def _learn(alphas: list[float], accepted: int, drafted: int, weight: float = WEIGHT) -> None:
