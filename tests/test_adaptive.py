@@ -207,11 +207,12 @@ class LaggingDraft:
         return [self.lag if a else 0 for a in ctx.active]
 
 
-def _ctx(batch, remaining, history=4):
+def _ctx(batch, remaining, history=4, generated=None):
     from specrt.spec.drafters.base import DraftContext
     return DraftContext(histories=[[1] * history] * batch, active=[True] * batch,
                         params=[SamplingParams()] * batch, generators=[None] * batch,
-                        remaining=[remaining] * batch)
+                        remaining=[remaining] * batch,
+                        generated=None if generated is None else [generated] * batch)
 
 
 def _plans(planner, ctx, rounds):
@@ -253,6 +254,21 @@ def test_long_catch_up_is_spread_over_what_the_request_has_left(remaining, expec
     planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(300), ngram=None)
     planner.reset([0])
     plan = planner.choose(_ctx(1, remaining, history=300))
+    assert plan.label.startswith(expected)
+
+
+@pytest.mark.parametrize("generated,expected", [(1, "plain"), (10, "plain"),
+                                                (150, "draft_model:")])
+def test_a_long_catch_up_waits_until_the_answer_has_run_long_enough(generated, expected):
+    """Rent or buy: 1000 tokens of prompt to catch up (10 target steps' worth), 500 tokens of
+    budget. An answer that has just started (it may well stop after 25 tokens) does not pay
+    for it; one that has already run 150 tokens is expected to run about that much more, and
+    does."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 10)],
+                      draft=[0.2 + 0.01 * t for t in range(1, 10)])
+    planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1000), ngram=None)
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500, history=1000, generated=generated))
     assert plan.label.startswith(expected)
 
 

@@ -231,7 +231,8 @@ class Engine:
             params=[r.request.params if r is not None else _GREEDY for r in rows],
             generators=[r.generator if r is not None else None for r in rows],
             remaining=[r.request.max_new_tokens - len(r.outputs) if r is not None else 0
-                       for r in rows])
+                       for r in rows],
+            generated=[len(r.outputs) if r is not None else 0 for r in rows])
         result = run_round(self.target, self.cache, self.planner, ctx, generating,
                            self.static_forward if self.static else None)
         steps = []

@@ -46,6 +46,7 @@ class DraftContext:
     params: list[SamplingParams]      # [B] how each row samples (q is warped like p)
     generators: list[torch.Generator | None]   # [B] each row's own randomness (None: greedy)
     remaining: list[int] | None = None  # [B] tokens each row may still commit (None: unknown)
+    generated: list[int] | None = None  # [B] tokens each row has committed so far (None: unknown)
 
     @property
     def uniform_params(self) -> SamplingParams | None:

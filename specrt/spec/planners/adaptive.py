@@ -9,7 +9,8 @@ where a_i is the acceptance probability of draft position i given the earlier on
 accepted, c_first the draft model's batched first forward of the round over the one or two
 committed tokens each row has not fed it, and c_lump the catch-up of rows further behind
 (a new request's prompt, or the tokens of plain rounds), a one-off price spread over the H
-tokens the rows may still commit (at most HORIZON).
+tokens the rows are expected to still commit: as many as they have committed so far (at least
+MIN_HORIZON, at most their budget and HORIZON).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the match length). Its acceptance is kept per matched suffix length n:
@@ -64,6 +65,8 @@ PROBE_MAX = 512
 # costs: on predictable text good drafts reach ~0.9 (benchmarks/RESULTS.md).
 OPTIMISTIC = 0.9
 HORIZON = 256                 # at most this many future tokens amortize a draft catch-up
+# ... and at least this many: an answer that has just started is expected to go on this long.
+MIN_HORIZON = 16
 
 
 @dataclasses.dataclass
@@ -177,14 +180,20 @@ class AdaptivePlanner:
         """The draft model's costs this round. Its first forward reads the committed tokens
         each row has not fed it: one or two once it keeps up, a whole history after plain
         rounds or for a new request. Rows that far behind catch up alone first (the lump), a
-        one-off price for drafting from now on, spread over the tokens the rows may still
-        commit (at most HORIZON): a request near its end, or a busy batch, must not pay a
-        long catch-up for a few drafted rounds."""
+        one-off price for drafting from now on, spread over the tokens the rows are expected
+        to still commit. Nobody knows how long an answer will run; one that has run n tokens
+        is taken to run about n more (within MIN_HORIZON..HORIZON and its budget). So a short
+        answer after a long prompt (a question about a document) never pays the prompt's
+        catch-up, while one that keeps going pays it once drafting would have saved about as
+        much as it costs: a rent-or-buy rule that forgoes at most about the lump's price. A
+        request near its end, or a busy batch, does not pay for a few drafted rounds."""
         lags = self.draft_model.lags(ctx)
         lump = sum(self.costs.draft_pass([n - 1]) for n in lags if n > LONG_CATCH_UP)
         first = max([n for n in lags if n <= LONG_CATCH_UP] + [1])
         remaining = ctx.remaining or [HORIZON] * len(ctx.active)
-        horizon = max(1.0, _mean(min(remaining[b], HORIZON) for b in rows))
+        generated = ctx.generated or [HORIZON] * len(ctx.active)
+        horizon = max(1.0, _mean(min(remaining[b], max(generated[b], MIN_HORIZON), HORIZON)
+                                 for b in rows))
         return _DraftCosts(step=self.costs.draft_pass([1] * len(rows)),
                            first=self.costs.draft_pass([first] * len(rows)), lump=lump,
                            horizon=horizon)
