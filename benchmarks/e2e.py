@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "benchmarks/prompts.json)")
     p.add_argument("--ks", default=None, help="K values of draft_model/ngram (default 1,2,4,8; "
                    "2,4 with --quick)")
-    p.add_argument("--auto-k", type=int, default=8, help="num_speculative_tokens of auto")
+    p.add_argument("--auto-k", type=int, default=16, help="num_speculative_tokens of auto "
+                   "(default 16, as the library's)")
     p.add_argument("--methods", default=None, help="only these, e.g. plain,ngram:4,"
                    "draft_model:4,auto:8 (a name without :K means every K in --ks); hf:plain, "
                    "hf:assisted:K, hf:lookup:K entries replace the default HF set")

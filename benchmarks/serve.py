@@ -6,7 +6,7 @@ Run: python -m benchmarks.serve [--quick]        (--help for the knobs)
 The server runs as a subprocess (`python -m specrt.serve`, the default pair in bf16 unless
 --model/--draft/--dtype say otherwise) so its CPU time is not shared with the clients' event
 loop under one GIL. One server serves every configuration: each request sends specrt's extra
-field "speculative" -- the --spec-config JSON (default: the server's default, auto K=8 with a
+field "speculative" -- the --spec-config JSON (default: the server's default, auto K=16 with a
 draft, ngram K=4 without) or false for plain decoding. Each client (the official `openai`
 async client) sends --prompts-per-client chat prompts from benchmarks/prompts.json one after
 the other, streaming, greedy, --max-tokens each; the clients of one configuration run at once.
