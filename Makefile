@@ -14,8 +14,8 @@ $(STAMP): requirements.txt
 
 install: $(STAMP)
 
-# The three C++ extensions (specrt._ngram, specrt._gemv, specrt._cpu_ops; see setup.py), built
-# in place next to the sources.
+# The C++ extensions (specrt._ngram, specrt._gemv, specrt._cpu_ops, specrt._cpu_layers; see
+# setup.py), built in place next to the sources.
 build: $(STAMP)
 	$(PY) setup.py --quiet build_ext --inplace
 

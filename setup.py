@@ -1,7 +1,9 @@
 """Builds specrt's optional C++ extensions, one folder of csrc/ each:
 specrt._ngram (csrc/ngram: the prompt-lookup matcher), specrt._gemv (csrc/cpu: skinny matrix
-products for decode/verify, bf16/fp32 and int8 weights) and specrt._cpu_ops (csrc/cpu: the per-layer norms, SwiGLU and
-RoPE + attention of a CPU decode/verify step). The package metadata is in pyproject.toml.
+products for decode/verify, bf16/fp32 and int8 weights), specrt._cpu_ops (csrc/cpu: the
+per-layer norms, SwiGLU and RoPE + attention of a CPU decode/verify step) and
+specrt._cpu_layers (csrc/cpu: the whole layer loop of a bf16 decode/verify pass in one call,
+on the kernels of the other two). The package metadata is in pyproject.toml.
 
 `make test` / `make demo` run `python setup.py build_ext --inplace`, so the extensions sit
 next to the Python sources and no install step is needed to import them from the repo root.
@@ -25,6 +27,7 @@ from setuptools.errors import CCompilerError, CompileError, LinkError, PlatformE
 
 ROOT = Path(__file__).resolve().parent
 GCC12_NOISE = ["-Wno-uninitialized", "-Wno-maybe-uninitialized", "-Wno-psabi"]  # intrinsics
+CPU_FLAGS = ["-ffp-contract=off"] + GCC12_NOISE
 X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 BUILD_ERRORS = (CCompilerError, CompileError, LinkError, PlatformError, OSError)
 
@@ -110,17 +113,25 @@ class OptionalBuildExt(build_ext):
 ext_modules = [
     extension("specrt._ngram", ["csrc/ngram/ngram.cpp", "csrc/ngram/ngram_bindings.cpp"],
               ["csrc/ngram/ngram.h", "csrc/build_id.h"], []),
+    # -ffp-contract=off everywhere in csrc/cpu: no multiply-adds fused behind the code's back
+    # (the ops round where the PyTorch reference rounds), and one source compiled into two
+    # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
     extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_int8.cpp",
                                "csrc/cpu/stream_read.cpp", "csrc/cpu/gemv_bindings.cpp"],
               ["csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_tiled.h",
                "csrc/cpu/stream_read.h",
                "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
-              GCC12_NOISE, openmp=True, x86_only=True),
-    # -ffp-contract=off: no multiply-adds fused behind the code's back; the ops round where the
-    # PyTorch reference rounds
+              CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", ["csrc/cpu/ops.cpp", "csrc/cpu/ops_bindings.cpp"],
               ["csrc/cpu/ops.h", "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
-              ["-ffp-contract=off"] + GCC12_NOISE, openmp=True, x86_only=True),
+              CPU_FLAGS, openmp=True, x86_only=True),
+    extension("specrt._cpu_layers", ["csrc/cpu/layers.cpp", "csrc/cpu/layers_bindings.cpp",
+                                     "csrc/cpu/gemv.cpp", "csrc/cpu/gemv_int8.cpp",
+                                     "csrc/cpu/ops.cpp"],
+              ["csrc/cpu/layers.h", "csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h",
+               "csrc/cpu/gemv_tiled.h", "csrc/cpu/ops.h", "csrc/cpu/cpu_features.h",
+               "csrc/build_id.h"],
+              CPU_FLAGS, openmp=True, x86_only=True),
 ]
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

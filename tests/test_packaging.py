@@ -32,7 +32,7 @@ import specrt
 pytestmark = pytest.mark.packaging
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTENSIONS = ("_ngram", "_gemv", "_cpu_ops")
+EXTENSIONS = ("_ngram", "_gemv", "_cpu_ops", "_cpu_layers")
 SCRIPTS = {"specrt": "specrt.api.cli:main", "specrt-models": "specrt.hub.cli:main",
            "specrt-serve": "specrt.serve.cli:main"}
 RUNTIME_DEPS = {"torch", "numpy", "safetensors", "tokenizers", "transformers", "huggingface-hub",

@@ -3,7 +3,9 @@
 A decode step of a small model on the CPU is ~85% weight streaming and ~15% small ops. The
 matmuls go through `specrt.kernels.cpu.gemv` (the weight streamed once per call for 1..32
 rows) and the rest of each layer through `specrt.kernels.cpu.ops`: one call for the residual
-add + RMSNorm, one for RoPE + KV-cache write + attention, one for SwiGLU. Both compute every
+add + RMSNorm, one for RoPE + KV-cache write + attention, one for SwiGLU; in bf16 the whole
+layer loop runs as one C++ call on those same kernels (`specrt.kernels.cpu.layers`, whose
+specification is `CpuNative.layers_per_op`). Both compute every
 token on its own in a fixed order, so a verify pass of K + 1 tokens gives the bits of the
 K + 1 decode steps it replaces, in bf16 too, whatever other rows share the batch. Only real
 tokens are computed: a batch's rows are packed, so a row with fewer drafts (or none) costs
@@ -12,10 +14,14 @@ reference.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from specrt.kernels.cpu import gemv, ops
+from specrt.kernels.cpu import layers as layer_stack
 from specrt.model.backends.base import Pass, chunks
+from specrt.model.backends.quantized import Int8Linear
 from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -37,10 +43,15 @@ class GemvLinear(TorchLinear):
 class CpuNative(TorchReference):
     name = "cpu_native"
     batch_invariant_tokens = ops.MAX_ROWS    # every row computed on its own, in chunks
+    fused_loop = True                        # bf16 layers through specrt._cpu_layers when built
+
+    def __init__(self):
+        self._stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> Stack
 
     @property
     def build_id(self) -> str:
-        return f"{super().build_id}|gemv-{gemv.build_id()}|ops-{ops.build_id()}"
+        return (f"{super().build_id}|gemv-{gemv.build_id()}|ops-{ops.build_id()}"
+                f"|layers-{layer_stack.build_id() if self.fused_loop else 'off'}")
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                quant: str | None = None):
@@ -57,26 +68,42 @@ class CpuNative(TorchReference):
         # verify pass costs one token, not K + 1). Passes of more than MAX_ROWS tokens run in
         # chunks of whole rows: a row's bits never depend on which rows share its pass.
         ids = rows.pack(input_ids)                                           # [N]
-        h = torch.cat([self._layers(model, ids[o0:o1], cache.rows(g0, g1),
-                                    rows.starts[g0:g1], rows.valid[g0:g1])
+        stack = self._stack(model)
+        h = torch.cat([self._pass(model, stack, ids[o0:o1], cache.rows(g0, g1),
+                                  rows.starts[g0:g1], rows.valid[g0:g1])
                        for g0, g1, o0, o1 in chunks(rows.valid, ops.MAX_ROWS)])  # [N, H]
         if last_only:
             ends = torch.tensor(rows.valid).cumsum(0)                        # [B]
             h = h[(ends - 1).clamp(min=0)]                                   # [B, H]
         return h
 
-    def _layers(self, model, ids: torch.Tensor, cache, starts: list[int],
-                counts: list[int]) -> torch.Tensor:
-        """Embedding, layers and final norm of packed tokens ids [N] (row b's counts[b] tokens
-        at positions starts[b] + t), one C++ call per norm, attention block and SwiGLU. The
-        residual stream x [N, H] is updated in place; returns the final-normed hidden states
-        [N, H]."""
+    def _pass(self, model, stack, ids: torch.Tensor, cache, starts: list[int],
+              counts: list[int]) -> torch.Tensor:
+        x = model.embed[ids]                                                 # [N, H], a copy
+        if stack is not None:
+            return stack.run(x, cache, starts, counts)
+        return self.layers_per_op(model, x, cache, starts, counts)
+
+    def _stack(self, model) -> layer_stack.Stack | None:
+        """The model's C++ layer loop (built once), or None: the per-op loop then."""
+        if not self.fused_loop:
+            return None
+        if model not in self._stacks:
+            self._stacks[model] = layer_stack.Stack.build(model, _kernel_weights)
+        return self._stacks[model]
+
+    def layers_per_op(self, model, x: torch.Tensor, cache, starts: list[int],
+                      counts: list[int]) -> torch.Tensor:
+        """The layers and final norm of packed tokens x [N, H] (embedded; row b's counts[b]
+        tokens at positions starts[b] + t), one C++ call per norm, projection, attention block
+        and SwiGLU: the specification of the fused loop (specrt.kernels.cpu.layers), and the
+        path of what it does not serve. The residual stream x is updated in place; returns the
+        final-normed hidden states [N, H]."""
         cfg = model.cfg
         eps = cfg.rms_norm_eps
         starts_t = torch.tensor(starts, dtype=torch.int64)                   # [B]
         counts_t = torch.tensor(counts, dtype=torch.int64)                   # [B]
         scale = cfg.head_dim ** -0.5
-        x = model.embed[ids]                                                 # [N, H], a copy
         h = ops.rms_norm(x, model.layers[0].input_norm, eps)
         for i, layer in enumerate(model.layers):
             k_cache, v_cache = cache.layer(i)                                # [Bmax, Hkv, S, D]
@@ -88,3 +115,12 @@ class CpuNative(TorchReference):
             h = ops.add_rms_norm(x, layer.down(act), after, eps)
         return h
 
+
+def _kernel_weights(linear):
+    """How a projection is stored for the kernels: (weight, int8 row scales or None, bias),
+    or None for a form the fused loop does not multiply."""
+    if type(linear) is GemvLinear:
+        return linear.weight, None, linear.bias
+    if type(linear) is Int8Linear:
+        return linear.weight.data, linear.weight.scale, linear.bias
+    return None

@@ -1,0 +1,120 @@
+"""The decoder layer loop of a bf16 CPU decode or verify pass in one C++ call (specrt._cpu_layers).
+
+The specification is the per-op loop of `specrt.model.backends.cpu_native` (`CpuNative.layers`):
+the same kernels (specrt._gemv, specrt._cpu_ops) called in the same order, so the two give the
+same bits; here the 9 calls per layer run from C++ with reused scratch buffers, without a
+Python call, a tensor check and an allocation each (~15% of a 0.5B draft step, ~3% of a 1.5B
+target step; benchmarks/RESULTS.md).
+
+A `Stack` is built once per model: every weight is checked then (dtype, shape, contiguity) and
+the model keeps them alive; each `run` checks the pass's own tensors and bounds. Models it does
+not serve (fp32, weights in another form) keep the per-op loop (`Stack.build` returns None).
+"""
+from __future__ import annotations
+
+import torch
+
+from specrt.kernels.cpu import checks, extension
+from specrt.kernels.cpu import gemv_int8
+
+_layers, AVAILABLE = extension.load("specrt._cpu_layers", "SPECRT_CPU_LAYERS",
+                                    "the C++ layer loop", "the per-op layer loop")
+
+
+def build_id() -> str:
+    return _layers.build_id() if AVAILABLE else "library"
+
+
+class Stack:
+    """A model's decoder layers, ready for `run` (build with `Stack.build`)."""
+
+    def __init__(self, model, handle):
+        self.model = model                  # keeps every weight the handle points at alive
+        self._handle = handle
+        cfg = model.cfg
+        self._shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+
+    @classmethod
+    def build(cls, model, weights_of) -> "Stack | None":
+        """The C++ stack of `model`, or None where it does not serve it (not built, not bf16,
+        a projection neither a bf16 nor an int8 kernel weight). weights_of(linear) -> (weight,
+        int8 row scales or None, bias or None): how the backend stores a projection (None:
+        not as a kernel weight)."""
+        if not AVAILABLE or model.dtype != torch.bfloat16 or model.device.type != "cpu":
+            return None
+        cfg = model.cfg
+        h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        layers = []
+        for layer in model.layers:
+            shapes = ((layer.qkv, q + 2 * kv, h), (layer.o, h, q),
+                      (layer.gate_up, 2 * inter, h), (layer.down, h, inter))
+            linears = [_linear(weights_of(lin), n, k) for lin, n, k in shapes]
+            norms = [_vector(v, h) for v in (layer.input_norm, layer.post_norm)]
+            if None in linears or None in norms:
+                return None
+            layers.append((norms[0], linears[0], linears[1], norms[1], linears[2], linears[3]))
+        final = _vector(model.norm, h)
+        d = cfg.head_dim
+        cos, sin = model.cos, model.sin
+        if final is None or not all(t.dtype == torch.bfloat16 and t.is_contiguous()
+                                    and t.dim() == 2 and t.shape[1] == d for t in (cos, sin)):
+            return None
+        handle = _layers.Stack(layers, final, cos.data_ptr(), sin.data_ptr(), h, cfg.num_heads,
+                               cfg.num_kv_heads, d, inter, cos.shape[0], cfg.rms_norm_eps,
+                               d ** -0.5)
+        return cls(model, handle)
+
+    def run(self, x: torch.Tensor, cache, starts: list[int], counts: list[int]) -> torch.Tensor:
+        """x [M, H] bf16, the embedded packed tokens (row b's counts[b] tokens at positions
+        starts[b] + t; M = sum(counts)), updated in place as the residual stream; writes the
+        tokens' K/V into `cache` (a cache or a `rows` view of B rows). Returns the final-normed
+        hidden states [M, H]."""
+        fn = "layer stack"
+        L, hkv, d = self._shape
+        m = sum(counts)
+        checks.tensor(fn, "x", x, torch.bfloat16, (m, self.model.cfg.hidden_size), "[M, H]")
+        k, v = cache.k, cache.v                                         # [L, B, Hkv, S, D]
+        b, s = len(starts), cache.max_seq_len
+        for name, t in (("k_cache", k), ("v_cache", v)):
+            if not (t.dtype == torch.bfloat16 and t.shape == (L, b, hkv, s, d) and t.is_cpu
+                    and t.stride()[1:] == (hkv * s * d, s * d, d, 1)):
+                raise checks.fail(fn, name, f"[L, B, Hkv, S, D] = {(L, b, hkv, s, d)} bf16, "
+                                  "rows of contiguous [Hkv, S, D]",
+                                  f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
+        if k.stride() != v.stride():
+            raise checks.fail(fn, "v_cache", "laid out like k_cache", v.stride())
+        for i, (p, n) in enumerate(zip(starts, counts)):
+            if p < 0 or n < 0 or p + n > s:
+                raise checks.fail(fn, f"starts[{i}], counts[{i}]",
+                                  f"0 <= starts, 0 <= counts, starts + counts <= S = {s}", (p, n))
+        starts_t = torch.tensor(starts, dtype=torch.int64)                 # [B]
+        offsets = torch.zeros(b + 1, dtype=torch.int64)                    # [B + 1]
+        torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=offsets[1:])
+        out = torch.empty_like(x)
+        self._handle.run(x.data_ptr(), out.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), s,
+                         starts_t.data_ptr(), offsets.data_ptr(), b, torch.get_num_threads())
+        return out
+
+
+def _vector(t: torch.Tensor, n: int) -> int | None:
+    ok = (isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 and t.shape == (n,)
+          and t.is_cpu and t.is_contiguous())
+    return t.data_ptr() if ok else None
+
+
+def _linear(stored, n: int, k: int) -> tuple | None:
+    """(weight, scale, bias, N, K, int8) of a projection stored as (weight [N, K] bf16, None,
+    bias) or (weight [N, K] uint8, row scales [N] fp32, bias), or None."""
+    if stored is None:
+        return None
+    w, scale, bias = stored
+    b = 0 if bias is None else _vector(bias, n)
+    if b is None or not (isinstance(w, torch.Tensor) and w.shape == (n, k) and w.is_cpu
+                         and w.is_contiguous()):
+        return None
+    if scale is None:
+        return (w.data_ptr(), 0, b, n, k, False) if w.dtype == torch.bfloat16 else None
+    if (gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0 and w.dtype == torch.uint8
+            and scale.dtype == torch.float32 and scale.shape == (n,) and scale.is_contiguous()):
+        return (w.data_ptr(), scale.data_ptr(), b, n, k, True)
+    return None

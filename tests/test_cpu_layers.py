@@ -1,0 +1,62 @@
+"""The C++ layer loop (specrt.kernels.cpu.layers) against its specification, the per-op loop of
+the CPU-native backend: the same bits, bf16 and int8 weights, decode, packed verify passes."""
+import pytest
+import torch
+
+from specrt.kernels.cpu import layers as cpu_layers
+from specrt.model import Transformer
+
+needs_kernel = pytest.mark.skipif(not cpu_layers.AVAILABLE,
+                                  reason="specrt._cpu_layers not built or no AVX-512 BF16")
+
+
+def _pair(model_dir, quant=None):
+    """The same weights twice: one model through the fused loop, one through the per-op loop."""
+    fused = Transformer.from_dir(model_dir, dtype="bfloat16", max_seq_len=64, quant=quant)
+    per_op = Transformer.from_dir(model_dir, dtype="bfloat16", max_seq_len=64, quant=quant)
+    per_op.backend.fused_loop = False
+    assert fused.backend._stack(fused) is not None and per_op.backend._stack(per_op) is None
+    return fused, per_op
+
+
+@needs_kernel
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_fused_loop_gives_the_bits_of_the_per_op_loop(tiny_noeos_dir, quant):
+    """Prefill, decode steps and a packed 3-row verify pass (rows of 4, 1 and 2 tokens, at
+    different positions): logits and caches bit for bit."""
+    fused, per_op = _pair(tiny_noeos_dir, quant)
+    caches = [m.new_cache(3, 64) for m in (fused, per_op)]
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 300, (3, 9), generator=g)
+    passes = [(prompt, [9, 5, 7]), (prompt[:, :1], [1, 1, 1]),
+              (torch.randint(0, 300, (3, 4), generator=g), [4, 1, 2]),
+              (prompt[:, :1], [1, 0, 1])]
+    for ids, valid in passes:
+        got, want = (m.forward(ids, c, num_valid=valid) for m, c in zip((fused, per_op), caches))
+        assert torch.equal(got, want), (ids.shape, valid)
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
+@needs_kernel
+def test_fp32_models_keep_the_per_op_loop(tiny_noeos_dir):
+    model = Transformer.from_dir(tiny_noeos_dir, dtype="float32", max_seq_len=32)
+    assert model.backend._stack(model) is None
+    logits = model.forward(torch.tensor([[5, 9, 2]]), model.new_cache(1, 32))
+    assert torch.isfinite(logits).all()
+
+
+@needs_kernel
+def test_bad_pass_arguments_raise_value_error_naming_them(tiny_noeos_dir):
+    """The C++ loop trusts its pointers: a wrong pass stops in the wrapper."""
+    model = Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=32)
+    stack = model.backend._stack(model)
+    cache = model.new_cache(2, 32)
+    x = torch.zeros(3, model.cfg.hidden_size, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"starts\[1\], counts\[1\] must be"):
+        stack.run(x, cache, [0, 31], [1, 2])              # past the cache's 32 positions
+    with pytest.raises(ValueError, match="x must be"):
+        stack.run(x.float(), cache, [0, 0], [1, 2])
+    with pytest.raises(ValueError, match="x must be"):
+        stack.run(x, cache, [0, 0], [1, 1])               # 3 rows for 2 tokens
+    with pytest.raises(ValueError, match="k_cache must be"):
+        stack.run(x, model.new_cache(2, 32).rows(0, 1), [0, 0], [1, 2])   # B = 1, not 2
