@@ -146,16 +146,41 @@ def test_projections_and_logits_take_the_kernel_up_to_32_rows(dirs, monkeypatch)
 def test_verify_rows_have_the_bits_of_their_decode_steps(dirs, monkeypatch):
     """The promise the matmul completes: a 2 x 5-token verify pass gives each token's logits
     the bits of the decode steps it replaces (fp32 under the interpreter; bf16 is
-    tests/test_gpu.py's)."""
+    tests/test_gpu.py's), and the padded pass of ragged rows gives the real tokens theirs."""
     monkeypatch.setenv("SPECRT_KERNELS", "triton")
     model = _model(dirs["llama"], cuda_backend.Cuda())
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 6), generator=g)
     ids = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
-    caches = [model.new_cache(2, 64) for _ in range(2)]
+    caches = [model.new_cache(2, 64) for _ in range(3)]
     for c in caches:
         model.forward(prompt, c)
     verify = model.forward(ids, caches[0])                                     # [2, 5, V]
     for t in range(5):
         step = model.forward(ids[:, t:t + 1], caches[1])                       # [2, 1, V]
         assert torch.equal(step[:, 0], verify[:, t]), f"token {t} differs from its decode step"
+    ragged = model.forward(ids, caches[2], num_valid=[5, 2])                   # padded row 1
+    assert torch.equal(ragged[0], verify[0]) and torch.equal(ragged[1, :2], verify[1, :2])
+    assert caches[2].host_lengths() == [11, 8]
+
+
+def test_padded_pass_matches_torch_ref(dirs, monkeypatch):
+    """Ragged rows (a row with fewer drafts, a row with none) take the fused path too: the real
+    tokens' logits and K/V are the reference's; the padding's K/V stay past the lengths."""
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    ref = _model(dirs["qwen2"], "torch_ref")
+    fused = _model(dirs["qwen2"], cuda_backend.Cuda())
+    g = torch.Generator().manual_seed(1)
+    caches = [m.new_cache(3, 64) for m in (ref, fused)]
+    prompt = torch.randint(0, ref.cfg.vocab_size, (3, 7), generator=g)
+    ids = torch.randint(0, ref.cfg.vocab_size, (3, 4), generator=g)
+    for m, c in zip((ref, fused), caches):
+        m.forward(prompt, c)
+    want = ref.forward(ids, caches[0], num_valid=[4, 1, 0])
+    got = fused.forward(ids, caches[1], num_valid=[4, 1, 0])
+    torch.testing.assert_close(got[0], want[0], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(got[1, :1], want[1, :1], atol=2e-4, rtol=2e-4)
+    assert caches[1].host_lengths() == caches[0].host_lengths() == [11, 8, 7]
+    for b, n in enumerate((11, 8, 7)):
+        torch.testing.assert_close(caches[1].k[:, b, :, :n], caches[0].k[:, b, :, :n],
+                                   atol=2e-4, rtol=2e-4)

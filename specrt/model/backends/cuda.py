@@ -19,17 +19,18 @@ in the Transformer). Every matmul of a pass with at most MAX_MATMUL_ROWS rows in
 B, verify B (K + 1)) goes through `linear_rows`: the batch-invariant Triton `matmul` (fixed
 tiles, k order and split-K per weight; logits in fp32 straight from its accumulator); larger
 passes (prefills) take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
-than 64/128 take the reference layer loop (SDPA), as do passes with padding. The kernels come
-through `specrt.kernels`' dispatcher: Triton on CUDA tensors, the references elsewhere
-(SPECRT_KERNELS=triton runs the kernels under the interpreter on CPU tensors, which is how the
-tests check this wiring).
+than 64/128 take the reference layer loop (SDPA). The kernels come through `specrt.kernels`'
+dispatcher: Triton on CUDA tensors, the references elsewhere (SPECRT_KERNELS=triton runs the
+kernels under the interpreter on CPU tensors, which is how the tests check this wiring).
 `hidden_static` is the body that `specrt.model.graphs` captures in CUDA graphs.
 
 Batch invariance: every kernel above gives a token the same bits whatever other tokens share
 its pass, so a verify pass reproduces the decode steps it replaces, in bf16 too, as long as the
-pass has at most MAX_MATMUL_ROWS rows in all (cuBLAS beyond). Passes with padding take the
-reference loop. That promise is per pass, not per row count, which `batch_invariant_tokens`
-cannot express, so it stays 0 (prefills also take SDPA).
+pass has at most MAX_MATMUL_ROWS rows in all (cuBLAS beyond). A pass with padding (rows with
+fewer drafts, or none) is computed whole, padding included: a real token never attends to the
+padding after it, and the padding's K/V land past the row's length, where stale slots are
+masked and later overwritten (as in the graph path). That promise is per pass, not per row
+count, which `batch_invariant_tokens` cannot express, so it stays 0 (prefills also take SDPA).
 """
 from __future__ import annotations
 
@@ -91,9 +92,11 @@ class Cuda(TorchReference):
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
-        if not (kernel_serves(T, model.cfg.head_dim) and rows.all_valid):
+        # Padding is computed like real tokens (module docstring), where the cache has room.
+        if not (kernel_serves(T, model.cfg.head_dim)
+                and max(rows.starts) + T <= cache.max_seq_len):
             return super().hidden(model, input_ids, cache, rows, last_only)
-        ends = [s + v for s, v in zip(rows.starts, rows.valid)]
+        ends = [s + T for s in rows.starts]
         lens = torch.tensor(ends, dtype=torch.int32, device=model.device)       # [B]
         h = self.fused_layers(model, input_ids, cache, lens)                   # [B, T, H]
         return rows.pack(h, last_only)                                         # [N | B, H]
