@@ -83,6 +83,11 @@ class Cuda(TorchReference):
     def __init__(self):
         self._zero_bias: dict = {}   # (width, dtype, device) -> zeros, for models without one
 
+    @property
+    def build_id(self) -> str:
+        # Cost calibrations timed when the projections were cuBLAS are not this backend's.
+        return f"{super().build_id}|cuda-bi-matmul"
+
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                quant: str | None = None):
         if quant is not None:
