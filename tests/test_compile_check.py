@@ -4,7 +4,6 @@ import ast
 import importlib
 import pathlib
 
-import pytest
 import torch
 
 from specrt.kernels import compile_check, reference
@@ -36,7 +35,8 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             dtypes = [a.dtype for a in args[:1] if isinstance(a, torch.Tensor)]
-            self.seen.append((self.name, dtypes[0], kwargs))
+            out = args[3].dtype if self.name == "matmul._matmul_kernel" else dtypes[0]
+            self.seen.append((self.name, dtypes[0], out, kwargs))
             return self.kernel[grid](*args, **kwargs)
         return launch
 
@@ -44,7 +44,8 @@ class _Recorder:
 def test_launches_are_variants_of_the_check(monkeypatch):
     """Every launch the launchers make (constants, warps, data dtype) is one of the variants
     the check compiles: the list is the launchers' choices, not a hand-kept copy."""
-    variants = {(v.kernel, v.constants, v.num_warps, v.dtype) for v in compile_check.all_variants()}
+    variants = {(v.kernel, v.constants, v.num_warps, v.dtype, v.num_stages, v.out)
+                for v in compile_check.all_variants()}
     seen = []
     for qualified in _kernel_names():
         module, name = qualified.split(".")
@@ -54,6 +55,7 @@ def test_launches_are_variants_of_the_check(monkeypatch):
     acc = importlib.import_module("specrt.kernels.triton.acceptance")
     rms = importlib.import_module("specrt.kernels.triton.add_rms_norm")
     silu = importlib.import_module("specrt.kernels.triton.silu_mul")
+    mm = importlib.import_module("specrt.kernels.triton.matmul")
     for dtype in (torch.float32, torch.float16):
         q = torch.randn(1, 2, 2, 64).to(dtype)
         k, v = torch.randn(1, 1, 96, 64).to(dtype), torch.randn(1, 1, 96, 64).to(dtype)
@@ -66,6 +68,10 @@ def test_launches_are_variants_of_the_check(monkeypatch):
                          torch.ones(100).to(dtype), 1e-6)
         rms.add_rms_norm(torch.randn(2, 100).to(dtype), None, torch.ones(100).to(dtype), 1e-6)
         silu.silu_mul(torch.randn(2, 100).to(dtype))
+        w = torch.randn(40, 300).to(dtype)
+        for out_dtype in (None, torch.float32):
+            mm.matmul(torch.randn(3, 300).to(dtype), w, torch.randn(40).to(dtype), out_dtype)
+            mm.matmul(torch.randn(3, 300).to(dtype), w, None, out_dtype)
         p = torch.softmax(torch.randn(2, 4, 300), -1).to(dtype)
         drafts = torch.randint(0, 300, (2, 3))
         acc.greedy_accept(p, drafts)
@@ -73,13 +79,15 @@ def test_launches_are_variants_of_the_check(monkeypatch):
         acc.rejection_sample(p, p[:, :3].contiguous(), drafts, u, noise)
         acc.rejection_sample(p, None, drafts, u, noise)
     tl_dtype = {torch.float32: "fp32", torch.float16: "fp16"}
-    assert {name for name, _, _ in seen} == _kernel_names()
-    for name, dtype, kwargs in seen:
+    assert {name for name, _, _, _ in seen} == _kernel_names()
+    for name, dtype, out, kwargs in seen:
         warps = kwargs.pop("num_warps", 4)
-        kwargs.pop("num_stages", None)
+        stages = kwargs.pop("num_stages", None)
         found = [v for v in variants if v[0] == name and dict(v[1]) == kwargs and v[2] == warps
-                 and v[3] in ("", tl_dtype[dtype])]
-        assert found, f"launch {name} {dtype} {kwargs} warps={warps} is not compiled by the check"
+                 and v[3] in ("", tl_dtype[dtype]) and v[4] in (None, stages)
+                 and v[5] in ({"", tl_dtype[out]} if out == dtype else {tl_dtype[out]})]
+        assert found, (f"launch {name} {dtype}->{out} {kwargs} warps={warps} stages={stages} "
+                       "is not compiled by the check")
 
 
 def test_bf16_spills_fail_and_other_dtypes_do_not():

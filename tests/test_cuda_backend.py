@@ -1,6 +1,8 @@
 """The CUDA backend's fused layer loop, checked without a GPU: on CPU tensors with
-SPECRT_KERNELS=triton its Triton kernels run under the interpreter (fp32), and its logits must
-match the torch_ref backend's on tiny random models; its kernels per layer are counted."""
+SPECRT_KERNELS=triton its Triton kernels (the batch-invariant matmul included) run under the
+interpreter (fp32), and its logits must match the torch_ref backend's on tiny random models;
+its kernels per layer are counted, and a verify pass must give each token the bits of its
+decode step."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -96,6 +98,7 @@ def _count_pass(model, monkeypatch) -> tuple[int, list[str]]:
         qkv.shape[0], qkv.shape[1], cfg.num_heads, cfg.head_dim))
     stub("add_rms_norm", lambda x, *a: (torch.empty_like(x), x))
     stub("silu_mul", lambda gu: torch.empty(gu.shape[0], gu.shape[1] // 2))
+    stub("matmul", lambda x, w, *a: torch.empty(x.shape[0], w.shape[0]))
     cache = model.new_cache(1, 64)
     lens = torch.tensor([4], dtype=torch.int32)
     ids = torch.tensor([[1, 2, 3, 4]])
@@ -109,3 +112,75 @@ def test_eight_kernels_per_layer(dirs, monkeypatch):
     three, ops3 = _count_pass(_model(dirs["qwen2_3"], cuda_backend.Cuda()), monkeypatch)  # 3 layers
     assert three - one == cuda_backend.KERNELS_PER_LAYER == 8, (ops1, ops3)
     assert one == 2 + 2 * 8, ops1      # + the embedding gather and the first input norm
+    # The four projections are the batch-invariant kernel, not a library matmul.
+    assert ops3.count("matmul") == 3 * 4 and not {"mm", "addmm"} & set(ops3), ops3
+
+
+def _kernel_log(monkeypatch) -> list[tuple[int, int]]:
+    """Spy on the backend's matmul: (rows, N) of each kernel call."""
+    calls = []
+    real = cuda_backend.matmul
+
+    def spy(x, w, *args):
+        calls.append((x.shape[0], w.shape[0]))
+        return real(x, w, *args)
+    monkeypatch.setattr(cuda_backend, "matmul", spy)
+    return calls
+
+
+def test_projections_and_logits_take_the_kernel_up_to_32_rows(dirs, monkeypatch):
+    """Decode and verify passes of <= 32 rows in all: every matmul, the fp32 logits included,
+    is the batch-invariant kernel; a 40-row prefill takes cuBLAS."""
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    model = _model(dirs["qwen2"], cuda_backend.Cuda())
+    cache = model.new_cache(2, 128)
+    calls = _kernel_log(monkeypatch)
+    model.forward(torch.zeros(2, 20, dtype=torch.long), cache)                 # 40 rows
+    assert calls == []
+    model.forward(torch.ones(2, 16, dtype=torch.long), cache)                  # 32 rows
+    V = model.cfg.vocab_size
+    assert len(calls) == 4 * model.cfg.num_layers + 1 and calls[-1] == (32, V)
+    assert all(rows == 32 for rows, _ in calls)
+
+
+def test_verify_rows_have_the_bits_of_their_decode_steps(dirs, monkeypatch):
+    """The promise the matmul completes: a 2 x 5-token verify pass gives each token's logits
+    the bits of the decode steps it replaces (fp32 under the interpreter; bf16 is
+    tests/test_gpu.py's), and the padded pass of ragged rows gives the real tokens theirs."""
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    model = _model(dirs["llama"], cuda_backend.Cuda())
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 6), generator=g)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
+    caches = [model.new_cache(2, 64) for _ in range(3)]
+    for c in caches:
+        model.forward(prompt, c)
+    verify = model.forward(ids, caches[0])                                     # [2, 5, V]
+    for t in range(5):
+        step = model.forward(ids[:, t:t + 1], caches[1])                       # [2, 1, V]
+        assert torch.equal(step[:, 0], verify[:, t]), f"token {t} differs from its decode step"
+    ragged = model.forward(ids, caches[2], num_valid=[5, 2])                   # padded row 1
+    assert torch.equal(ragged[0], verify[0]) and torch.equal(ragged[1, :2], verify[1, :2])
+    assert caches[2].host_lengths() == [11, 8]
+
+
+def test_padded_pass_matches_torch_ref(dirs, monkeypatch):
+    """Ragged rows (a row with fewer drafts, a row with none) take the fused path too: the real
+    tokens' logits and K/V are the reference's; the padding's K/V stay past the lengths."""
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    ref = _model(dirs["qwen2"], "torch_ref")
+    fused = _model(dirs["qwen2"], cuda_backend.Cuda())
+    g = torch.Generator().manual_seed(1)
+    caches = [m.new_cache(3, 64) for m in (ref, fused)]
+    prompt = torch.randint(0, ref.cfg.vocab_size, (3, 7), generator=g)
+    ids = torch.randint(0, ref.cfg.vocab_size, (3, 4), generator=g)
+    for m, c in zip((ref, fused), caches):
+        m.forward(prompt, c)
+    want = ref.forward(ids, caches[0], num_valid=[4, 1, 0])
+    got = fused.forward(ids, caches[1], num_valid=[4, 1, 0])
+    torch.testing.assert_close(got[0], want[0], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(got[1, :1], want[1, :1], atol=2e-4, rtol=2e-4)
+    assert caches[1].host_lengths() == caches[0].host_lengths() == [11, 8, 7]
+    for b, n in enumerate((11, 8, 7)):
+        torch.testing.assert_close(caches[1].k[:, b, :, :n], caches[0].k[:, b, :, :n],
+                                   atol=2e-4, rtol=2e-4)

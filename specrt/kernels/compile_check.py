@@ -44,19 +44,24 @@ class Variant:
     num_warps: int
     bf16: bool                    # spills fail the check
     dtype: str = ""               # the data dtype, for the label
+    num_stages: int | None = None  # the launcher's pipeline depth (None: triton's default)
+    aligned: tuple = ()           # integer arguments a real launch specializes as % 16 == 0
+    out: str = ""                 # the output dtype where it differs from the data dtype
 
     @property
     def label(self) -> str:
         consts = ", ".join(f"{k}={v}" for k, v in self.constants)
-        return f"{self.kernel}[{self.dtype + ', ' if self.dtype else ''}{consts}]"
+        out = f"->{self.out}" if self.out else ""
+        return f"{self.kernel}[{self.dtype + out + ', ' if self.dtype else ''}{consts}]"
 
 
 def _variant(module: str, name: str, types: dict, consts: dict, num_warps: int,
-             dtype: str) -> Variant:
+             dtype: str, **extra) -> Variant:
     """A variant of `module.name` whose signature follows the kernel's own argument list:
     `*_ptr` arguments take their type from `types` (default: the data dtype), `stride_*` are
     i32, constexprs come from `consts`, any other argument must be typed in `types` (so a
-    kernel's new argument fails here, loudly, instead of being compiled wrong)."""
+    kernel's new argument fails here, loudly, instead of being compiled wrong). `extra`:
+    num_stages, aligned, out (see Variant)."""
     import importlib
 
     fn = getattr(importlib.import_module(f"specrt.kernels.triton.{module}"), name)
@@ -73,7 +78,7 @@ def _variant(module: str, name: str, types: dict, consts: dict, num_warps: int,
         else:
             raise TypeError(f"compile_check: no type for {module}.{name} argument {arg!r}")
     return Variant(f"{module}.{name}", tuple(sig), tuple(consts.items()), num_warps,
-                   dtype == "bf16", dtype)
+                   dtype == "bf16", dtype, **extra)
 
 
 def attention_variants(quick: bool) -> list[Variant]:
@@ -121,6 +126,29 @@ def layer_variants(quick: bool) -> list[Variant]:
     return out
 
 
+def matmul_variants(quick: bool) -> list[Variant]:
+    """The batch-invariant matmul: every input dtype x output (the input dtype, or fp32 for
+    logits) x with/without bias, at the launcher's block sizes and pipeline depth. M, the split
+    size and the number of splits are runtime arguments; N and K are specialized as multiples
+    of 16, as every model shape is."""
+    from specrt.kernels.triton import matmul as mm
+
+    types = {"part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+             "split_blocks": "i32", "NUM_SPLITS": "i32"}
+    out = []
+    for dtype in mm.DTYPES:
+        dt = _TL[str(dtype)]
+        for out_dt, bias in itertools.product(sorted({dt, "fp32"}), (True, False)):
+            if quick and (dt, out_dt, bias) != ("bf16", "bf16", True):
+                continue
+            consts = {"HAS_BIAS": bias, "BLOCK_M": mm.BLOCK_M, "BLOCK_N": mm.BLOCK_N,
+                      "BLOCK_K": mm.block_k_for(dtype), "DOT_IEEE": dtype == torch.float32}
+            out.append(_variant("matmul", "_matmul_kernel", {**types, "y_ptr": f"*{out_dt}"},
+                                consts, mm.NUM_WARPS, dt, num_stages=mm.num_stages_for(dtype),
+                                aligned=("N", "K"), out="" if out_dt == dt else out_dt))
+    return out
+
+
 def acceptance_variants(quick: bool) -> list[Variant]:
     """Every input dtype, draft-probability mode and position block (K = 0..MAX_K) the
     acceptance launchers can pick; the vocab tiling and the split block are constants."""
@@ -157,7 +185,8 @@ def acceptance_variants(quick: bool) -> list[Variant]:
 
 
 def all_variants(quick: bool = False) -> list[Variant]:
-    return attention_variants(quick) + layer_variants(quick) + acceptance_variants(quick)
+    return (attention_variants(quick) + layer_variants(quick) + matmul_variants(quick)
+            + acceptance_variants(quick))
 
 
 def ptxas_path() -> str | None:
@@ -193,11 +222,13 @@ def compile_variant(variant: Variant, arch: int) -> Outcome:
         # As a real launch specializes them: pointers and strides divisible by 16 (the
         # vectorized loads; what the launchers pass for the model shapes).
         attrs = {(i,): [["tt.divisibility", 16]] for i, (arg, ty) in enumerate(variant.signature)
-                 if ty.startswith("*") or arg.startswith("stride_")}
+                 if ty.startswith("*") or arg.startswith("stride_") or arg in variant.aligned}
         src = ASTSource(fn, dict(variant.signature), constexprs=dict(variant.constants),
                         attrs=attrs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                options={"num_warps": variant.num_warps})
+        options = {"num_warps": variant.num_warps}
+        if variant.num_stages is not None:
+            options["num_stages"] = variant.num_stages
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         regs, spills = _ptxas_report(kernel.asm["ptx"], arch)
         return Outcome(variant.label, arch, time.perf_counter() - t0, regs, spills,
                        kernel.metadata.shared)

@@ -18,7 +18,7 @@ import torch
 from specrt.kernels import reference, reference_layer
 
 __all__ = ["backend_for", "verify_attention", "greedy_accept", "rejection_sample",
-           "rope_verify_attention", "add_rms_norm", "silu_mul"]
+           "rope_verify_attention", "add_rms_norm", "silu_mul", "matmul"]
 
 ENV_VAR = "SPECRT_KERNELS"
 BACKENDS = ("triton", "reference")
@@ -113,3 +113,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [N, 2 I] -> [N, I]
     if backend_for(gate_up) == "triton":
         return _triton("silu_mul").silu_mul(gate_up)
     return reference_layer.silu_mul(gate_up)
+
+
+def matmul(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+    out_dtype: torch.dtype | None = None,  # x.dtype or torch.float32
+) -> torch.Tensor:  # [M, N]
+    """x @ weight^T + bias, each row's bits independent of M on the Triton path (see
+    reference_layer.py and triton/matmul.py)."""
+    if backend_for(x) == "triton":
+        return _triton("matmul").matmul(x, weight, bias, out_dtype)
+    return reference_layer.matmul(x, weight, bias, out_dtype)

@@ -1,8 +1,8 @@
 """Pure-PyTorch references for the CUDA backend's fused layer kernels.
 
-The specification of `triton/add_rms_norm.py`, `triton/silu_mul.py` and the FUSED mode of
-`triton/verify_attention.py` (bias + RoPE + KV-cache write + attention), and their CPU path
-through `dispatch.py`. The roundings follow the reference layer loop
+The specification of `triton/add_rms_norm.py`, `triton/silu_mul.py`, `triton/matmul.py` and
+the FUSED mode of `triton/verify_attention.py` (bias + RoPE + KV-cache write + attention), and
+their CPU path through `dispatch.py`. The roundings follow the reference layer loop
 (`specrt.model.backends.torch_ref`) where it rounds: the residual sum, the normalized row and its
 product with the weight, SiLU and its product with `up`, each in the input dtype. The fused RoPE
 computes bias + rotation in fp32 and rounds once (a kernel keeps the row in registers).
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from specrt.kernels import reference
 
-__all__ = ["add_rms_norm", "silu_mul", "qkv_rope", "rope_verify_attention"]
+__all__ = ["add_rms_norm", "silu_mul", "matmul", "qkv_rope", "rope_verify_attention"]
 
 
 def add_rms_norm(
@@ -35,6 +35,22 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [N, 2 I] -> [N, I]
     """SiLU(gate) * up of the fused gate/up projection's output (gate first)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def matmul(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+    out_dtype: torch.dtype | None = None,  # x.dtype (default) or torch.float32
+) -> torch.Tensor:  # [M, N]
+    """x @ weight^T + bias with exact products summed in fp32, the bias added in fp32 and one
+    rounding to out_dtype: fp32 logits of bf16 weights are the accumulator itself, never a
+    bf16 result upcast. (Which order the fp32 sums take is the kernel's business: its
+    batch invariance is tested against itself, its values against this.)"""
+    y = x.float() @ weight.float().t()                                 # [M, N]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype or x.dtype)
 
 
 def qkv_rope(

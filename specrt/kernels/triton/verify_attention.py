@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from specrt.kernels.triton.rope import roped_rows
+from specrt.kernels.triton.tickets import ticket_buffer
 
 __all__ = ["verify_attention", "rope_verify_attention", "HEAD_DIMS", "DTYPES", "BLOCK_M",
            "SPLIT_KEYS", "block_n_for", "num_warps_for"]
@@ -211,20 +212,6 @@ def _verify_attention_kernel(
             tl.atomic_xchg(ticket_ptr, 0)  # ready for the next launch (and graph replay)
 
 
-_tickets: dict = {}         # device -> the newest zeroed ticket buffer
-_retired: list = []         # older ones, kept alive: a captured graph may still use them
-
-
-def _ticket_buffer(device: torch.device, n: int) -> torch.Tensor:  # [>= n] int32 zeros
-    buf = _tickets.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _retired.append(buf)
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _tickets[device] = buf
-    return buf
-
-
 def _check_common(q, k_cache, v_cache, lens, T, D):
     assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, "caches must be [B, Hkv, S_max, D]"
     assert D in HEAD_DIMS, f"head dim must be one of {HEAD_DIMS}, got {D}"
@@ -260,7 +247,7 @@ def _launch(src, k_cache, v_cache, lens, out, T, G, scale, split_keys, fused,
         part_acc = torch.empty((B * Hkv, num_splits, M, D), device=src.device, dtype=torch.float32)
         part_m = torch.empty((B * Hkv, num_splits, M), device=src.device, dtype=torch.float32)
         part_l = torch.empty_like(part_m)
-        tickets = _ticket_buffer(src.device, B * Hkv * m_tiles)
+        tickets = ticket_buffer(src.device, B * Hkv * m_tiles)
     else:
         part_acc = part_m = part_l = tickets = out  # never read with one split
     if not fused:

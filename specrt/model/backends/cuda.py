@@ -1,41 +1,50 @@
 """The CUDA backend: decode and verify passes through fused Triton layer kernels.
 
-A decode (T = 1) or verify (T = K + 1 <= MAX_KERNEL_T) pass whose tokens are all real runs each
-decoder layer as 8 kernels (counted per layer; the big matmuls stay cuBLAS):
+A decode (T = 1) or verify (T = K + 1 <= MAX_KERNEL_T) pass runs each decoder layer as 8
+kernels (counted per layer):
 
-  1. QKV projection, without its bias                                  (cuBLAS)
+  1. QKV projection, without its bias                                    (`matmul`)
   2. bias + RoPE + KV-cache write + attention, flash-decoding splits
      merged inside                                      (`rope_verify_attention`, Triton)
-  3. o projection                                                      (cuBLAS)
+  3. o projection                                                        (`matmul`)
   4. residual add + post-attention RMSNorm, both outputs (`add_rms_norm`, Triton)
-  5. gate/up projection                                                (cuBLAS)
+  5. gate/up projection                                                  (`matmul`)
   6. SiLU(gate) * up                                        (`silu_mul`, Triton)
-  7. down projection                                                   (cuBLAS)
+  7. down projection                                                     (`matmul`)
   8. residual add + the next layer's input RMSNorm (the final norm after the last layer)
                                                          (`add_rms_norm`, Triton)
 
 plus, once per pass, the embedding gather and the first input RMSNorm (and the lm_head matmul
-with its fp32 upcast in the Transformer). Prefills, passes with padding and head sizes other
+in the Transformer). Every matmul of a pass with at most MAX_MATMUL_ROWS rows in all (decode
+B, verify B (K + 1)) goes through `linear_rows`: the batch-invariant Triton `matmul` (fixed
+tiles, k order and split-K per weight; logits in fp32 straight from its accumulator); larger
+passes (prefills) take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
 than 64/128 take the reference layer loop (SDPA). The kernels come through `specrt.kernels`'
 dispatcher: Triton on CUDA tensors, the references elsewhere (SPECRT_KERNELS=triton runs the
 kernels under the interpreter on CPU tensors, which is how the tests check this wiring).
 `hidden_static` is the body that `specrt.model.graphs` captures in CUDA graphs.
 
-Every Triton kernel here gives a row the same bits whatever T it shares a pass with; the
-cuBLAS matmuls do not promise that, so `batch_invariant_tokens` stays 0.
+Batch invariance: every kernel above gives a token the same bits whatever other tokens share
+its pass, so a verify pass reproduces the decode steps it replaces, in bf16 too, as long as the
+pass has at most MAX_MATMUL_ROWS rows in all (cuBLAS beyond). A pass with padding (rows with
+fewer drafts, or none) is computed whole, padding included: a real token never attends to the
+padding after it, and the padding's K/V land past the row's length, where stale slots are
+masked and later overwritten (as in the graph path). That promise is per pass, not per row
+count, which `batch_invariant_tokens` cannot express, so it stays 0 (prefills also take SDPA).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from specrt.kernels import add_rms_norm, rope_verify_attention, silu_mul
+from specrt.kernels import add_rms_norm, matmul, rope_verify_attention, silu_mul
 from specrt.model.backends.base import Pass
-from specrt.model.backends.torch_ref import TorchReference
+from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
 MAX_KERNEL_T = 17              # the largest pass the fused path serves (K_max + 1)
 KERNEL_HEAD_DIMS = (64, 128)   # = specrt.kernels.triton.verify_attention.HEAD_DIMS
 KERNELS_PER_LAYER = 8          # the list above (tests/test_cuda_backend.py counts them)
+MAX_MATMUL_ROWS = 32           # = specrt.kernels.triton.matmul.MAX_ROWS: verify B (K + 1) <= 32
 
 
 def kernel_serves(t: int, head_dim: int) -> bool:
@@ -44,18 +53,55 @@ def kernel_serves(t: int, head_dim: int) -> bool:
     return t <= MAX_KERNEL_T and head_dim in KERNEL_HEAD_DIMS
 
 
+def linear_rows(x: torch.Tensor,  # [..., K]
+                weight: torch.Tensor,  # [N, K]
+                bias: torch.Tensor | None = None,  # [N]
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:  # [..., N]
+    """x @ weight^T + bias: through the batch-invariant `matmul` when x has at most
+    MAX_MATMUL_ROWS rows (a row's bits then never depend on the others; fp32 results are its
+    accumulator), through cuBLAS (`F.linear`, fp32 by upcast) otherwise."""
+    K = x.shape[-1]
+    rows = x.numel() // K if K else 0
+    if 0 < rows <= MAX_MATMUL_ROWS:
+        x2 = x.reshape(rows, K)                                                # [M, K]
+        y = matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, bias, out_dtype)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
+
+
+class InvariantLinear(TorchLinear):
+    """A projection or output head of the CUDA backend (see `linear_rows`)."""
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return linear_rows(x, self.weight, self.bias, out_dtype)
+
+
 class Cuda(TorchReference):
     name = "cuda"
 
     def __init__(self):
         self._zero_bias: dict = {}   # (width, dtype, device) -> zeros, for models without one
 
+    @property
+    def build_id(self) -> str:
+        # Cost calibrations timed when the projections were cuBLAS are not this backend's.
+        return f"{super().build_id}|cuda-bi-matmul"
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               quant: str | None = None):
+        if quant is not None:
+            return super().linear(weight, bias, quant)
+        return InvariantLinear(weight, bias)
+
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
-        if not (kernel_serves(T, model.cfg.head_dim) and rows.all_valid):
+        # Padding is computed like real tokens (module docstring), where the cache has room.
+        if not (kernel_serves(T, model.cfg.head_dim)
+                and max(rows.starts) + T <= cache.max_seq_len):
             return super().hidden(model, input_ids, cache, rows, last_only)
-        ends = [s + v for s, v in zip(rows.starts, rows.valid)]
+        ends = [s + T for s in rows.starts]
         lens = torch.tensor(ends, dtype=torch.int32, device=model.device)       # [B]
         h = self.fused_layers(model, input_ids, cache, lens)                   # [B, T, H]
         return rows.pack(h, last_only)                                         # [N | B, H]
@@ -81,7 +127,7 @@ class Cuda(TorchReference):
         h, _ = add_rms_norm(x, None, model.layers[0].input_norm, eps)
         for i, layer in enumerate(model.layers):
             k_cache, v_cache = cache.layer(i)                                  # [Bmax, Hkv, S, D]
-            qkv = F.linear(h, layer.qkv.weight).view(B, T, -1)                 # [B, T, q + 2 kv]
+            qkv = linear_rows(h, layer.qkv.weight).view(B, T, -1)              # [B, T, q + 2 kv]
             attn = rope_verify_attention(qkv, self._bias(layer.qkv), model.cos, model.sin,
                                          k_cache[:B], v_cache[:B], lens, cfg.num_heads)
             h, x = add_rms_norm(x, layer.o(attn.view(B * T, cfg.q_size)), layer.post_norm, eps)
