@@ -162,7 +162,7 @@ def _plan(*argv: str) -> list[str]:
 def test_llamacpp_methods_alternate_with_specrts_and_keep_their_plain():
     assert _plan("--quick", "--no-hf", "--llamacpp", "--llamacpp-ks", "4") == [
         "plain", "llamacpp:plain", "draft_model:2", "llamacpp:draft:4", "draft_model:4",
-        "llamacpp:ngram-simple:4", "ngram:2", "llamacpp:ngram-map-k:4", "ngram:4", "auto:8"]
+        "llamacpp:ngram-simple:4", "ngram:2", "llamacpp:ngram-map-k:4", "ngram:4", "auto:16"]
     assert _plan("--no-hf", "--llamacpp", "--methods", "ngram:4,llamacpp:ngram-map-k:8") == [
         "plain", "llamacpp:plain", "ngram:4", "llamacpp:ngram-map-k:8"]
     assert not any(m.startswith("llamacpp") for m in _plan("--quick", "--no-hf"))
