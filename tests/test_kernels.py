@@ -12,6 +12,7 @@ import torch
 
 import specrt.kernels as kernels
 from specrt.kernels import reference, reference_layer
+from tests.kernel_cases import CUDA, DEVICE, TOL, needs_cuda_bf16
 
 dispatch = importlib.import_module("specrt.kernels.dispatch")
 attention_kernel = importlib.import_module("specrt.kernels.triton.verify_attention")
@@ -19,12 +20,6 @@ acceptance_kernel = importlib.import_module("specrt.kernels.triton.acceptance")
 rms_kernel = importlib.import_module("specrt.kernels.triton.add_rms_norm")
 silu_kernel = importlib.import_module("specrt.kernels.triton.silu_mul")
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_cuda_bf16 = pytest.mark.skipif(
-    not CUDA, reason="bf16 arithmetic is wrong under the Triton interpreter; bf16 runs on CUDA only"
-)
-TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
 SMALL_SPLIT = {"split_size": 256, "block_v": 128}  # several V-splits and blocks at V ~ 1000
 # Equal maxima in the same lane of different blocks, in different lanes and in different
 # V-splits, for both the default (8192 / 1024) and SMALL_SPLIT tilings: the answer is 2.

@@ -17,15 +17,9 @@ import torch.nn.functional as F
 
 import specrt.kernels as kernels
 from specrt.kernels import reference_layer
+from tests.kernel_cases import DEVICE, TOL, needs_cuda_bf16
 
 mm = importlib.import_module("specrt.kernels.triton.matmul")
-
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_cuda_bf16 = pytest.mark.skipif(
-    not CUDA, reason="bf16 arithmetic is wrong under the Triton interpreter; bf16 runs on CUDA only"
-)
-TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
 
 
 def _inputs(M, N, K, dtype, seed, bias=True):

@@ -45,6 +45,22 @@ def tensor(fn: str, name: str, t: object, dtype: torch.dtype, shape: tuple[int, 
         _explain(fn, name, t, dtype, shape, layout, like)
 
 
+def row_positions(fn: str, starts: list[int], counts: list[int], s: int) -> None:
+    """Row b's counts[b] new tokens go to cache positions starts[b] .. starts[b] + counts[b] - 1
+    of a cache of s positions."""
+    for i, (p, n) in enumerate(zip(starts, counts)):
+        if p < 0 or n < 0 or p + n > s:
+            raise fail(fn, f"starts[{i}], counts[{i}]",
+                       f"0 <= starts, 0 <= counts, starts + counts <= S = {s}", (p, n))
+
+
+def offsets(counts: torch.Tensor) -> torch.Tensor:
+    """[B] int64 tokens per row -> [B + 1] where row b's packed tokens start (and end)."""
+    out = torch.zeros(counts.shape[0] + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=out[1:])
+    return out
+
+
 def _explain(fn: str, name: str, t: object, dtype: torch.dtype | None,
              shape: tuple[int, ...] | None, layout: str, like: str) -> None:
     """Raises the ValueError of the first property t lacks (dtype None: bf16 or fp32)."""

@@ -83,13 +83,9 @@ class Stack:
                                   f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
         if k.stride() != v.stride():
             raise checks.fail(fn, "v_cache", "laid out like k_cache", v.stride())
-        for i, (p, n) in enumerate(zip(starts, counts)):
-            if p < 0 or n < 0 or p + n > s:
-                raise checks.fail(fn, f"starts[{i}], counts[{i}]",
-                                  f"0 <= starts, 0 <= counts, starts + counts <= S = {s}", (p, n))
+        checks.row_positions(fn, starts, counts, s)
         starts_t = torch.tensor(starts, dtype=torch.int64)                 # [B]
-        offsets = torch.zeros(b + 1, dtype=torch.int64)                    # [B + 1]
-        torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0, out=offsets[1:])
+        offsets = checks.offsets(torch.tensor(counts, dtype=torch.int64))  # [B + 1]
         out = torch.empty_like(x)
         self._handle.run(x.data_ptr(), out.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), s,
                          starts_t.data_ptr(), offsets.data_ptr(), b, torch.get_num_threads())

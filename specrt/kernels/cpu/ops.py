@@ -94,8 +94,7 @@ def rope_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Returns [M, Hq * D]: each query's attention over its row's keys 0..its position.
     """
     b, hkv, s, d = _check_attention(qkv, k_cache, v_cache, cos, sin, starts, counts, num_heads)
-    offsets = torch.zeros(b + 1, dtype=torch.int64)                          # [B + 1]
-    torch.cumsum(counts, 0, out=offsets[1:])
+    offsets = checks.offsets(counts)                                          # [B + 1]
     out = torch.empty(qkv.shape[0], num_heads * d, dtype=qkv.dtype)
     _cpu_ops.rope_attention(_bf16(qkv), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                             cos.data_ptr(), sin.data_ptr(), starts.data_ptr(), offsets.data_ptr(),
@@ -125,10 +124,7 @@ def _check_attention(qkv, k_cache, v_cache, cos, sin, starts, counts,
                           f"shape {tuple(k_cache.shape)}")
     if not (isinstance(num_heads, int) and num_heads >= 1 and num_heads % hkv == 0):
         raise checks.fail(fn, "num_heads", f"a positive multiple of Hkv = {hkv}", repr(num_heads))
-    for i, (p, n) in enumerate(zip(starts.tolist(), counts.tolist())):
-        if p < 0 or n < 0 or p + n > s:
-            raise checks.fail(fn, f"starts[{i}], counts[{i}]", f"0 <= starts, 0 <= counts, "
-                              f"starts + counts <= S = {s}", (p, n))
+    checks.row_positions(fn, starts.tolist(), counts.tolist(), s)
     m = int(counts.sum())
     checks.tensor(fn, "qkv", qkv, dt, (m, (num_heads + 2 * hkv) * d),
                   "[M = sum(counts), (Hq + 2 * Hkv) * D]", "k_cache")

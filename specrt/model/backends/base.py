@@ -8,6 +8,7 @@ inputs, and a backend that promises bitwise verify == decode is tested for that 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -40,8 +41,10 @@ class Pass:
     def all_valid(self) -> bool:
         return all(v == self.tokens for v in self.valid)
 
+    @functools.cached_property
     def real_index(self) -> torch.Tensor:
-        """[N] positions of the real tokens in the flattened [B * T], row after row."""
+        """[N] positions of the real tokens in the flattened [B * T], row after row (computed
+        once per pass: the backend packs the ids and the model unpacks the logits by it)."""
         T = self.tokens
         return torch.tensor([b * T + t for b, v in enumerate(self.valid) for t in range(v)],
                             dtype=torch.int64)
@@ -56,7 +59,7 @@ class Pass:
         elif self.all_valid:
             return flat
         else:
-            index = self.real_index()
+            index = self.real_index
         return flat[index.to(x.device)]
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +68,7 @@ class Pass:
         if self.all_valid:
             return x.view(B, T, *x.shape[1:])
         out = x.new_zeros(B * T, *x.shape[1:])
-        out[self.real_index().to(x.device)] = x
+        out[self.real_index.to(x.device)] = x
         return out.view(B, T, *x.shape[1:])
 
 
