@@ -1,0 +1,93 @@
+"""Benchmark: a decode step through the C++ layer loop against the per-op loop it replaces.
+
+Run: python -m benchmarks.layer_loop [--rounds N]        (--help for the knobs)
+
+The default pair's target (bf16), its draft as `LLM` loads it (int8 weights scoring the
+65,536-id shortlist) and the draft in bf16 over the whole vocabulary, each on the CPU-native
+backend. Each round times 10 decode steps at position 60 of every model with the fused loop
+(`specrt.kernels.cpu.layers`) and with the per-op loop (`CpuNative.layers_per_op`), the order
+alternating from round to round, so the machine's drift hits both alike. Prints median ms per
+step, the speedup, and draft step / target step for both loops; writes the section "C++ layer
+loop" of benchmarks/RESULTS.md (--no-record to skip); JSON on the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.harness import cli, machine, report
+from benchmarks.harness.model_dirs import resolve_models
+
+SECTION = "## C++ layer loop (benchmarks/layer_loop.py)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.layer_loop",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_common_args(p)
+    cli.add_record_args(p)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
+    return p
+
+
+def step_seconds(model, fused: bool, steps: int = 10) -> float:
+    import torch
+
+    model.backend.fused_loop = fused
+    cache = model.new_cache(1, 256)
+    model.forward(torch.arange(100, 160)[None], cache)
+    token = torch.tensor([[42]])
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        model.forward(token, cache)
+    return (time.perf_counter() - t0) / steps
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from specrt.api.tokenizer import Tokenizer
+    from specrt.model.transformer import Transformer
+    from specrt.spec.drafters.draft_model import shortlist
+
+    cli.setup_torch(args.threads, "cpu")
+    target_dir, draft_dir = resolve_models(args)
+    info = machine.machine_info(args.threads, "cpu")
+    report.print_header("C++ layer loop vs per-op loop", info)
+    target = Transformer.from_dir(target_dir, "bfloat16", "cpu", 512)
+    ids = set(Tokenizer(target_dir).special_ids()) | set(target.cfg.eos_token_ids)
+    models = {"target bf16": target,
+              "draft int8 + shortlist": Transformer.from_dir(
+                  draft_dir, "bfloat16", "cpu", 512, quant="int8",
+                  head_rows=shortlist(target.cfg.vocab_size, ids)),
+              "draft bf16": Transformer.from_dir(draft_dir, "bfloat16", "cpu", 512)}
+    times = {(name, fused): [] for name in models for fused in (False, True)}
+    for r in range(args.rounds):
+        for name, model in models.items():
+            for fused in ((False, True) if r % 2 == 0 else (True, False)):
+                times[(name, fused)].append(step_seconds(model, fused))
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    rows = [(name, f"{ms[(name, False)]:.2f}", f"{ms[(name, True)]:.2f}",
+             f"{ms[(name, False)] / ms[(name, True)]:.3f}") for name in models]
+    ratios = {f"{d} / target, {'fused' if f else 'per-op'}":
+              ms[(d, f)] / ms[("target bf16", f)]
+              for d in ("draft int8 + shortlist", "draft bf16") for f in (False, True)}
+    text = "\n".join(
+        [report.markdown_table(("model", "per-op ms", "fused ms", "speedup"), rows, "lrrr"), ""]
+        + [f"- {k}: {v:.3f}" for k, v in ratios.items()])
+    print(text)
+    if args.record:
+        report.record_section(SECTION, report.results_preamble(info, args.note)
+                              + f"\nMedian ms per decode step, {args.rounds} interleaved "
+                              "rounds of 10 steps at position 60:\n\n" + text + "\n",
+                              Path(args.results_md))
+    print(json.dumps({"ms": {f"{k[0]} {'fused' if k[1] else 'per-op'}": v
+                             for k, v in ms.items()}, "ratios": ratios}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
