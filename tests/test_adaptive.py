@@ -160,6 +160,44 @@ def test_ngram_acceptance_is_kept_per_match_length():
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
 
 
+class FixedMatch:
+    """An n-gram drafter stand-in with one match of a given length for every row."""
+
+    name = "ngram"
+    min_n, max_n = 1, 3
+
+    def __init__(self, length):
+        self.length = length
+
+    def reset(self, rows):
+        pass
+
+    def matches(self, ctx, k):
+        return [(list(range(10, 10 + k)), self.length)] * len(ctx.histories)
+
+
+def test_a_copy_in_progress_drafts_long_from_its_first_round():
+    """A match whose text has agreed with its source for COPYING tokens is a copy in progress:
+    it learns in its own state, whose prior drafts long at once, while a fresh 3-token match
+    drafts short; what one learns leaves the other alone."""
+    from specrt.spec.drafters.ngram import COPYING
+
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(18)], draft=[])
+    first = {}
+    for length in (3, COPYING - 1, COPYING, COPYING + 5):
+        planner = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(length))
+        planner.reset([0])
+        first[length] = planner.choose(_ctx(1, remaining=500)).k
+    assert first[3] == first[COPYING - 1] <= 5             # lengths past max_n: as max_n
+    assert first[COPYING] == first[COPYING + 5] >= 8        # a copy: long from the start
+    planner = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(COPYING))
+    planner.reset([0])
+    for _ in range(6):                                      # the copy keeps being right
+        plan = planner.choose(_ctx(1, remaining=500))
+        planner.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
+    assert plan.k == 16 and planner.states["ngram/3"].alphas[0] == [0.5] * 16
+
+
 @pytest.mark.parametrize("sampled", [False, True])
 def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, monkeypatch,
                                                                         sampled):

@@ -29,6 +29,20 @@ def reference(history, k, min_n, max_n):
     return []
 
 
+def reference_agreement(history, min_n, max_n, limit):
+    """How many tokens (up to limit) the history's suffix shares with the text ending where
+    the matched occurrence ends: the longest matching n's most recent earlier occurrence."""
+    for n in range(max_n, min_n - 1, -1):
+        ends = [e for e in range(len(history) - 2, n - 2, -1)
+                if history[e - n + 1:e + 1] == history[len(history) - n:]]
+        if ends:
+            e, j = ends[0], 0
+            while j < limit and j <= e and history[e - j] == history[-1 - j]:
+                j += 1
+            return j
+    return 0
+
+
 def _cpp():
     try:
         from specrt import _ngram
@@ -143,6 +157,9 @@ def test_incremental_matches_stateless(backend):
             want_n = next((n for n in range(max_n, min_n - 1, -1)
                            if reference(history, 1, n, n)), 0)
             assert index.match_length() == want_n, (stream, step, history, min_n, max_n)
+            for limit in (0, 1, want_n, 4, 9):
+                assert index.agreement(limit) == reference_agreement(
+                    history, min_n, max_n, limit), (stream, step, history, limit)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -155,6 +172,20 @@ def test_reset_forgets_history(backend):
     assert len(index) == 0 and index.propose(2) == []
     index.extend([1, 2])  # [1, 2] occurred before the reset only
     assert index.propose(2) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_agreement_reaches_past_max_n(backend):
+    """A copied passage agrees with its source for as long as it has been copied, however
+    short the matched n-gram; the agreement is measured against the occurrence propose copies."""
+    index_cls, _ = _backend(backend)
+    index = index_cls(1, 2)
+    source = [5, 6, 7, 8, 9, 10]
+    index.extend([1, 2] + source + [3] + source[:5])
+    assert index.match_length() == 2 and index.propose(1) == [10]
+    assert index.agreement(100) == 5 and index.agreement(3) == 3
+    index.extend([4])        # the copy broke off: no earlier 4, no match
+    assert index.match_length() == 0 and index.agreement(100) == 0
 
 
 # ---------------------------------------------------------------- input types

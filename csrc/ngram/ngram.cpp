@@ -170,6 +170,18 @@ int NgramIndex::match_length() const {
   return 0;
 }
 
+int NgramIndex::agreement(int limit) const {
+  const int n = match_length();
+  if (n == 0 || limit <= 0) return 0;
+  // The occurrence ends at `end` < size - 1: compare backwards from both ends.
+  const size_t end = prev_end_[n - min_n_];
+  const size_t last = tokens_.size() - 1;
+  const size_t most = std::min(static_cast<size_t>(limit), end + 1);
+  size_t j = 0;
+  while (j < most && tokens_[end - j] == tokens_[last - j]) ++j;
+  return static_cast<int>(j);
+}
+
 std::pair<size_t, size_t> NgramIndex::propose_range(int k) const {
   check_k(k);
   const int n = match_length();

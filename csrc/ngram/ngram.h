@@ -58,6 +58,11 @@ class NgramIndex {
   // 0 when none does. A longer match is a better guess: the adaptive planner keeps its
   // acceptance per n.
   int match_length() const;
+  // How many tokens, up to `limit`, the history's suffix shares with the text that ends
+  // where propose copies from: match_length() when that is below max_n, and possibly more
+  // when the whole max_n-gram matched (0 when nothing matches). A long agreement means the
+  // text is being copied, so the copy is likely to go on.
+  int agreement(int limit) const;
 
   void reset();
   size_t size() const { return tokens_.size(); }

@@ -181,6 +181,10 @@ O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <=
       .def("match_length", &specrt::NgramIndex::match_length,
            "The suffix length n that propose matches on (the longest n in [min_n, max_n] whose\n"
            "last n tokens occurred earlier); 0 if none does.")
+      .def("agreement", &specrt::NgramIndex::agreement, py::arg("limit"),
+           "How many tokens, up to limit, the history's suffix shares with the text ending\n"
+           "where propose copies from: match_length() below max_n, possibly more once the\n"
+           "whole max_n-gram matches; 0 if nothing matches (or limit <= 0).")
       .def("reset", &specrt::NgramIndex::reset, "Forget the whole history (and free its memory).")
       .def("__len__", &specrt::NgramIndex::size, "Number of tokens in the history.")
       .def_property_readonly("min_n", &specrt::NgramIndex::min_n)

@@ -115,12 +115,23 @@ void test_validation() {
                        "min_n must be <= max_n, got min_n=2, max_n=1"));
 }
 
+void test_agreement() {
+  // "2 3 4 1" copied after a 9: the 2-gram (4, 1) matches, and the copy agrees for 4 tokens.
+  specrt::NgramIndex index(1, 2);
+  index.extend(Tokens{5, 2, 3, 4, 1, 7, 9, 2, 3, 4, 1});
+  CHECK(index.match_length() == 2 && index.propose(1) == (Tokens{7}));
+  CHECK(index.agreement(10) == 4 && index.agreement(3) == 3 && index.agreement(0) == 0);
+  index.extend(Tokens{8});  // no earlier 8: nothing matches
+  CHECK(index.agreement(10) == 0);
+}
+
 }  // namespace
 
 int main() {
   test_hand_written();
   test_index_matches_scan();
   test_int64_input();
+  test_agreement();
   test_validation();
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);

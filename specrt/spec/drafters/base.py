@@ -79,7 +79,9 @@ class MatchingDrafter(Protocol):
     max_n: int
 
     def matches(self, ctx: DraftContext, k: int) -> list[tuple[list[int], int]]:
-        """Per row: (up to k guesses, the matched suffix length n), ([], 0) for none."""
+        """Per row: (up to k guesses, the matched length n), ([], 0) for none. n counts the
+        history's last tokens that agree with the text the guesses come from (at least
+        min_n; past max_n only for a copy in progress)."""
 
 
 @runtime_checkable

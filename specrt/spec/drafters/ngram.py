@@ -10,7 +10,12 @@ from __future__ import annotations
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext, Proposal, right_pad
 from specrt.spec.drafters.ngram_index import NgramIndex
 
-__all__ = ["NgramDrafter", "proposal_from_lists"]
+__all__ = ["COPYING", "NgramDrafter", "proposal_from_lists"]
+
+# A match whose text has agreed with its source for this many tokens is a copy in progress
+# (a passage being rewritten or quoted), and copies tend to go on: `matches` measures the
+# agreement up to here, past the longest n-gram it looks up.
+COPYING = 8
 
 
 class NgramDrafter:
@@ -27,15 +32,17 @@ class NgramDrafter:
             self.indexes[r].reset()
 
     def matches(self, ctx: DraftContext, k: int) -> list[tuple[list[int], int]]:
-        """Per row: (up to k proposed tokens, the matched suffix length n), or ([], 0) for an
-        inactive row or no match. Free to compute: the adaptive planner calls this to decide
-        whether to draft with a model instead, and keeps acceptance per n (a guess after a
-        3-token match is far better than one after a 1-token match)."""
+        """Per row: (up to k proposed tokens, the matched length n), or ([], 0) for an
+        inactive row or no match. n counts the history's last tokens that agree with the text
+        the guesses are copied from: the matched n-gram's length, and past max_n up to
+        COPYING. Free to compute: the adaptive planner calls this to decide whether to draft
+        with a model instead, and keeps acceptance per n (a guess after a 3-token match is far
+        better than one after a 1-token match, and one within a copy better still)."""
         out = []
         for index, history, active in zip(self.indexes, ctx.histories, ctx.active):
             if len(index) < len(history):
                 index.extend(history[len(index):])
-            out.append((index.propose(k), index.match_length()) if active else ([], 0))
+            out.append((index.propose(k), index.agreement(COPYING)) if active else ([], 0))
         return out
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:

@@ -12,7 +12,8 @@ shared by both backends and checked against a brute-force reference in tests/tes
 Public API, identical for both backends:
     BACKEND                      "cpp" or "python": which one NgramIndex/propose are.
     NgramIndex(min_n, max_n)     incremental index: extend(tokens), propose(k) -> list[int],
-                                 reset(), len(); propose is O(max_n + k), flat in history length.
+                                 match_length(), agreement(limit), reset(), len();
+                                 propose is O(max_n + k), flat in history length.
     propose(history, k, min_n, max_n) -> list[int]   stateless, O(len(history) * max_n).
     PyNgramIndex, py_propose     the pure-Python fallback, always importable (for tests).
 
@@ -144,6 +145,20 @@ class PyNgramIndex:
             if self._prev_end[level] >= 0:
                 return self.min_n + level
         return 0
+
+    def agreement(self, limit: int) -> int:
+        """How many tokens, up to limit, the history's suffix shares with the text ending
+        where propose copies from: match_length() below max_n, possibly more once the whole
+        max_n-gram matches; 0 if nothing matches (or limit <= 0). A long agreement means the
+        text is being copied, so the copy is likely to go on."""
+        n = self.match_length()
+        if not n or limit <= 0:
+            return 0
+        end, history = self._prev_end[n - self.min_n], self._tokens
+        last, j = len(history) - 1, 0
+        while j < min(limit, end + 1) and history[end - j] == history[last - j]:
+            j += 1
+        return j
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest

@@ -13,9 +13,15 @@ tokens the rows are expected to still commit: as many as they have committed so 
 MIN_HORIZON, at most their budget and HORIZON).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
-  and K is at most the match length). Its acceptance is kept per matched suffix length n:
-  a guess that follows a 3-token match is right far more often than one after a 1-token
-  match, and one average would overrate the second and underrate the first;
+  and K is at most the match length). Its acceptance is kept per matched length n: a guess
+  that follows a 3-token match is right far more often than one after a 1-token match, and
+  one average would overrate the second and underrate the first. A match whose text has
+  agreed with its source for COPYING tokens or more is a copy in progress and has its own
+  state ("ngram/copy"). A copy goes on until the text departs from its source, as likely at
+  one position as at the next: that state keeps one acceptance for every position, learnt
+  from every guess it sees (per-token weight COPY_WEIGHT), so a copy that keeps being
+  accepted is drafted up to K_max within a few rounds instead of K creeping up one
+  position at a time (each position learnt only once a round has drafted that far);
 - the draft model, K = 1..K_max, run only when it wins.
 
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
@@ -46,9 +52,12 @@ import dataclasses
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import (LONG_CATCH_UP, CatchUpDrafter, DraftContext,
                                       MatchingDrafter)
+from specrt.spec.drafters.ngram import COPYING
 from specrt.spec.planners.base import PLAIN, Plan
 
-PRIORS = {"draft_model": 0.6, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5}   # "ngram": n >= 3
+COPY_STATE = "ngram/copy"
+PRIORS = {"draft_model": 0.6, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,   # "ngram": n >= 3
+          COPY_STATE: 0.8}
 # EWMA weight of the newest observation of a position: an average over ~12 rounds. At 0.3
 # (~6 rounds) a draft model accepted 63% of the time read below its break-even after two
 # rejections in a row, sat out, and was only probed back later; summed calibrated costs over
@@ -58,6 +67,9 @@ WEIGHT = 0.15
 # two within a few tokens: its states learn faster, or a copied paragraph is half over before
 # auto drafts it in long runs (held-out rewrite prompts: K ramped 1, 2, ... 10 over ~20 rounds).
 NGRAM_WEIGHT = 0.35
+# The copy state learns per guess (one acceptance for all positions): ~10 guesses of memory,
+# about one copied clause.
+COPY_WEIGHT = 0.1
 SPREAD = 0.5                  # pull of a fully accepted round on the positions past it
 PROBE_BASE = 16
 PROBE_MAX = 512
@@ -71,7 +83,8 @@ MIN_HORIZON = 16
 
 @dataclasses.dataclass
 class DrafterState:
-    name: str                     # "draft_model", or "ngram/n" for matches of n tokens
+    name: str                     # "draft_model", "ngram/n" for matches of n tokens, or
+                                  # "ngram/copy" for a copy in progress (n >= COPYING)
     drafter: str                  # the drafter it belongs to
     alphas: list[list[float]]     # [B][K_max] acceptance per position, per row
     idle_rounds: int = 0          # rounds since this drafter last proposed
@@ -118,8 +131,9 @@ class AdaptivePlanner:
         if not self.states:
             names = [("draft_model", "draft_model")] if self.draft_model is not None else []
             if self.ngram is not None:
-                names += [(_ngram_state(n), "ngram")
-                          for n in range(self.ngram.min_n, self.ngram.max_n + 1)]
+                lengths = [*range(self.ngram.min_n, COPYING), COPYING]
+                names += [(name, "ngram") for name in dict.fromkeys(map(self._ngram_state,
+                                                                          lengths))]
             self.states = {name: DrafterState(name, drafter, []) for name, drafter in names}
         for state in self.states.values():
             prior = PRIORS.get(state.name, PRIORS[state.drafter])
@@ -154,7 +168,8 @@ class AdaptivePlanner:
             if longest and _could_win(lambda k: _mean(
                     expected_tokens([OPTIMISTIC] * min(k, guesses[b]), k) for b in rows)
                     / cv[k], longest, plain):
-                can_probe.append(self.states[_ngram_state(max(matches[b][1] for b in rows))])
+                longest_match = max(matches[b][1] for b in rows)
+                can_probe.append(self.states[self._ngram_state(longest_match)])
         if self.draft_model is not None:
             state = self.states["draft_model"]
             cv = [verify([k * a for a in ctx.active]) for k in range(self.max_k + 1)]
@@ -204,7 +219,7 @@ class AdaptivePlanner:
             return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
                                                              batch=batch))
         if name == "ngram":
-            feeds = tuple(_ngram_state(n) if n else None for _, n in matches)
+            feeds = tuple(self._ngram_state(n) if n else None for _, n in matches)
             return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, batch=batch))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
         return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, batch))
@@ -221,8 +236,11 @@ class AdaptivePlanner:
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
             if d and decision.feeds[row] is not None:
                 state = self.states[decision.feeds[row]]
-                _learn(state.alphas[row], n, d,
-                       NGRAM_WEIGHT if state.drafter == "ngram" else WEIGHT)
+                if state.name == COPY_STATE:
+                    _learn_tied(state.alphas[row], n, d, COPY_WEIGHT)
+                else:
+                    _learn(state.alphas[row], n, d,
+                           NGRAM_WEIGHT if state.drafter == "ngram" else WEIGHT)
         for key in used - {None}:
             state = self.states[key]
             if key == decision.probe:   # won nothing on merit: wait longer before the next probe
@@ -230,11 +248,17 @@ class AdaptivePlanner:
             else:
                 state.probe_gap = PROBE_BASE
 
+    def _ngram_state(self, n: int) -> str:
+        """The state a match of length n learns in: per n-gram length, lengths past max_n
+        with the longest, and a copy in progress (n >= COPYING) on its own."""
+        return COPY_STATE if n >= COPYING else f"ngram/{min(n, self.ngram.max_n)}"
+
     def _ngram_expected(self, match: tuple[list[int], int], row: int, k: int) -> float:
         draft, n = match
         if not draft:
             return 1.0                        # no match: the row gets the target's token only
-        return expected_tokens(self.states[_ngram_state(n)].alphas[row], min(k, len(draft)))
+        return expected_tokens(self.states[self._ngram_state(n)].alphas[row],
+                               min(k, len(draft)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +294,15 @@ def _learn(alphas: list[float], accepted: int, drafted: int, weight: float = WEI
             alphas[i] = _ewma(alphas[i], max(alphas[i], alphas[drafted - 1]), SPREAD)
 
 
-def _ngram_state(n: int) -> str:
-    return f"ngram/{n}"
+
+
+def _learn_tied(alphas: list[float], accepted: int, drafted: int, weight: float) -> None:
+    """Update one row's acceptance, one value for every position, with each guess the round
+    observed in turn: the accepted ones, then the rejected one if any."""
+    a = alphas[0]
+    for outcome in [1.0] * accepted + [0.0] * (accepted < drafted):
+        a = _ewma(a, outcome, weight)
+    alphas[:] = [a] * len(alphas)
 
 
 def _ewma(old: float, new: float, weight: float) -> float:
