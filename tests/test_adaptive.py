@@ -1,4 +1,6 @@
 """Adaptive speculation ("auto"): K follows acceptance, and output stays exact."""
+import json
+
 import pytest
 import torch
 
@@ -107,6 +109,28 @@ def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir):
                        speculative={"method": "auto", "num_speculative_tokens": 4})
     assert res.token_ids == plain
     assert all(k == "plain" or k.startswith("ngram:") for k in res.stats["plan_histogram"])
+
+
+def test_a_draft_and_its_target_are_calibrated_interleaved(llm, tmp_path, monkeypatch):
+    """The cost model times the draft and the target forward by forward in turn, so a change
+    in the machine's speed hits both alike; the pair is cached under keys naming both."""
+    from specrt.spec import calibration
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_cache", {})
+    target, draft = llm.engine.target, llm.engine.draft
+    order = []
+    for name, model in (("target", target), ("draft", draft)):
+        def timed(*args, _forward=model.forward, _name=name, **kw):
+            order.append(_name)
+            return _forward(*args, **kw)
+        monkeypatch.setattr(model, "forward", timed)
+    costs = CostModel.calibrate(target, draft, 3)
+    timed_calls = order[2:]                                 # after one prefix forward each
+    assert timed_calls == ["target", "draft"] * (len(timed_calls) // 2)
+    assert len(costs.verify) == len(costs.draft) >= 4
+    saved = json.loads((tmp_path / "calibration.json").read_text())
+    assert sum(" | beside " in k for k in saved) == 2
 
 
 def test_calibration_measures_a_cost_per_t(llm):

@@ -1,8 +1,11 @@
 """Measuring what a forward costs on this machine, and remembering it.
 
 `forward_seconds(model, max_t)` times one forward of T = 1..max_t new tokens after a short
-prefix, on a small private cache (the serving caches are untouched). Results are keyed by
-(model, dtype, device, threads, CPU, backend build) and kept in memory and on disk
+prefix, on a small private cache (the serving caches are untouched); `timed_together(models,
+max_t)` does the same for a draft model and its target, interleaved forward by forward, so both
+are timed on the same machine: memory bandwidth here swings by 1.6x within minutes, and what
+`auto` plans from is the draft's cost relative to the target's. Results are keyed by (model, dtype, device, threads, CPU,
+backend build, and the models timed beside it) and kept in memory and on disk
 (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`, written atomically), so a
 calibration runs once per machine and kernel build. `specrt.spec.costs` turns them into a
 cost model.
@@ -47,39 +50,60 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
     warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
     except for the step from 1 to 2 rows, where CPU matmuls switch kernels."""
-    key = calibration_key(model, max_t)
+    return timed_together([model], max_t)[0]
+
+
+def timed_together(models: list[Transformer], max_t: int) -> list[list[float]]:
+    """`forward_seconds` of each model, timed interleaved (each T and repeat runs every model
+    in turn), so a change in the machine's speed during the calibration hits all alike and
+    their ratios hold."""
+    keys = [calibration_key(m, max_t) + "".join(f" | beside {calibration_key(o, max_t)}"
+                                                for o in models if o is not m)
+            for m in models]
     with _lock:
-        if key not in _cache:
+        if any(k not in _cache for k in keys):
             entries, healed = _load_disk()
             _cache.update(entries)
             if healed:                       # rewrite a damaged file now, with the good entries
                 _save_disk(_cache)
-        if key in _cache and len(_cache[key]) == max_t:
-            return _cache[key]
-    out = _measure(model, max_t)
+        if all(k in _cache and len(_cache[k]) == max_t for k in keys):
+            return [_cache[k] for k in keys]
+    out = _measure(models, max_t)
     with _lock:
-        _cache[key] = out
+        _cache.update(zip(keys, out))
         _save_disk(_cache)
     return out
 
 
-def _measure(model: Transformer, max_t: int) -> list[float]:
-    cache = model.new_cache(1, _PREFIX + max_t)
-    ids = torch.randint(0, min(model.cfg.vocab_size, 1000), (1, _PREFIX + max_t),
-                        generator=torch.Generator().manual_seed(0)).to(model.device)
-    model.forward(ids[:, :_PREFIX], cache)
-    measured = {}
+def _measure(models: list[Transformer], max_t: int) -> list[list[float]]:
+    caches, inputs = [], []
+    for model in models:
+        cache = model.new_cache(1, _PREFIX + max_t)
+        ids = torch.randint(0, min(model.cfg.vocab_size, 1000), (1, _PREFIX + max_t),
+                            generator=torch.Generator().manual_seed(0)).to(model.device)
+        model.forward(ids[:, :_PREFIX], cache)
+        caches.append(cache)
+        inputs.append(ids)
+    measured = [{} for _ in models]
     for t in sorted({1, min(2, max_t), (max_t + 1) // 2, max_t}):
-        times = []
+        times = [[] for _ in models]
         for rep in range(_REPEATS + 1):
-            cache.truncate([_PREFIX])
-            _sync(model.device)
-            t0 = time.perf_counter()
-            model.forward(ids[:, _PREFIX:_PREFIX + t], cache)
-            _sync(model.device)
-            if rep:                                   # the first is a warm-up
-                times.append(time.perf_counter() - t0)
-        measured[t] = statistics.median(times)
+            for i, (model, cache, ids) in enumerate(zip(models, caches, inputs)):
+                cache.truncate([_PREFIX])
+                _sync(model.device)
+                t0 = time.perf_counter()
+                model.forward(ids[:, _PREFIX:_PREFIX + t], cache)
+                _sync(model.device)
+                if rep:                               # the first is a warm-up
+                    times[i].append(time.perf_counter() - t0)
+        for i in range(len(models)):
+            measured[i][t] = statistics.median(times[i])
+    return [_curve(m, max_t) for m in measured]
+
+
+def _curve(measured: dict[int, float], max_t: int) -> list[float]:
+    """Seconds for T = 1..max_t from the timed points, interpolated between them and kept
+    monotone (latency cannot fall as T grows; timing noise can make it look so)."""
     points = sorted(measured)
     out = []
     for t in range(1, max_t + 1):
@@ -87,7 +111,6 @@ def _measure(model: Transformer, max_t: int) -> list[float]:
         hi = min(p for p in points if p >= t)
         w = 0.0 if hi == lo else (t - lo) / (hi - lo)
         out.append((1 - w) * measured[lo] + w * measured[hi])
-    # Latency cannot fall as T grows; keep the curve monotone despite timing noise.
     for i in range(1, len(out)):
         out[i] = max(out[i], out[i - 1])
     return out

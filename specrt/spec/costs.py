@@ -11,7 +11,7 @@ import dataclasses
 
 from specrt.model.backends.base import chunks
 from specrt.model.transformer import Transformer
-from specrt.spec.calibration import forward_seconds
+from specrt.spec.calibration import forward_seconds, timed_together
 
 
 @dataclasses.dataclass
@@ -25,9 +25,11 @@ class CostModel:
     def calibrate(cls, target: Transformer, draft: Transformer | None, max_k: int) -> "CostModel":
         chunk = target.backend.batch_invariant_tokens
         rows = max(max_k + 1, chunk)
-        verify = forward_seconds(target, rows)
-        return cls(verify=verify, chunk_rows=chunk,
-                   draft=forward_seconds(draft, rows) if draft is not None else [])
+        if draft is None:
+            return cls(verify=forward_seconds(target, rows), draft=[], chunk_rows=chunk)
+        # Timed together: what auto weighs is the draft's cost against the target's.
+        verify, draft_curve = timed_together([target, draft], rows)
+        return cls(verify=verify, draft=draft_curve, chunk_rows=chunk)
 
     @property
     def draft_step(self) -> float:
