@@ -57,10 +57,11 @@ class _Row:
 
 class Engine:
     def __init__(self, target: Transformer, draft: Transformer | None = None,
-                 max_batch_size: int = 1, max_seq_len: int = 4096, static: bool = False):
+                 max_batch_size: int = 1, max_seq_len: int = 4096, static: bool = False,
+                 graph_max_k: int = MAX_SPECULATIVE_TOKENS):
         """static: run the verify pass and draft loop through static-buffer runners
-        (specrt.engine.static_round), captured as CUDA graphs on CUDA -- all of them here, at
-        load (`warm_up`) -- and run eagerly elsewhere."""
+        (specrt.engine.static_round), captured as CUDA graphs on CUDA -- all of them for
+        K <= graph_max_k here, at load (`warm_up`) -- and run eagerly elsewhere."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -87,7 +88,7 @@ class Engine:
         self.batch_spec: SpecConfig | None = None
         self._reserved: list[int] = []           # slots admitted, waiting for their prefill
         if static and target.device.type == "cuda":
-            self.warm_up()
+            self.warm_up(graph_max_k)
 
     # --- planners ---------------------------------------------------------------------------
     def planner_for(self, spec: SpecConfig | None) -> Planner | None:
