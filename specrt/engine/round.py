@@ -22,6 +22,8 @@ The round, in order (`run_round`):
 5. *rollback*, of both caches, here and nowhere else: the target's cache is truncated to the
    committed prefix, and the drafter that proposed is told how many of its drafts were kept;
 6. the planner *observes* the outcome, with its plan handed back.
+On an engine with graphs, an all-greedy round does 2-5 as `specrt.engine.static_round` says:
+two graph replays and one host sync on CUDA.
 
 Invariant: the target cache holds K/V for every committed token except the last one, which is
 fed as the first token of the next verify pass. Rollback of the rejected tail is a truncate.
