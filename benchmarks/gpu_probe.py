@@ -150,7 +150,6 @@ def round_syncs(model, prompt: list[int], k: int, rounds: int) -> dict:
         for _ in range(rounds):
             eng.step()
     out["read_backs_per_round"] = (eng.graphs.read_backs - before) / rounds
-    del eng
     return out
 
 
