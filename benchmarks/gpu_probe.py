@@ -7,7 +7,10 @@ written) and measures, on CUDA graphs where the engine uses them:
   draft       0.5B step / 1.5B step
   kernels     GPU activities in one eager 1-token step (torch.profiler)
   syncs       host syncs in one eager decode forward and in one graphed verify replay
-              (torch.cuda.set_sync_debug_mode); a whole round's count needs the engine: not here
+              (torch.cuda.set_sync_debug_mode), and per greedy speculative round through the
+              engine's graphed path (the model as its own draft, K = 4, so every draft is
+              accepted): sync calls the profiler sees (cuda*Synchronize, blocking cudaMemcpy)
+              per round, implicit syncs sync debug mode reports, and the engine's read-backs
   exact       bf16: 512 greedy decode steps vs the same tokens verified 8 at a time, rows whose
               logits differ in any bit, and argmax mismatches
 Prints a table last and writes JSON (--json). `--tiny` runs the plumbing on CPU in seconds.
@@ -21,9 +24,12 @@ import warnings
 
 import torch
 
+from specrt.engine.engine import Engine
+from specrt.engine.request import Request
 from specrt.model.config import ModelConfig
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
+from specrt.spec.config import SpecConfig
 
 SHAPES = {  # layers, hidden, intermediate, q heads, kv heads, head dim, vocab
     "1.5b": (28, 1536, 8960, 12, 2, 128, 151936),
@@ -110,6 +116,43 @@ def count_syncs(fn, device) -> int | None:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy")   # cudaMemcpy without Async: a blocking copy
+
+
+def round_syncs(model, prompt: list[int], k: int, rounds: int) -> dict:
+    """Host syncs per greedy speculative round (model as its own draft) on the engine's graphed
+    path: profiler sync calls, sync-debug-mode reports, and StaticRound read-backs."""
+    device = model.device
+    t0 = time.perf_counter()
+    eng = Engine(model, model, 1, len(prompt) + 4 * rounds * (k + 1) + 64, static=True,
+                 graph_max_k=k)                    # on CUDA: every graph captured here
+    capture_s = time.perf_counter() - t0
+    eng.admit(Request(tuple(prompt), 3 * rounds * (k + 1), spec=SpecConfig("draft_model", k)))
+    for _ in range(3):
+        eng.step()                                  # the first round's long catch-up is eager
+    out = {"k": k, "rounds": rounds, "warm_up_s": capture_s}
+    before = eng.graphs.read_backs
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(rounds):
+                eng.step()
+            torch.cuda.synchronize()
+        calls = [e.name for e in prof.events() if e.name in SYNC_CALLS]
+        out["profiler_syncs_per_round"] = (len(calls) - 1) / rounds   # - the final synchronize
+        out["profiler_sync_calls"] = sorted(set(calls))
+        out["debug_mode_syncs_per_round"] = count_syncs(
+            lambda: [eng.step() for _ in range(rounds)], device) / rounds
+        rounds *= 2
+    else:
+        for _ in range(rounds):
+            eng.step()
+    out["read_backs_per_round"] = (eng.graphs.read_backs - before) / rounds
+    return out
+
+
 def exactness(model, prompt, steps: int, chunk: int) -> dict:
     """Greedy decode `steps` tokens one at a time (graphed), then feed the same inputs through
     `chunk`-token verify passes; count logits rows that differ in any bit, and argmax flips."""
@@ -178,6 +221,8 @@ def main(argv=None) -> int:
         cache.truncate([args.context])
         if shape in ("1.5b", "tiny") and time.perf_counter() - t_start < args.budget:
             m["exact"] = exactness(model, prompt[:, :64], 512 if not args.tiny else 16, 8)
+        if shape in ("1.5b", "tiny") and time.perf_counter() - t_start < args.budget:
+            m["round"] = round_syncs(model, prompt[0, :64].tolist(), 4, 10 if args.tiny else 20)
         res["models"][shape] = m
         del model, cache, one
         if device.type == "cuda":
@@ -199,6 +244,13 @@ def main(argv=None) -> int:
             (shape, "syncs: eager decode / graphed verify",
              f"{m['syncs_eager_decode']} / {m['syncs_graphed_verify']}"),
         ]
+        if "round" in m:
+            r = m["round"]
+            rows.append((shape, f"syncs per greedy round (K={r['k']}): profiler / debug / "
+                                "read-backs",
+                         f"{r.get('profiler_syncs_per_round', 'n/a')} / "
+                         f"{r.get('debug_mode_syncs_per_round', 'n/a')} / "
+                         f"{r['read_backs_per_round']}"))
         if "exact" in m:
             e = m["exact"]
             rows.append((shape, f"verify==decode over {e['tokens']} tokens",

@@ -10,8 +10,9 @@ built in memory (no files, no download), and the same K-token proposal is made b
 `DraftModelDrafter`s sharing its weights:
 
   eager    static=False: every draft step is a `Transformer.forward` (one launch per op).
-  static   static=True: the catch-up forward is eager, guesses 2..K replay one CUDA graph
-           (`StaticDraftLoop`). On CPU the same static buffers run eagerly ("static-eager").
+  static   static=True: the catch-up forward (1 or 2 tokens; longer ones feed all but the last
+           eagerly first) and all K guesses replay one CUDA graph (`StaticDraftLoop`). On CPU
+           the same static buffers run eagerly ("static-eager").
 
 Both drafters are driven in lockstep through the same rounds: a P-token prompt (round 0,
 untimed), then rounds that each feed one new committed token, propose K drafts, and accept

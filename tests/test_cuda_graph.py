@@ -60,9 +60,10 @@ def test_no_buffer_is_reallocated_across_100_rounds(pair):
     spec = {"method": "draft_model", "num_speculative_tokens": 4}
     static.generate(PROMPTS[:2], max_new_tokens=8, speculative=spec)     # build the runners
     drafter = static.engine.draft_drafter
-    runners = list(static.engine._forwards.values()) + list(drafter._loops.values())
+    runners = static.engine.graphs.runners() + list(drafter._loops.values())
     ptrs = lambda: [t.data_ptr() for r in runners for t in r.buffers()] + [  # noqa: E731
-        static.engine.cache.k.data_ptr(), drafter.cache.k.data_ptr()]
+        static.engine.cache.k.data_ptr(), drafter.cache.k.data_ptr(),
+        static.engine.graphs.logits.data_ptr()]
     before = ptrs()
     rounds = 0
     for _ in range(12):
@@ -70,4 +71,4 @@ def test_no_buffer_is_reallocated_across_100_rounds(pair):
         rounds += res[0].stats["target_passes"] - 1
         assert ptrs() == before
     assert rounds >= 100
-    assert list(static.engine._forwards.values()) + list(drafter._loops.values()) == runners
+    assert static.engine.graphs.runners() + list(drafter._loops.values()) == runners

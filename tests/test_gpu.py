@@ -8,6 +8,7 @@ claims are checked where it matters: Triton kernels compiled, graphs really capt
 In bf16 too, speculative output must equal plain output token for token: the CUDA backend's
 decode and verify passes are batch invariant (section (c) says why and within which sizes).
 """
+import contextlib
 import gc
 
 import pytest
@@ -74,10 +75,14 @@ def plain(llms):
     return get
 
 
-def _captured(llm) -> list:
+def _runners(llm) -> list:
     eng = llm.engine
-    loops = list(eng._draft_drafter._loops.values()) if eng._draft_drafter else []
-    return [r.graph for r in list(eng._forwards.values()) + loops]
+    loops = list(eng.draft_drafter._loops.values()) if eng.draft_drafter else []
+    return eng.graphs.runners() + loops
+
+
+def _captured(llm) -> list:
+    return [r.graph for r in _runners(llm)]
 
 
 # --- (a) fp32: speculative == plain, token for token --------------------------------------
@@ -107,8 +112,35 @@ def test_graphs_llm_really_uses_graphs(llms):
     llm = llms("float32", True)
     assert llm.engine.static
     run(llm, SPECS["draft_model:4"])
-    assert llm.engine._draft_drafter._loops, "the draft loop never went through the runner"
+    assert llm.engine.draft_drafter._loops, "the draft loop never went through the runner"
     assert all(g is not None for g in _captured(llm))
+
+
+def test_greedy_round_is_two_replays_and_one_sync(llms):
+    """Every graph was captured at load into the one pool; a greedy round's device section
+    (draft replay, verify replay) runs under sync debug mode "error" and each round reads back
+    once."""
+    llm = llms("float32", True)
+    eng = llm.engine
+    captured = eng.graphs.pool.captured
+    assert captured == len(_runners(llm)) and all(g is not None for g in _captured(llm))
+
+    @contextlib.contextmanager
+    def no_sync():
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    eng.graphs.section_guard = no_sync
+    try:
+        before = eng.graphs.read_backs
+        res = llm.generate(PROMPTS[1], max_new_tokens=NEW, speculative=SPECS["draft_model:4"])
+    finally:
+        eng.graphs.section_guard = contextlib.nullcontext
+    rounds = res.stats["target_passes"] - 1
+    assert rounds > 0 and eng.graphs.read_backs - before == rounds
+    assert eng.graphs.pool.captured == captured, "a graph was captured mid-generation"
 
 
 # --- (c) bf16: speculative == plain, token for token -------------------------------------
@@ -126,8 +158,12 @@ def test_graphs_llm_really_uses_graphs(llms):
 def test_bf16_greedy_speculative_equals_plain(llms, plain, name, graphs):
     rows = len(BATCH) * (SPECS[name]["num_speculative_tokens"] + 1)
     assert rows <= cuda_backend.MAX_MATMUL_ROWS, "a verify pass past the batch-invariant size"
-    out = run(llms("bfloat16", graphs), SPECS[name])
+    llm = llms("bfloat16", graphs)
+    before = llm.engine.graphs.read_backs if graphs else 0
+    out = run(llm, SPECS[name])
     ref = plain("bfloat16", graphs)
+    if graphs:   # greedy rounds took the two-replays-one-sync path (StaticRound.greedy_round)
+        assert llm.engine.graphs.read_backs > before
     assert all(len(o) == NEW for o in out), f"{name}: a row stopped early"
     for i, (got, want) in enumerate(zip(out, ref)):
         assert got == want, (f"bf16 {name} graphs={graphs} output {i} first differs at token "
@@ -193,10 +229,11 @@ def test_no_buffer_is_reallocated_across_100_rounds(llms):
     llm.generate(PROMPTS[:2], max_new_tokens=8, speculative=spec)       # build the runners
     eng = llm.engine
     drafter = eng.draft_drafter
-    runners = list(eng._forwards.values()) + list(drafter._loops.values())
+    runners = _runners(llm)
     graphs = [r.graph for r in runners]
     assert graphs and all(g is not None for g in graphs)
     ptrs = lambda: [t.data_ptr() for r in runners for t in r.buffers()] + [  # noqa: E731
+        eng.graphs.logits.data_ptr(),
         eng.cache.k.data_ptr(), eng.cache.v.data_ptr(), eng.cache.lengths.data_ptr(),
         drafter.cache.k.data_ptr(), drafter.cache.v.data_ptr(), drafter.cache.lengths.data_ptr()]
     before = ptrs()
@@ -212,7 +249,7 @@ def test_no_buffer_is_reallocated_across_100_rounds(llms):
     gc.collect()
     torch.cuda.synchronize()
     assert rounds >= 100
-    assert list(eng._forwards.values()) + list(drafter._loops.values()) == runners
+    assert _runners(llm) == runners
     assert [r.graph for r in runners] == graphs, "a graph was re-captured"
     # no per-round allocation survives a generation (1 MiB of slack for allocator rounding)
     assert torch.cuda.memory_allocated() <= mem_before + (1 << 20)

@@ -25,9 +25,10 @@ from specrt.engine.metrics import RequestStats, Timing
 from specrt.engine.request import Request, Step, check_request
 from specrt.engine.round import prefill_rows, run_round
 from specrt.errors import CapacityError, ConfigError
-from specrt.model.graphs import StaticForward
+from specrt.engine.static_round import StaticRound
+from specrt.model.graphs import GraphPool
 from specrt.model.transformer import Transformer
-from specrt.spec.config import SpecConfig
+from specrt.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import DraftContext
 from specrt.spec.planners import Planner, build_planner
@@ -56,9 +57,11 @@ class _Row:
 
 class Engine:
     def __init__(self, target: Transformer, draft: Transformer | None = None,
-                 max_batch_size: int = 1, max_seq_len: int = 4096, static: bool = False):
+                 max_batch_size: int = 1, max_seq_len: int = 4096, static: bool = False,
+                 graph_max_k: int = MAX_SPECULATIVE_TOKENS):
         """static: run the verify pass and draft loop through static-buffer runners
-        (specrt.model.graphs), captured as CUDA graphs on CUDA and run eagerly elsewhere."""
+        (specrt.engine.static_round), captured as CUDA graphs on CUDA -- all of them for
+        K <= graph_max_k here, at load (`warm_up`) -- and run eagerly elsewhere."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -69,13 +72,14 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.cache = target.new_cache(max_batch_size, max_seq_len)
         self.static = static
-        self._forwards: dict[tuple[int, int], StaticForward] = {}
+        pool = GraphPool(target.device) if static else None     # one pool for every graph
+        self.graphs = StaticRound(target, self.cache, max_batch_size, pool) if static else None
         self.draft_drafter = None
         if draft is not None:
             from specrt.spec.drafters.draft_model import DraftModelDrafter
 
             self.draft_drafter = DraftModelDrafter(draft, target.cfg.vocab_size, max_batch_size,
-                                                   max_seq_len, static=static)
+                                                   max_seq_len, static=static, pool=pool)
         self.slots: list[_Row | None] = [None] * max_batch_size
         self._free = list(range(max_batch_size))     # a heap: the lowest free slot first
         self._spec_rows = 0                           # running requests that speculate
@@ -83,6 +87,8 @@ class Engine:
         self.planner: Planner | None = None      # the running batch's, while rows speculate
         self.batch_spec: SpecConfig | None = None
         self._reserved: list[int] = []           # slots admitted, waiting for their prefill
+        if static and target.device.type == "cuda":
+            self.warm_up(graph_max_k)
 
     # --- planners ---------------------------------------------------------------------------
     def planner_for(self, spec: SpecConfig | None) -> Planner | None:
@@ -94,13 +100,19 @@ class Engine:
                 spec, self.draft_drafter, lambda k: CostModel.calibrate(self.target, self.draft, k))
         return self._planners[spec]
 
-    def static_forward(self, batch_size: int, t: int) -> StaticForward:
-        """The target's static runner for [batch_size, t] inputs, built on first use."""
-        runner = self._forwards.get((batch_size, t))
-        if runner is None:
-            runner = self._forwards[(batch_size, t)] = StaticForward(
-                self.target, self.cache, batch_size, t, use_graph=True)
-        return runner
+    def warm_up(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
+        """Build every static runner a round can use -- verify passes for (B, T = 1..max_k + 1)
+        and greedy draft loops for (B, K = 1..max_k, catch-up 1 or 2), B = 1..max_batch_size
+        -- and on CUDA capture their graphs, so no capture (and no allocation in the graph
+        pool) lands mid-generation. Called at load when graphs are on CUDA."""
+        t0 = time.perf_counter()
+        sizes = range(1, self.max_batch_size + 1)
+        self.graphs.capture_all(sizes, max_k)
+        if self.draft_drafter is not None:
+            self.draft_drafter.capture_all(sizes, max_k)
+        log.info("static runners for K <= %d, B <= %d ready in %.1f s (%d graphs captured)",
+                 max_k, self.max_batch_size, time.perf_counter() - t0,
+                 self.graphs.pool.captured if self.graphs.pool is not None else 0)
 
     # --- admission ----------------------------------------------------------------------------
     @property
@@ -233,10 +245,9 @@ class Engine:
             remaining=[r.request.max_new_tokens - len(r.outputs) if r is not None else 0
                        for r in rows],
             generated=[len(r.outputs) if r is not None else 0 for r in rows])
-        result = run_round(self.target, self.cache, self.planner, ctx, generating,
-                           self.static_forward if self.static else None)
+        result = run_round(self.target, self.cache, self.planner, ctx, generating, self.graphs)
         steps = []
-        drafts = _drafts_as_lists(result.proposal, hi)
+        drafts = result.outcome.drafts
         for slot, row in enumerate(rows):
             if row is None:
                 continue
@@ -294,10 +305,4 @@ class Engine:
         """Raise SpecrtError naming the problem if `request` cannot run on this engine."""
         check_request(request, self.target.cfg.vocab_size, self.max_seq_len,
                       has_draft=self.draft is not None)
-
-
-def _drafts_as_lists(proposal, rows: int) -> list[list[int]]:
-    if proposal is None:
-        return [[] for _ in range(rows)]
-    return [row[:n] for row, n in zip(proposal.tokens.tolist(), proposal.counts)]
 

@@ -22,6 +22,8 @@ The round, in order (`run_round`):
 5. *rollback*, of both caches, here and nowhere else: the target's cache is truncated to the
    committed prefix, and the drafter that proposed is told how many of its drafts were kept;
 6. the planner *observes* the outcome, with its plan handed back.
+On an engine with graphs, an all-greedy round does 2-5 as `specrt.engine.static_round` says:
+two graph replays and one host sync on CUDA.
 
 Invariant: the target cache holds K/V for every committed token except the last one, which is
 fed as the first token of the next verify pass. Rollback of the rejected tail is a truncate.
@@ -33,21 +35,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from specrt.kernels import draw_randomness, greedy_accept, rejection_sample
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.transformer import Transformer
-from specrt.spec.drafters.base import DraftContext, Proposal, right_pad
+from specrt.spec.drafters.base import DraftContext, Proposal, StagedDrafter, right_pad
 from specrt.spec.planners.base import PLAIN, Plan, Planner
 from specrt.spec.sampling import SamplingParams, choose_rows, sampling_groups, warp
 
 if TYPE_CHECKING:
-    from specrt.model.graphs import StaticForward
-
-StaticForwards = Callable[[int, int], "StaticForward"]   # (batch, T) -> the target's runner
+    from specrt.engine.static_round import StaticRound
 
 
 @dataclasses.dataclass
@@ -55,6 +55,7 @@ class RoundOutcome:
     committed: list[list[int]]   # [B] tokens committed this round per row (accepted + 1)
     num_accepted: list[int]      # [B] accepted drafts per row
     num_drafted: list[int]       # [B] real drafts per row
+    drafts: list[list[int]]      # [B] the real drafts verified per row
 
 
 @dataclasses.dataclass
@@ -68,20 +69,25 @@ class RoundResult:
 
 def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None,
               ctx: DraftContext, generating: list[bool],
-              static_forward: StaticForwards | None = None) -> RoundResult:
+              graphs: "StaticRound | None" = None) -> RoundResult:
     """One round over the rows of `ctx` (see the module docstring for the contract).
 
     generating: [B] rows that take a step; of those, the ones active in `ctx` may draft, the
     others take a plain step in the same verify pass.
+    graphs: an engine's static runners (`specrt.engine.static_round`): a greedy round is then
+    two graph replays and one host sync on CUDA (the same bodies run eagerly elsewhere).
     """
     t0 = time.perf_counter()
     planned = planner is not None and any(ctx.active)
     plan = planner.choose(ctx) if planned else PLAIN
-    proposal = plan.drafter.propose(ctx, plan.k) if plan.k else None
+    proposal = None
+    if plan.k and graphs is not None and isinstance(plan.drafter, StagedDrafter):
+        proposal = plan.drafter.propose_staged(ctx, plan.k)   # its device work runs below
+    elif plan.k:
+        proposal = plan.drafter.propose(ctx, plan.k)
     t1 = time.perf_counter()
     last = [h[-1] if h else 0 for h in ctx.histories]
-    outcome = verify_and_accept(target, cache, last, generating, proposal, plan.k, ctx,
-                                static_forward)
+    outcome = verify_and_accept(target, cache, last, generating, proposal, plan.k, ctx, graphs)
     t2 = time.perf_counter()
     if proposal is not None:
         plan.drafter.rollback(outcome.num_accepted)
@@ -94,30 +100,37 @@ def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None
 
 def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: list[int],
                       generating: list[bool], proposal: Proposal | None, k_plan: int,
-                      ctx: DraftContext, static_forward: StaticForwards | None = None
+                      ctx: DraftContext, graphs: "StaticRound | None" = None
                       ) -> RoundOutcome:
     """Score [last committed token] + drafts in ONE target pass, accept per row, and roll the
     target's cache back to the committed prefix.
 
     Rows that are not generating commit nothing: in the eager forward they are zero-length
-    rows; a static forward (`static_forward(B, T)` returns the runner, a CUDA graph on CUDA)
-    computes them too, and the rollback puts their length back. A generating row with no
-    drafts takes a plain step: its token is chosen from the pass's first position exactly as
-    a plain decoding step would choose it.
+    rows; a static pass (`graphs`) computes them too, and the rollback puts their length back.
+    A generating row with no drafts takes a plain step: its token is chosen from the pass's
+    first position exactly as a plain decoding step would choose it.
+    With `graphs`, an all-greedy round is `StaticRound.greedy_round` (one host sync); other
+    rounds read the static pass's logits and accept here, with more syncs.
     """
+    if graphs is not None:
+        outcome = graphs.greedy_round(last_tokens, generating, proposal, ctx)
+        if outcome is not None:
+            return outcome
     B = len(last_tokens)
     device = target.device
     start = cache.host_lengths()[:B]
-    last = torch.tensor(last_tokens, dtype=torch.int64)[:, None]           # [B, 1]
     k = proposal.k if proposal is not None else 0
-    ids = last.to(device)
-    if k:
-        drafts = proposal.tokens.to(device)                                 # [B, K]
-        ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)                  # [B, K + 1]
     counts = proposal.counts if proposal is not None else [0] * B
-    if static_forward is not None:
-        logits = static_forward(B, k + 1).run(ids)
+    if graphs is not None and graphs.fits(B, k + 1):
+        logits = graphs.forward(last_tokens, generating, proposal)           # [B, K + 1, V]
     else:
+        if proposal is not None and proposal.pending is not None:
+            proposal.pending()                        # a staged draft graph: fill its tokens
+            proposal.pending = None
+        ids = torch.tensor(last_tokens, dtype=torch.int64)[:, None].to(device)     # [B, 1]
+        if k:
+            drafts = proposal.tokens.to(device)                             # [B, K]
+            ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)              # [B, K + 1]
         # Each row scores its last token and its own drafts: a row with fewer (or none) costs
         # only those, and their logits are all acceptance reads.
         logits = target.forward(ids, cache, num_valid=[(1 + c) * g
@@ -128,7 +141,14 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     return RoundOutcome(
         committed=[row[: a + 1] if g else [] for row, a, g in zip(out, num_acc, generating)],
         num_accepted=[a if g else 0 for a, g in zip(num_acc, generating)],
-        num_drafted=[d if g else 0 for d, g in zip(counts, generating)])
+        num_drafted=[d if g else 0 for d, g in zip(counts, generating)],
+        drafts=_drafts_as_lists(proposal, B))
+
+
+def _drafts_as_lists(proposal: Proposal | None, rows: int) -> list[list[int]]:
+    if proposal is None:
+        return [[] for _ in range(rows)]
+    return [row[:n] for row, n in zip(proposal.tokens.tolist(), proposal.counts)]
 
 
 def _accept(logits: torch.Tensor, proposal: Proposal | None, counts: list[int], k_plan: int,

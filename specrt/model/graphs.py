@@ -1,46 +1,82 @@
-"""Static-buffer runners, replayed as CUDA graphs: the base `StaticRunner` and the verify pass.
+"""Static-buffer runners, replayed as CUDA graphs: the base `StaticRunner`, the shared
+`GraphPool`, and a plain target forward (`StaticForward`).
 
 A CUDA graph replays a fixed sequence of kernels on fixed memory, which removes the per-kernel
 launch cost that dominates a small draft model's decode step. So everything a runner touches is
-allocated once, at construction: its input and output buffers, the noise for sampling, and the
-KV cache it writes (positions and lengths are device tensors inside the cache, advanced by the
-captured kernels themselves). Per (batch size, K, sampling settings) there is one runner.
+allocated once, at construction: its input and output buffers and the KV cache it writes
+(positions and lengths are device tensors inside the cache, moved by the captured kernels
+themselves). Per shape there is one runner:
 
-- StaticForward (here): one target forward of T = K + 1 tokens (the verify pass).
-- StaticDraftLoop (`specrt.spec.drafters.draft_loop`): the draft model's K - 1 decode steps.
+- StaticForward (here): one target forward of T tokens (benchmarks and tests).
+- StaticVerify (`specrt.engine.static_round`): the verify pass with greedy acceptance and the
+  target cache's rollback; one per (B, T = K + 1).
+- StaticDraftLoop (`specrt.spec.drafters.draft_loop`): the draft model's catch-up and its K - 1
+  greedy steps; one per (B, K, catch-up width 1 or 2).
 
-On CUDA the body is captured once after a warm-up and replayed each round. Elsewhere the same
-body runs eagerly on the same buffers, so CPU tests exercise exactly the buffer discipline the
-graph relies on. After a replay the caller mirrors the length change on the host
-(`StaticKVCache.note_advanced`), since the graph advanced only the device copy.
+On CUDA the body is captured after a warm-up (`capture`, called for every shape at engine load
+by `Engine.warm_up`) and replayed each round. Elsewhere the same body runs eagerly on the same
+buffers, so CPU tests exercise exactly the buffer discipline the graph relies on. After a
+replay the caller mirrors the length change on the host (`StaticKVCache.note_advanced` /
+`note_lengths`), since the graph moved only the device copy.
+
+All graphs of an engine share one memory pool (`GraphPool`). That is safe because no tensor
+allocated during a capture outlives it: every value a caller reads is copied into a buffer
+allocated before the capture, so a graph's pool memory is scratch that any other graph may
+reuse, and graphs run one at a time on one stream, in any order.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from specrt.model.kv_cache import StaticKVCache
+from specrt.model.staging import ReadBack, Staging
 from specrt.model.transformer import Transformer
 
 WARMUP = 2
+log = logging.getLogger("specrt.graphs")
+
+
+class GraphPool:
+    """The one CUDA graph memory pool an engine's graphs share (None off CUDA)."""
+
+    def __init__(self, device: torch.device):
+        self.handle = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self.captured = 0                  # graphs captured into it (tests, logs)
 
 
 class StaticRunner:
-    def __init__(self, model: Transformer, cache: StaticKVCache, use_graph: bool):
+    def __init__(self, model: Transformer, cache: StaticKVCache, use_graph: bool,
+                 pool: GraphPool | None = None):
         self.model = model
         self.cache = cache
         self.graph = None
+        self.pool = pool
         self._use_graph = use_graph and model.device.type == "cuda"
 
     def _body(self) -> None:
         raise NotImplementedError
 
+    @torch.inference_mode()    # buffers may be inference tensors (built under inference mode)
     def _replay(self) -> None:
         if not self._use_graph:
             self._body()
             return
         if self.graph is None:
+            if self.pool is not None:      # an engine's runner: Engine.warm_up missed this shape
+                log.warning("%s captured mid-generation, not at load", self.describe())
             self._capture()
         self.graph.replay()
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture the graph now (a no-op off CUDA, or once captured)."""
+        if self._use_graph and self.graph is None:
+            self._capture()
+
+    def describe(self) -> str:
+        return type(self).__name__
 
     def _capture(self) -> None:
         saved = self.cache.lengths.clone()
@@ -55,13 +91,22 @@ class StaticRunner:
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA work (another engine of the same LLM) must not
         # invalidate this capture.
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        pool = self.pool.handle if self.pool is not None else None
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self._body()
         self.cache.lengths.copy_(saved)      # capture records; warm-up really advanced them
+        if self.pool is not None:
+            self.pool.captured += 1
 
     def buffers(self) -> list[torch.Tensor]:
         """Every static buffer (for tests that check nothing is reallocated)."""
-        return [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+        out = []
+        for v in vars(self).values():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, (Staging, ReadBack)):
+                out += v.tensors()
+        return out
 
 
 class StaticForward(StaticRunner):

@@ -6,7 +6,10 @@ stale and ignored by attention (masked), then overwritten by the next write. So 
 rejected draft tokens is `truncate(lengths)`: it moves a number, nothing else.
 
 Lengths live twice: on the host (the source of truth for Python-side logic, so no device sync
-is needed to size a step) and as a device tensor (what kernels and CUDA graphs read).
+is needed to size a step) and as a device tensor (what kernels and CUDA graphs read). On CUDA a
+host change reaches the device through a pinned buffer, non-blocking (a pageable copy would
+block the host); a graph that moves the device lengths itself is mirrored on the host with
+`note_advanced` / `note_lengths`, which touch the host copy only.
 """
 from __future__ import annotations
 
@@ -28,6 +31,12 @@ class StaticKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self._host_lengths = torch.zeros(max_batch_size, dtype=torch.int64)  # [B] host
         self.lengths = torch.zeros(max_batch_size, dtype=torch.int64, device=device)  # [B]
+        # CUDA: the pinned source of the host -> device copy, and the event that says the last
+        # copy has read it (see `_set`).
+        cuda = self.lengths.is_cuda
+        self._pinned = torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=True) \
+            if cuda else None                                                    # [B] host
+        self._copied = torch.cuda.Event() if cuda else None
 
     @property
     def device(self) -> torch.device:
@@ -66,6 +75,11 @@ class StaticKVCache:
         rows by `count`; mirror that on the host without touching the device tensor."""
         self._host_lengths[:rows] += count
 
+    def note_lengths(self, lengths: list[int]) -> None:
+        """A static forward set the device lengths of the first len(lengths) rows to
+        `lengths`; mirror that on the host without touching the device tensor."""
+        self._host_lengths[: len(lengths)] = torch.tensor(lengths, dtype=torch.int64)
+
     def reset(self) -> None:
         self._host_lengths.zero_()
         self.lengths.zero_()
@@ -81,12 +95,22 @@ class StaticKVCache:
         view.v = self.v[:, start:stop]
         view._host_lengths = self._host_lengths[start:stop]
         view.lengths = self.lengths[start:stop]
+        view._pinned = self._pinned[start:stop] if self._pinned is not None else None
+        view._copied = self._copied                   # one event guards the whole pinned buffer
         return view
 
     def _set(self, new: torch.Tensor) -> None:
         n = new.shape[0]
         self._host_lengths[:n] = new
-        self.lengths.copy_(self._host_lengths, non_blocking=True)
+        if self._pinned is None:
+            self.lengths.copy_(self._host_lengths, non_blocking=True)
+            return
+        # CUDA only. Wait until the previous copy has read the pinned buffer (inside a graphed
+        # round it has: the round's read-back came after it), then queue this one.
+        self._copied.synchronize()
+        self._pinned.copy_(self._host_lengths)
+        self.lengths.copy_(self._pinned, non_blocking=True)
+        self._copied.record()
 
 
 def available_memory(device: torch.device | str) -> int:

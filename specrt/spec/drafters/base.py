@@ -8,7 +8,7 @@ logits. Optional capabilities the adaptive planner reads are declared as protoco
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -33,6 +33,9 @@ class Proposal:
     probs: torch.Tensor | None        # [B, K, V] warped q the drafts were sampled from; None when
                                       # the drafter is deterministic (greedy or n-gram: one-hot q)
     counts: list[int]                 # [B] real drafts per row (0 for inactive rows)
+    # Device work that fills `tokens` (a draft graph's replay), left to the round's device
+    # section by `propose_staged`; None when the tokens are ready.
+    pending: Callable[[], None] | None = None
 
     @property
     def k(self) -> int:
@@ -67,6 +70,18 @@ class Drafter(Protocol):
     def rollback(self, num_accepted: list[int]) -> None:
         """Called by the round after verifying this drafter's proposal: row b kept the first
         num_accepted[b] of its drafts; state past them (cached K/V) must be dropped."""
+
+
+@runtime_checkable
+class StagedDrafter(Protocol):
+    """A drafter whose proposal can leave its device work (a graph replay) to the round, so
+    drafting and verifying run back to back with no host sync between them."""
+
+    name: str
+
+    def propose_staged(self, ctx: DraftContext, k: int) -> Proposal | None:
+        """As `propose`; the proposal's `pending`, when set, must run before its tokens are
+        read."""
 
 
 @runtime_checkable

@@ -6,6 +6,11 @@ seen (the whole prompt on the first round, then usually the target's last token,
 after a fully accepted round), then decodes K steps, feeding each guess to the next step.
 Rejected guesses are rolled back (by the round, through `rollback`) by truncating its cache
 to the accepted length: O(1).
+
+With `static` (an engine with graphs) a greedy round's proposal is one `StaticDraftLoop`
+replay: catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token
+eagerly first, on their own row) and the K guesses, staged through pinned memory, left on the
+device for the verify graph (`propose_staged`). Sampled rounds stay eager.
 """
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ import torch
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Proposal,
                                       right_pad)
-from specrt.spec.drafters.draft_loop import StaticDraftLoop
+from specrt.model.graphs import GraphPool
+from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, StaticDraftLoop
 from specrt.spec.sampling import choose_rows
 
 
@@ -39,10 +45,12 @@ class DraftModelDrafter:
     name = "draft_model"
 
     def __init__(self, model: Transformer, target_vocab_size: int, max_batch_size: int,
-                 max_seq_len: int, static: bool = False):
+                 max_seq_len: int, static: bool = False, pool: GraphPool | None = None):
         self.model = model
-        # static: run greedy guesses 2..K through a StaticDraftLoop (a CUDA graph on CUDA).
+        # static: run greedy proposals through a StaticDraftLoop (a CUDA graph on CUDA, in
+        # `pool`): catch-up and all K guesses in one replay.
         self.static = static
+        self.pool = pool
         self._loops: dict[tuple, StaticDraftLoop] = {}
         # Checkpoints pad their embeddings differently; a guess must be a token both can read,
         # and q must live on the target's vocabulary axis for the acceptance test.
@@ -65,11 +73,39 @@ class DraftModelDrafter:
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> Proposal | None:
+        proposal = self.propose_staged(ctx, k)
+        if proposal is not None and proposal.pending is not None:
+            proposal.pending()
+            proposal.pending = None
+        return proposal
+
+    @torch.inference_mode()
+    def propose_staged(self, ctx: DraftContext, k: int) -> Proposal | None:
+        """`propose`, except that on the static greedy path the device work is left to the
+        caller: the proposal's `pending` (the draft graph's replay) fills its tokens, so the
+        round can run it beside the verify replay with no host sync between them."""
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
         fed = [len(p) for p in pending]
         if max(fed) == 0:
             return None
         pending = self._catch_up_long_rows(pending)
+        B = len(fed)
+        self._pending[:B] = fed
+        # inactive rows may run through the static loop; their seen count stays put
+        self._guesses[:B] = [k - 1 if a else 0 for a in ctx.active]
+        counts = [k if a else 0 for a in ctx.active]
+        greedy = ctx.uniform_params
+        loop = self._static_loop(B, k, pending, ctx.active) \
+            if self.static and greedy is not None and greedy.greedy else None
+        if loop is not None:
+            advanced = loop.stage_inputs(pending, ctx.active)
+            self.cache.note_lengths([s + a for s, a in zip(self.cache.host_lengths(), advanced)])
+            return Proposal(tokens=loop.tokens, probs=None, counts=counts, pending=loop.replay)
+        tokens, qs = self._propose_eager(ctx, k, pending)
+        return Proposal(tokens=tokens, probs=self._draft_probs(qs), counts=counts)
+
+    def _propose_eager(self, ctx: DraftContext, k: int, pending: list[list[int]]
+                       ) -> tuple[torch.Tensor, list]:
         device = self.model.device
         V = self.common_vocab
         # Catch up on the unseen committed tokens; its last logits give the first guess.
@@ -77,27 +113,15 @@ class DraftModelDrafter:
                                     num_valid=[len(p) for p in pending], last_only=True)
         first, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
         guesses, qs = [first], [q]                                   # [B] each, [B, V_common]
-        greedy = ctx.uniform_params
-        if self.static and k > 1 and greedy is not None and greedy.greedy:
-            rest, _ = self._loop(first.shape[0], k, greedy).run(first, None)
-            guesses += list(rest.unbind(1))
-            qs += [None] * (k - 1)
-        else:
-            step_valid = [int(a) for a in ctx.active]
-            for _ in range(k - 1):   # the last guess is never fed: nothing would read its K/V
-                logits = self.model.forward(guesses[-1][:, None], self.cache,
-                                            num_valid=step_valid)
-                guess, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
-                guesses.append(guess)
-                qs.append(q)
-        B = len(fed)
-        self._pending[:B] = fed
-        # inactive rows may have run through the static loop; their seen count stays put
-        self._guesses[:B] = [k - 1 if a else 0 for a in ctx.active]
+        step_valid = [int(a) for a in ctx.active]
+        for _ in range(k - 1):   # the last guess is never fed: nothing would read its K/V
+            logits = self.model.forward(guesses[-1][:, None], self.cache, num_valid=step_valid)
+            guess, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
+            guesses.append(guess)
+            qs.append(q)
         tokens = torch.stack(guesses, dim=1)                                 # [B, K]
         tokens[torch.tensor([not a for a in ctx.active], device=device)] = NO_DRAFT
-        return Proposal(tokens=tokens, probs=self._draft_probs(qs),
-                        counts=[k if a else 0 for a in ctx.active])
+        return tokens, qs
 
     def _catch_up_long_rows(self, pending: list[list[int]]) -> list[list[int]]:
         """Feed all but the last token of each long catch-up (a new request's prompt) on its
@@ -123,14 +147,35 @@ class DraftModelDrafter:
         return torch.nn.functional.pad(torch.stack(full, dim=1),
                                        (0, self.target_vocab_size - self.common_vocab))
 
-    def _loop(self, batch_size: int, k: int, params) -> StaticDraftLoop:
-        key = (batch_size, k - 1, params.temperature, params.top_k, params.top_p)
+    def _static_loop(self, batch_size: int, k: int, pending: list[list[int]],
+                     active: list[bool]) -> StaticDraftLoop | None:
+        """The runner for this round, or None when some row's cache has no room for it (the
+        eager path then serves the round: it writes only real tokens)."""
+        width = max([len(p) for p, a in zip(pending, active) if a] + [1])
+        if width not in CATCH_UP_WIDTHS:
+            return None
+        lengths = self.cache.host_lengths()[:batch_size]
+        if max(lengths) + width + k - 1 > self.cache.max_seq_len:
+            return None
+        return self.loop(batch_size, k, width)
+
+    def loop(self, batch_size: int, k: int, catch_up: int) -> StaticDraftLoop:
+        """The static runner for (batch_size, k, catch-up width), built on first use."""
+        key = (batch_size, k, catch_up)
         loop = self._loops.get(key)
         if loop is None:
             loop = self._loops[key] = StaticDraftLoop(
-                self.model, self.cache, batch_size, k - 1, params, self.common_vocab,
-                self.target_vocab_size, use_graph=True)
+                self.model, self.cache, batch_size, k, catch_up, self.common_vocab,
+                use_graph=True, pool=self.pool)
         return loop
+
+    def capture_all(self, batch_sizes, max_k: int) -> None:
+        """Build and (on CUDA) capture the runner of every (B, K <= max_k, width) a greedy
+        round can use, so no capture lands mid-generation."""
+        for B in batch_sizes:
+            for k in range(1, max_k + 1):
+                for width in CATCH_UP_WIDTHS:
+                    self.loop(B, k, width).capture()
 
     def rollback(self, num_accepted: list[int]) -> None:
         # Cached K/V stay valid for the pending tokens plus the accepted guesses that were fed.
