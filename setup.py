@@ -75,13 +75,31 @@ class OptionalBuildExt(build_ext):
                 continue
             try:
                 self.finish_flags(ext)
-                self.build_extension(ext)
+                self.build_fresh(ext)
             except BUILD_ERRORS as e:
                 note(f"{ext.name} not built ({type(e).__name__}, see the compiler output "
                      "above); using its Python/PyTorch fallback")
                 continue
             built.append(ext)
         self.extensions = built     # what --inplace copies and what get_outputs() lists
+
+    def build_fresh(self, ext) -> None:
+        """build_extension, recompiling every object when the extension's build id (its
+        sources and flags) differs from the last build's: setuptools alone recompiles only
+        sources newer than their objects, so a flag change kept the old objects and the new
+        id."""
+        marker = Path(self.build_temp) / f"{ext.name}.build_id"
+        ident = dict(ext.define_macros)["SPECRT_BUILD_ID"]
+        stale = not marker.exists() or marker.read_text() != ident
+        force = self.force, self.compiler.force
+        if stale:
+            self.force = self.compiler.force = True
+        try:
+            self.build_extension(ext)
+        finally:
+            self.force, self.compiler.force = force
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(ident)
 
     def finish_flags(self, ext) -> None:
         flags = list(ext.specrt_flags)
