@@ -130,7 +130,9 @@ class Cuda(TorchReference):
             qkv = linear_rows(h, layer.qkv.weight).view(B, T, -1)              # [B, T, q + 2 kv]
             attn = rope_verify_attention(qkv, self._bias(layer.qkv), model.cos, model.sin,
                                          k_cache[:B], v_cache[:B], lens, cfg.num_heads)
-            h, x = add_rms_norm(x, layer.o(attn.view(B * T, cfg.q_size)), layer.post_norm, eps)
+            attn = attn.reshape(B * T, cfg.q_size)      # a copy only if not contiguous (the
+                                                        # reference kernel's output)
+            h, x = add_rms_norm(x, layer.o(attn), layer.post_norm, eps)
             act = silu_mul(layer.gate_up(h))                                   # [B * T, I]
             after = model.layers[i + 1].input_norm if i + 1 < len(model.layers) else model.norm
             h, x = add_rms_norm(x, layer.down(act), after, eps)
