@@ -11,6 +11,7 @@ import datetime as _dt
 import os
 import platform
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -83,11 +84,20 @@ def contention_probe(threads: int) -> dict:
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts[20:]) * 1e6
 
-    before = torch.get_num_threads()
-    try:
-        one, many = probe(1), probe(threads)
-    finally:
-        torch.set_num_threads(before)
+    # On a thread of its own, which ends with it: a parallel op run by the main thread leaves
+    # an OpenMP team there, and with two teams on the machine's cores libgomp stops spinning,
+    # which slowed specrt's decoding in the same process by 11-21% (benchmarks/RESULTS.md,
+    # "Kernel threads"). A team dies with its thread.
+    box = {}
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        box["one"], box["many"] = probe(1), probe(threads)
+
+    worker = threading.Thread(target=run, name="contention-probe")
+    worker.start()
+    worker.join()
+    one, many = box["one"], box["many"]
     ratio = many / one if one > 0 else float("nan")
     return {"us_1_thread": round(one, 1), f"us_{threads}_threads": round(many, 1),
             "ratio": round(ratio, 1), "contended": bool(threads > 1 and many > 500.0)}
