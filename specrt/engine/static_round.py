@@ -102,9 +102,6 @@ class StaticVerify(StaticRunner):
     def take_drafts(self, tokens: torch.Tensor) -> None:  # [B, K] on the device
         self.stage.device[:, 2:].copy_(tokens)
 
-    def replay(self) -> None:
-        self._replay()
-
 
 class StaticRound:
     """The verify runners of an engine with graphs, the shared logits buffer they write, and

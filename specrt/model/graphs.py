@@ -59,7 +59,9 @@ class StaticRunner:
         raise NotImplementedError
 
     @torch.inference_mode()    # buffers may be inference tensors (built under inference mode)
-    def _replay(self) -> None:
+    def replay(self) -> None:
+        """Run the body: the captured graph on CUDA (captured now if it was not), eagerly
+        elsewhere."""
         if not self._use_graph:
             self._body()
             return
@@ -125,6 +127,6 @@ class StaticForward(StaticRunner):
     def run(self, ids: torch.Tensor) -> torch.Tensor:
         B, T = self.ids.shape
         self.ids.copy_(ids)
-        self._replay()
+        self.replay()
         self.cache.note_advanced(B, T)
         return self.logits

@@ -74,7 +74,3 @@ class StaticDraftLoop(StaticRunner):
             valid.append(max(n, 1))
         self.stage.push()
         return [v + self.k - 1 for v in valid]
-
-    def replay(self) -> None:
-        """The device work: catch-up and K - 1 steps on the staged inputs."""
-        self._replay()
