@@ -4,10 +4,10 @@
 prefix, on a small private cache (the serving caches are untouched); `timed_together(models,
 max_t)` does the same for a draft model and its target, interleaved forward by forward, so both
 are timed on the same machine: memory bandwidth here swings by 1.6x within minutes, and what
-`auto` plans from is the draft's cost relative to the target's. Results are keyed by (model, dtype, device, threads, CPU,
-backend build, and the models timed beside it) and kept in memory and on disk
-(`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`, written atomically), so a
-calibration runs once per machine and kernel build. `specrt.spec.costs` turns them into a
+`auto` plans from is the draft's cost relative to the target's. Results are keyed by (model,
+dtype, device, threads, CPU, backend build, and the models timed beside it) and kept in memory
+and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`, written atomically),
+so a calibration runs once per machine and kernel build. `specrt.spec.costs` turns them into a
 cost model.
 """
 from __future__ import annotations

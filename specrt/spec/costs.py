@@ -11,7 +11,7 @@ import dataclasses
 
 from specrt.model.backends.base import chunks
 from specrt.model.transformer import Transformer
-from specrt.spec.calibration import forward_seconds, timed_together
+from specrt.spec.calibration import timed_together
 
 
 @dataclasses.dataclass
@@ -25,11 +25,10 @@ class CostModel:
     def calibrate(cls, target: Transformer, draft: Transformer | None, max_k: int) -> "CostModel":
         chunk = target.backend.batch_invariant_tokens
         rows = max(max_k + 1, chunk)
-        if draft is None:
-            return cls(verify=forward_seconds(target, rows), draft=[], chunk_rows=chunk)
         # Timed together: what auto weighs is the draft's cost against the target's.
-        verify, draft_curve = timed_together([target, draft], rows)
-        return cls(verify=verify, draft=draft_curve, chunk_rows=chunk)
+        curves = timed_together([target] if draft is None else [target, draft], rows)
+        return cls(verify=curves[0], draft=curves[1] if draft is not None else [],
+                   chunk_rows=chunk)
 
     @property
     def draft_step(self) -> float:

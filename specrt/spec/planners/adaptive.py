@@ -294,8 +294,6 @@ def _learn(alphas: list[float], accepted: int, drafted: int, weight: float = WEI
             alphas[i] = _ewma(alphas[i], max(alphas[i], alphas[drafted - 1]), SPREAD)
 
 
-
-
 def _learn_tied(alphas: list[float], accepted: int, drafted: int, weight: float) -> None:
     """Update one row's acceptance, one value for every position, with each guess the round
     observed in turn: the accepted ones, then the rejected one if any."""
