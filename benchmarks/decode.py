@@ -36,10 +36,8 @@ GOAL_VS_HF = 1.5
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.decode",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+    p = cli.parser("benchmarks.decode", __doc__,
+                   epilog=__doc__.split("\n\n", 2)[2])
     cli.add_common_args(p, draft=False)
     p.add_argument("--dtypes", default=None, help="comma-separated dtypes to run "
                    "(default bfloat16,float32; overrides --dtype)")

@@ -33,9 +33,7 @@ PROMPTS = Path(__file__).with_name("prompts.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.draft_quant",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("benchmarks.draft_quant", __doc__)
     cli.add_common_args(p)
     cli.add_record_args(p)
     p.add_argument("--quick", action="store_true", help="1 prompt per task, 48 tokens, K=4")

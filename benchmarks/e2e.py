@@ -56,10 +56,8 @@ PROMPTS = Path(__file__).resolve().parent / "prompts.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.e2e",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = cli.parser("benchmarks.e2e", __doc__,
+                   epilog=__doc__.split("\n\n", 1)[1])
     cli.add_common_args(p)
     p.add_argument("--quick", action="store_true", help="1 prompt per task, K in {2,4}, HF K=4, "
                    "64 new tokens (see below)")

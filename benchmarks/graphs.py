@@ -39,10 +39,8 @@ TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_layers=2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.graphs",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+    p = cli.parser("benchmarks.graphs", __doc__,
+                   epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--quick", action="store_true",
                    help="tiny model (hidden 64, 2 layers, vocab 1000), few repeats")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")

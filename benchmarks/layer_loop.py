@@ -26,9 +26,7 @@ SECTION = "## C++ layer loop (benchmarks/layer_loop.py)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.layer_loop",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("benchmarks.layer_loop", __doc__)
     cli.add_common_args(p)
     cli.add_record_args(p)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")

@@ -35,11 +35,9 @@ OVERLAP = sum(min(p, q) for p, q in zip(P, Q))     # theory: acceptance per posi
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rejection_sim",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m benchmarks.rejection_sim "
-                                       "--tokens 1000000 --k 1 --record")
+    p = cli.parser("benchmarks.rejection_sim", __doc__,
+                   epilog="Example: python -m benchmarks.rejection_sim "
+                          "--tokens 1000000 --k 1 --record")
     p.add_argument("--tokens", type=int, default=1_000_000, help="rows = first tokens counted "
                    "(default 1,000,000)")
     p.add_argument("--k", type=int, default=1, help="draft tokens per row (default 1)")

@@ -47,8 +47,7 @@ SERVER_START_S = 300
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("benchmarks.serve", __doc__)
     cli.add_common_args(p)
     p.set_defaults(out=str(RESULTS_DIR))
     cli.add_record_args(p)

@@ -25,10 +25,8 @@ TS = (1, 2, 4, 8, 16, 17)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.verify_vs_step",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2])
+    p = cli.parser("benchmarks.verify_vs_step", __doc__,
+                   epilog=__doc__.split("\n\n", 2)[2])
     cli.add_common_args(p)
     p.add_argument("--no-draft", action="store_true", help="time the target only")
     p.add_argument("--prefix", default="200,2000", help="prefix lengths P (default 200,2000)")

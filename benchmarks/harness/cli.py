@@ -15,6 +15,14 @@ from typing import NoReturn
 from benchmarks.harness.results import DEFAULT_OUT, RESULTS_MD
 
 
+def parser(module: str, doc: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `python -m <module>`: the first paragraph of its docstring `doc` as the
+    description, printed as written."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog=epilog)
+
+
 def add_common_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     """--model [--draft] --dtype --device --threads --out --no-progress."""
     p.add_argument("--model", help="target model directory (default: the fetched "
