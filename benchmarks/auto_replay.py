@@ -1,0 +1,250 @@
+"""Benchmark: `auto` replayed on recorded greedy traces against every fixed setting, noise-free.
+
+Run: python -m benchmarks.auto_replay record    (once per model pair: ~20 min on 2 cores)
+     python -m benchmarks.auto_replay replay    (seconds; --help for the knobs)
+
+An end-to-end run measures `auto` through bandwidth that swings 1.6x within minutes, on one
+prompt per task; a replay decides nothing by the clock, so planner changes can be compared on
+every prompt of both sets, exactly.
+
+record: for each prompt of benchmarks/prompts.json (the tuning set) and
+benchmarks/prompts_unseen.json (the held-out set), chat template: the target's plain greedy
+output (--max-new-tokens) and the draft model's greedy guess at every output position given
+the true text before it (one teacher-forced forward of the draft, as `LLM` loads it).
+
+replay: greedy speculative decoding of each trace, round by round, with the real planners
+(`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace
+fixes every round's outcome: a draft model whose earlier guesses were all accepted saw the
+true text, so its guess at a position is the recorded one, and a round commits the guesses up
+to the first that differs from the output, plus the target's token. Each round is priced by
+the calibrated costs `auto` itself plans with (`CostModel`: this machine's calibration of the
+pair): the draft model's catch-up (all of a new request's prompt in its first round) and K - 1
+steps, the verify pass of the drafted tokens + 1, or a plain step. Decode-only tokens/s, as
+benchmarks.e2e reports. So a replay measures the planner's decisions, not whether the costs
+are right (an e2e run measures both); and the teacher-forced forward runs the prefill path,
+whose rounding may flip a near-tie the decode path would not.
+
+Prints per prompt the best fixed setting, `auto`, their ratio and `auto`'s plan mix, then per
+set the lowest and mean ratio; writes the section "auto replayed" of benchmarks/RESULTS.md
+(--no-record to skip).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.harness import cli, report
+from benchmarks.harness.model_dirs import resolve_models
+
+SECTION = "## auto replayed on recorded traces (benchmarks/auto_replay.py)"
+HERE = Path(__file__).parent
+PROMPT_SETS = {"tuning": HERE / "prompts.json", "held-out": HERE / "prompts_unseen.json"}
+TRACES = HERE / "results" / "auto_traces.json"
+FIXED = ("draft_model:1,draft_model:2,draft_model:3,draft_model:4,draft_model:5,draft_model:6,"
+         "ngram:2,ngram:4,ngram:8,ngram:16")
+
+
+def build_parser():
+    p = cli.parser("benchmarks.auto_replay", __doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="record the traces (loads the pair, ~20 min)")
+    cli.add_common_args(rec)
+    rec.add_argument("--max-new-tokens", type=int, default=128)
+    rec.add_argument("--traces", default=str(TRACES), help="where to write them")
+    rep = sub.add_parser("replay", help="replay auto and the fixed settings on the traces")
+    cli.add_common_args(rep)
+    cli.add_record_args(rep)
+    rep.add_argument("--traces", default=str(TRACES))
+    rep.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
+    rep.add_argument("--fixed", default=FIXED, help=f"fixed settings (default {FIXED})")
+    return p
+
+
+# --- replay ------------------------------------------------------------------------------------
+class TraceDraft:
+    """The draft model as the planner sees it (a CatchUpDrafter): only how far it lags."""
+
+    name = "draft_model"
+
+    def __init__(self):
+        self.fed = 0                     # tokens of the row's text whose K/V it holds
+
+    def lags(self, ctx) -> list[int]:
+        return [len(ctx.histories[0]) - self.fed]
+
+
+def replay(trace: dict, method: str, costs) -> tuple[float, dict, int]:
+    """(decode-only tokens/s, {plan label: rounds}, drafts accepted) of greedy decoding
+    `trace` with `method` ("plain", "draft_model:K", "ngram:K" or "auto:K"), one request,
+    priced by `costs`."""
+    from specrt.spec.config import SpecConfig
+    from specrt.spec.drafters.base import LONG_CATCH_UP, DraftContext
+    from specrt.spec.drafters.ngram import NgramDrafter
+    from specrt.spec.planners.adaptive import AdaptivePlanner
+
+    prompt, out, guess = trace["prompt"], trace["output"], trace["draft"]
+    name, _, k_text = method.partition(":")
+    k_fixed = int(k_text or 0)
+    spec = SpecConfig()
+    ngram = NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    ngram.reset([0])
+    draft = TraceDraft()
+    planner = None
+    if name == "auto":
+        planner = AdaptivePlanner(k_fixed, costs, draft_model=draft, ngram=ngram)
+        planner.new_batch()
+        planner.reset([0])
+    done, seconds, mix, total_accepted = 1, 0.0, {}, 0   # the first token is the prefill's
+    while done < len(out):
+        history = prompt + out[:done]
+        budget = trace.get("max_new_tokens", len(out))
+        ctx = DraftContext([history], [True], [None], [None], remaining=[budget - done],
+                           generated=[done])
+        if planner is not None:
+            plan = planner.choose(ctx)
+            who, k = (plan.drafter.name if plan.drafter is not None else "plain"), plan.k
+        else:
+            who, k = name, k_fixed
+        if who == "draft_model":
+            lag = len(history) - draft.fed
+            if lag > LONG_CATCH_UP:              # a long catch-up runs alone first
+                seconds += costs.draft_pass([lag - 1])
+                lag = 1
+            seconds += costs.draft_pass([lag]) + (k - 1) * costs.draft_pass([1])
+            seconds += costs.verify_pass([k + 1])
+            guesses = guess[done:done + k]
+            drafted = k
+        elif who == "ngram":
+            guesses = ngram.matches(ctx, k)[0][0]
+            seconds += costs.verify_pass([len(guesses) + 1])
+            drafted = len(guesses)
+        else:
+            guesses, drafted = [], 0
+            seconds += costs.verify_pass([1])
+        accepted = 0
+        while (accepted < len(guesses) and done + accepted < len(out)
+               and guesses[accepted] == out[done + accepted]):
+            accepted += 1
+        if who == "draft_model":                 # it fed its guesses but the last; rolled back
+            draft.fed = len(history) + min(accepted, k - 1)
+        label = f"{who}:{k}" if drafted else "plain"     # no n-gram match: a plain step
+        mix[label] = mix.get(label, 0) + 1
+        if planner is not None:
+            planner.observe(plan, [accepted], [drafted], 0.0, 0.0)
+        done += accepted + 1
+        total_accepted += accepted
+    return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted
+
+
+def replay_all(traces: dict, fixed: list[str], auto: str, costs) -> list[dict]:
+    rows = []
+    for key, trace in traces.items():
+        speeds = {m: replay(trace, m, costs)[0] for m in fixed}
+        auto_tps, mix, _ = replay(trace, auto, costs)
+        best = max(speeds, key=speeds.get)
+        rows.append({"trace": key, "set": trace["set"], "best": best, "best_tps": speeds[best],
+                     "plain_tps": replay(trace, "plain", costs)[0], "auto_tps": auto_tps,
+                     "ratio": auto_tps / speeds[best], "mix": mix, "fixed": speeds})
+    return rows
+
+
+def render(rows: list[dict], auto: str) -> str:
+    table = report.markdown_table(
+        ["prompt", "best fixed", "tok/s", auto, "auto / best", "auto / plain", "auto's rounds"],
+        [[r["trace"], r["best"], f"{r['best_tps']:.2f}", f"{r['auto_tps']:.2f}",
+          f"{r['ratio']:.1%}", f"{r['auto_tps'] / r['plain_tps']:.2f}x",
+          ", ".join(f"{m} x{n}" for m, n in sorted(r["mix"].items(), key=lambda x: -x[1])[:4])]
+         for r in rows])
+    lines = [table, ""]
+    for s in dict.fromkeys(r["set"] for r in rows):
+        ratios = [r["ratio"] for r in rows if r["set"] == s]
+        low = [r["trace"] for r in rows if r["set"] == s and r["ratio"] < 0.95]
+        lines.append(f"- {s}: auto / best fixed lowest {min(ratios):.1%}, mean "
+                     f"{statistics.mean(ratios):.1%} over {len(ratios)} prompts; below 95%: "
+                     + (", ".join(low) if low else "none"))
+    return "\n".join(lines)
+
+
+# --- record ------------------------------------------------------------------------------------
+def prompt_items(sets: dict[str, Path] = PROMPT_SETS) -> list[tuple[str, str, dict]]:
+    """(set, task, prompt item) of every prompt of every set."""
+    return [(s, task, item) for s, path in sets.items()
+            for task, group in json.loads(Path(path).read_text())["tasks"].items()
+            for item in group]
+
+
+def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> dict:
+    """key -> trace ({"set", "prompt", "output", "draft", "max_new_tokens"}) of each item."""
+    import torch
+
+    draft = llm.engine.draft
+    traces = {}
+    for s, task, item in cli.progress(items, desc="traces", disable=not progress):
+        ids = (llm.encode(messages=item["messages"]) if "messages" in item
+               else llm.encode(item["prompt"], chat=True))
+        out = list(llm.generate(ids, max_new_tokens=max_new_tokens).token_ids)
+        text = ids + out
+        with torch.inference_mode():
+            logits = draft.forward(torch.tensor([text], device=draft.device),
+                                   draft.new_cache(1, len(text)))[0]           # [T, V]
+        # logits[i] scores text[i + 1]: output token t sits at len(ids) + t
+        guess = logits[len(ids) - 1:len(text) - 1].argmax(-1).tolist()
+        traces[f"{s}:{task}:{item['id']}"] = {"set": s, "prompt": ids, "output": out,
+                                              "draft": guess, "max_new_tokens": max_new_tokens}
+    return traces
+
+
+def record(args) -> int:
+    import specrt
+
+    target_dir, draft_dir = resolve_models(args)
+    llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device,
+                     max_seq_len=4096)
+    traces = record_traces(llm, prompt_items(), args.max_new_tokens, not args.no_progress)
+    path = Path(args.traces)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"target": target_dir.name, "draft": draft_dir.name,
+                               "draft_dtype": llm.draft_dtype, "traces": traces}))
+    tmp.replace(path)
+    print(f"recorded {len(traces)} traces in {path}", file=sys.stderr)
+    return 0
+
+
+def replay_command(args) -> int:
+    import specrt
+    from specrt.spec.costs import CostModel
+
+    path = Path(args.traces)
+    if not path.is_file():
+        cli.fail(f"no traces at {path}: record them first (python -m benchmarks.auto_replay "
+                 "record)")
+    data = json.loads(path.read_text())
+    target_dir, draft_dir = resolve_models(args)
+    llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
+    costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.auto_k)
+    fixed = [m.strip() for m in args.fixed.split(",") if m.strip()]
+    auto = f"auto:{args.auto_k}"
+    rows = replay_all(data["traces"], fixed, auto, costs)
+    text = render(rows, auto)
+    print(text)
+    if args.record:
+        body = (f"Command: `{report.command_line()}` (traces: `{path.name}`, recorded with "
+                f"`python -m benchmarks.auto_replay record`). Costs: this machine's calibration "
+                f"of the pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
+                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}.\n\n")
+        report.record_section(SECTION, body + text + "\n", Path(args.results_md))
+    report.emit_json({"rows": rows})
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    cli.setup_torch(args.threads, args.device)
+    return record(args) if args.command == "record" else replay_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

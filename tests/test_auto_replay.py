@@ -1,0 +1,80 @@
+"""benchmarks.auto_replay: a replay of a recorded trace runs the rounds the engine runs."""
+import pytest
+
+import specrt
+from benchmarks import auto_replay
+from specrt.engine.request import Request
+from specrt.spec.config import SpecConfig
+from specrt.spec.costs import CostModel
+from specrt.spec.drafters.ngram import NgramDrafter
+from specrt.spec.planners.adaptive import AdaptivePlanner
+from specrt.spec.sampling import SamplingParams
+from tests.tiny import make_model
+
+N_NEW = 32
+ITEMS = [("tuning", "code", {"id": "a", "prompt": "def add(a, b): return a + b"}),
+         ("held-out", "story", {"id": "b", "messages": [
+             {"role": "user", "content": "Tell me a story."},
+             {"role": "assistant", "content": "Once upon a time"},
+             {"role": "user", "content": "Go on."}]})]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_noeos_dir, tmp_path_factory):
+    # a draft noisier than the shared one, which agrees with this target on every token here
+    draft = make_model(tmp_path_factory.mktemp("replay_draft"), "qwen2", seed=7, eos=False,
+                       noise_from=tiny_noeos_dir, noise=0.35)
+    return specrt.LLM(tiny_noeos_dir, draft=draft, max_seq_len=256, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def traces(llm):
+    return auto_replay.record_traces(llm, ITEMS, N_NEW)
+
+
+def test_a_trace_holds_the_plain_output_and_the_draft_guesses(llm, traces):
+    assert set(traces) == {"tuning:code:a", "held-out:story:b"}
+    for key, trace in traces.items():
+        assert trace["output"] == llm.generate(trace["prompt"], max_new_tokens=N_NEW).token_ids
+        assert len(trace["draft"]) == len(trace["output"]) == N_NEW
+    # the tiny draft is its target plus noise: it agrees often, and not always
+    matches = [g == t for tr in traces.values() for g, t in zip(tr["draft"], tr["output"])]
+    assert 0 < sum(matches) < len(matches)
+
+
+def _engine_run(llm, prompt, method, costs):
+    """The engine generating `prompt` with `method`; auto plans with `costs`."""
+    name, k = method.split(":")
+    spec = SpecConfig(method=name, num_speculative_tokens=int(k))
+    planner = None
+    if name == "auto":
+        planner = AdaptivePlanner(int(k), costs, draft_model=llm.engine.draft_drafter,
+                                  ngram=NgramDrafter(spec.prompt_lookup_min,
+                                                     spec.prompt_lookup_max))
+    request = Request(tuple(prompt), N_NEW, SamplingParams(), spec)
+    steps = [s for batch in llm.engine.run([request], planner=planner) for s in batch]
+    return [t for s in steps for t in s.new_tokens], steps[-1].stats
+
+
+@pytest.mark.parametrize("method", ["draft_model:3", "ngram:4", "auto:8"])
+def test_replay_runs_the_rounds_the_engine_runs(llm, traces, method):
+    """The same plans (rounds per drafter and K), target passes (the engine counts its prefill
+    as one) and accepted drafts (up to the last round's overshoot) as the engine generating
+    the same prompt. auto plans with costs that make the draft model cheap, so it mixes both
+    drafters and several K."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
+                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
+    mixes = []
+    for trace in traces.values():
+        out, stats = _engine_run(llm, trace["prompt"], method, costs)
+        assert out == trace["output"]
+        _, mix, accepted = auto_replay.replay(trace, method, costs)
+        assert mix == stats["plan_histogram"], trace["prompt"]
+        assert sum(mix.values()) + 1 == stats["target_passes"]
+        # the engine also counts drafts accepted past the token budget in the last round
+        # (committed, then cut); a trace ends at the budget
+        assert 0 <= stats["num_accepted_tokens"] - accepted < int(method.split(":")[1])
+        mixes.append(mix)
+    if method == "auto:8":
+        labels = {m for mix in mixes for m in mix}
+        assert any(m.startswith("draft_model") for m in labels) and len(labels) >= 3, labels
