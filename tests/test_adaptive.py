@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens
+from specrt.spec.planners.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens, pooled
 from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
@@ -233,10 +233,14 @@ def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, mo
 
     import specrt.engine.round as round_module
 
-    spec = {"method": "auto", "num_speculative_tokens": 6}
+    spec = {"method": "auto", "num_speculative_tokens": 5}    # a planner of its own
     kw = dict(temperature=1.0, seed=7) if sampled else {}
-    # The costs are calibrated once, at first use, on the real clock (and cached): only the
+    # Fixed costs with a cheap draft, so that auto does speculate (the tiny draft is as big as
+    # its target: calibrated on the real clock, drafting sometimes never pays); only the
     # rounds' clock is scrambled below.
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
+                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a: costs))
     llm.generate(PROMPTS[0], max_new_tokens=2, speculative=spec)
     runs = set()
     for trial in range(4):
@@ -371,3 +375,41 @@ def test_a_match_of_one_row_in_a_busy_batch_is_drafted_when_it_pays():
     planner.states["ngram/3"].alphas[0] = [0.95] * 16
     plan = planner.choose(_ctx(4, remaining=500))
     assert plan.label == "ngram:8"       # 4 + 8 = 12 tokens: one memory-bound pass
+
+
+def test_a_probe_never_pays_a_long_catch_up():
+    """A draft model 300 tokens behind (a prompt it has not read) that lost on merit: at
+    OPTIMISTIC acceptance it could win, spreading the catch-up over the answer, but a probe
+    would pay all 300 tokens to learn one round's outcome, so it is not probed; the same
+    draft 1 token behind is."""
+    curve = [max(1.0, 0.25 * t) for t in range(1, 40)]
+    costs = CostModel(verify=curve, draft=[0.05 * t for t in range(1, 40)])
+    probed = {}
+    for lag in (1, 300):
+        planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(lag), ngram=None)
+        planner.reset([0])
+        planner.states["draft_model"].alphas[0][:] = [0.05] * 8
+        plans = _plans(planner, _ctx(1, remaining=500, history=lag), 3 * PROBE_BASE)
+        probed[lag] = [p for p in plans if p != "plain"]
+    assert probed[1] and not probed[300]
+
+
+def test_pooled_weighs_later_positions_by_the_earlier_ones():
+    """The planner weighs a_1 as learnt and a_i as the mean of a_2 .. a_i."""
+    assert pooled([0.5, 0.9, 0.6, 0.9]) == pytest.approx([0.5, 0.9, 0.75, 0.8])
+    assert pooled([0.7]) == [0.7] and pooled([]) == []
+
+
+def test_one_rejection_at_the_last_position_does_not_cut_k():
+    """Drafts right 80% of the time at costs where K = 3 pays best: one round whose third
+    guess is wrong drops that position's own estimate by WEIGHT, which alone would make K = 2
+    look best until rounds at K = 2 (which never see position 3) let it recover; weighed with
+    the positions before it, K stays 3."""
+    costs = CostModel(verify=[1.0 + 0.2 * t for t in range(1, 40)], draft=[0.2] * 39)
+    planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
+    planner.reset([0])
+    planner.states["draft_model"].alphas[0][:] = [0.8] * 8
+    before = planner.choose(_ctx(1, remaining=500))
+    planner.observe(before, [2], [before.k], 0.0, 1.0)         # positions 1, 2 right; 3 wrong
+    after = planner.choose(_ctx(1, remaining=500))
+    assert (before.k, after.k) == (3, 3)

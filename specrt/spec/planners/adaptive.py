@@ -25,25 +25,26 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the draft model, K = 1..K_max, run only when it wins.
 
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
-with a prior; costs come from a calibration at first use (specrt.spec.costs), cached per
-machine and build, and nothing else: a plan is a function of the request's own history and
-the calibrated costs, never of how long this run's rounds took, so two identical requests get
-the same plans (and a seeded sampled request the same output) however busy the machine is.
-A busier machine slows drafting and verifying alike, which moves no choice; the ratio between
-them is what the calibration measured. Costs are for the round's whole batch, priced by the
-tokens each row really computes (rows are packed: a row without guesses scores one token; past
-the backend's batch-invariant pass size each chunk streams the weights again): with more
-requests in flight, drafting K more tokens per row costs more, so a busy batch drafts less,
-and a match of one row among four is cheap to verify. The choice depends only
-on past rounds, never on the current round's outcome, so greedy output stays identical and
-sampling stays exact.
+with a prior, and weighed pooled with the positions before it (`pooled`); costs come from a
+calibration at first use (specrt.spec.costs), cached per machine and build, and nothing else: a
+plan is a function of the request's own history and the calibrated costs, never of how long
+this run's rounds took, so two identical requests get the same plans (and a seeded sampled
+request the same output) however busy the machine is. A busier machine slows drafting and
+verifying alike, which moves no choice; the ratio between them is what the calibration
+measured. Costs are for the round's whole batch, priced by the tokens each row really computes
+(rows are packed: a row without guesses scores one token; past the backend's batch-invariant
+pass size each chunk streams the weights again): with more requests in flight, drafting K more
+tokens per row costs more, so a busy batch drafts less, and a match of one row among four is
+cheap to verify. The choice depends only on past rounds, never on the current round's outcome,
+so greedy output stays identical and sampling stays exact.
 
 A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
 doubling after each probe until the drafter wins a round on merit, so a text that turns
 predictable is noticed without paying much for a drafter that does not pay. A probe runs only
 if the drafter could win at all: accepted at OPTIMISTIC, it would beat a plain step at the
 round's costs (in a busy batch the draft model's catch-up and the wider verify pass rarely
-can).
+can), and never where the draft model would first have to catch up on more than a plain step
+costs (a prompt it has not read): that is bought on merit or not at all.
 """
 from __future__ import annotations
 
@@ -107,6 +108,20 @@ def expected_tokens(alphas: list[float], k: int) -> float:
         run *= a
         total += run
     return total
+
+
+def pooled(alphas: list[float]) -> list[float]:
+    """Per-position estimates as the planner weighs them: a_1 as learnt, and a_i (i >= 2) the
+    mean of a_2 .. a_i. A later position is observed in fewer rounds, so its own estimate is
+    noisy: one rejection at position 3 would cut K below 3 for a dozen rounds. Given the
+    guesses before it were right, a guess is about as likely right at one position as at the
+    next (burst-y text: more likely), so pooling costs little bias (replayed traces,
+    benchmarks/RESULTS.md "auto replayed")."""
+    out, total = list(alphas[:1]), 0.0
+    for i, a in enumerate(alphas[1:], 1):
+        total += a
+        out.append(total / i)
+    return out
 
 
 class AdaptivePlanner:
@@ -174,13 +189,18 @@ class AdaptivePlanner:
             state = self.states["draft_model"]
             cv = [verify([k * a for a in ctx.active]) for k in range(self.max_k + 1)]
             catch_up = self._catch_up(ctx, rows)
+            weighed = {b: pooled(state.alphas[b]) for b in rows}
             for k in range(1, self.max_k + 1):
-                e = _mean(expected_tokens(state.alphas[b], k) for b in rows)
+                e = _mean(expected_tokens(weighed[b], k) for b in rows)
                 best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
                            key=lambda c: c[2])
             optimistic = [expected_tokens([OPTIMISTIC] * k, k) for k in range(self.max_k + 1)]
-            if _could_win(lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
-                          self.max_k, plain):
+            # A probe is a cheap look; one that must first catch up on a long stretch (a
+            # prompt the draft model has not read) would pay that whole lump to learn a
+            # little, so it is bought on merit or not at all (the rent-or-buy rule above).
+            if catch_up.lump <= plain and _could_win(
+                    lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
+                    self.max_k, plain):
                 can_probe.insert(0, state)
 
         name, k, probe = best[0], best[1], None
@@ -257,7 +277,7 @@ class AdaptivePlanner:
         draft, n = match
         if not draft:
             return 1.0                        # no match: the row gets the target's token only
-        return expected_tokens(self.states[self._ngram_state(n)].alphas[row],
+        return expected_tokens(pooled(self.states[self._ngram_state(n)].alphas[row]),
                                min(k, len(draft)))
 
 
