@@ -133,6 +133,34 @@ def test_a_draft_and_its_target_are_calibrated_interleaved(llm, tmp_path, monkey
     assert sum(" | beside " in k for k in saved) == 2
 
 
+def test_an_engine_with_graphs_calibrates_its_static_passes(tiny_noeos_dir, tiny_draft_dir,
+                                                            tmp_path, monkeypatch):
+    """An engine with graphs (static=True) times auto's costs on the static runners its rounds
+    replay (captured graphs on CUDA; eagerly here), not on the eager forward, and keeps them
+    under keys of their own."""
+    from specrt.model.graphs import StaticForward
+    from specrt.spec import calibration
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_cache", {})
+    static = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256,
+                        dtype="float32", cuda_graphs=True)
+    replays = []
+    real_replay = StaticForward.replay
+    monkeypatch.setattr(StaticForward, "replay",
+                        lambda self: (replays.append(self.model), real_replay(self))[1])
+    static.generate(PROMPTS[0], max_new_tokens=4,
+                    speculative={"method": "auto", "num_speculative_tokens": 3})
+    target, draft = static.engine.target, static.engine.draft
+    assert replays and set(replays) == {target, draft}
+    saved = json.loads((tmp_path / "calibration.json").read_text())
+    assert len(saved) == 2 and all("|graphed" in k for k in saved)
+    eager = CostModel.calibrate(target, draft, 3)          # the same models, the eager path
+    assert len(json.loads((tmp_path / "calibration.json").read_text())) == 4
+    assert len(eager.verify) == len(static.engine.planner_for(
+        SpecConfig(method="auto", num_speculative_tokens=3)).costs.verify)
+
+
 def test_calibration_measures_a_cost_per_t(llm):
     costs = forward_seconds(llm.target, 5)
     assert len(costs) == 5 and all(c > 0 for c in costs)
@@ -240,7 +268,7 @@ def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, mo
     # rounds' clock is scrambled below.
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
                       draft=[0.05 + 0.01 * t for t in range(1, 33)])
-    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a: costs))
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a, **kw: costs))
     llm.generate(PROMPTS[0], max_new_tokens=2, speculative=spec)
     runs = set()
     for trial in range(4):

@@ -96,8 +96,10 @@ class Engine:
         if spec is None:
             return None
         if spec not in self._planners:
+            # auto's costs are timed on the path this engine's rounds take (graphed or not)
             self._planners[spec] = build_planner(
-                spec, self.draft_drafter, lambda k: CostModel.calibrate(self.target, self.draft, k))
+                spec, self.draft_drafter,
+                lambda k: CostModel.calibrate(self.target, self.draft, k, graphed=self.static))
         return self._planners[spec]
 
     def warm_up(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:

@@ -4,7 +4,10 @@
 prefix, on a small private cache (the serving caches are untouched); `timed_together(models,
 max_t)` does the same for a draft model and its target, interleaved forward by forward, so both
 are timed on the same machine: memory bandwidth here swings by 1.6x within minutes, and what
-`auto` plans from is the draft's cost relative to the target's. Results are keyed by (model,
+`auto` plans from is the draft's cost relative to the target's. An engine with graphs
+(`static=True`) is timed on the path its rounds take: each forward a static runner
+(`specrt.model.graphs.StaticForward`), captured as a CUDA graph before it is timed on CUDA, so
+the costs `auto` weighs are the graphed ones, not the eager path's launch overheads. Results are keyed by (model,
 dtype, device, threads, CPU, backend build, and the models timed beside it) and kept in memory
 and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`, written atomically),
 so a calibration runs once per machine and kernel build. `specrt.spec.costs` turns them into a
@@ -21,10 +24,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from specrt.hub.paths import state_file
+from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
 
 _PREFIX = 32          # calibration context length
@@ -45,6 +50,10 @@ def calibration_key(model: Transformer, max_t: int) -> str:
                               model.backend.build_id)))
 
 
+def _key(model: Transformer, max_t: int, graphed: bool) -> str:
+    return calibration_key(model, max_t) + ("|graphed" if graphed else "")
+
+
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
     (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
@@ -53,12 +62,13 @@ def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     return timed_together([model], max_t)[0]
 
 
-def timed_together(models: list[Transformer], max_t: int) -> list[list[float]]:
+def timed_together(models: list[Transformer], max_t: int,
+                   graphed: bool = False) -> list[list[float]]:
     """`forward_seconds` of each model, timed interleaved (each T and repeat runs every model
     in turn), so a change in the machine's speed during the calibration hits all alike and
-    their ratios hold."""
-    keys = [calibration_key(m, max_t) + "".join(f" | beside {calibration_key(o, max_t)}"
-                                                for o in models if o is not m)
+    their ratios hold. graphed: time the static runners an engine with graphs replays."""
+    keys = [_key(m, max_t, graphed) + "".join(f" | beside {_key(o, max_t, graphed)}"
+                                              for o in models if o is not m)
             for m in models]
     with _lock:
         if any(k not in _cache for k in keys):
@@ -68,14 +78,14 @@ def timed_together(models: list[Transformer], max_t: int) -> list[list[float]]:
                 _save_disk(_cache)
         if all(k in _cache and len(_cache[k]) == max_t for k in keys):
             return [_cache[k] for k in keys]
-    out = _measure(models, max_t)
+    out = _measure(models, max_t, graphed)
     with _lock:
         _cache.update(zip(keys, out))
         _save_disk(_cache)
     return out
 
 
-def _measure(models: list[Transformer], max_t: int) -> list[list[float]]:
+def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[float]]:
     caches, inputs = [], []
     for model in models:
         cache = model.new_cache(1, _PREFIX + max_t)
@@ -87,18 +97,35 @@ def _measure(models: list[Transformer], max_t: int) -> list[list[float]]:
     measured = [{} for _ in models]
     for t in sorted({1, min(2, max_t), (max_t + 1) // 2, max_t}):
         times = [[] for _ in models]
+        passes = [_pass(model, cache, ids[:, _PREFIX:_PREFIX + t], graphed)
+                  for model, cache, ids in zip(models, caches, inputs)]
         for rep in range(_REPEATS + 1):
-            for i, (model, cache, ids) in enumerate(zip(models, caches, inputs)):
+            for i, (model, cache, run) in enumerate(zip(models, caches, passes)):
                 cache.truncate([_PREFIX])
                 _sync(model.device)
                 t0 = time.perf_counter()
-                model.forward(ids[:, _PREFIX:_PREFIX + t], cache)
+                run()
                 _sync(model.device)
                 if rep:                               # the first is a warm-up
                     times[i].append(time.perf_counter() - t0)
         for i in range(len(models)):
             measured[i][t] = statistics.median(times[i])
     return [_curve(m, max_t) for m in measured]
+
+
+def _pass(model: Transformer, cache, ids: torch.Tensor, graphed: bool) -> Callable[[], None]:
+    """One forward of ids [1, T] on cache, run as generation would run it: eagerly, or through
+    a static runner (captured now, on CUDA, so no capture lands inside a timing)."""
+    if not graphed:
+        return lambda: model.forward(ids, cache)
+    runner = StaticForward(model, cache, 1, ids.shape[1], use_graph=True)
+    runner.ids.copy_(ids)
+    runner.capture()
+
+    def run() -> None:
+        runner.replay()
+        cache.note_advanced(1, ids.shape[1])
+    return run
 
 
 def _curve(measured: dict[int, float], max_t: int) -> list[float]:

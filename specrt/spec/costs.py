@@ -22,11 +22,13 @@ class CostModel:
                                   # tokens runs in chunks of whole rows (0: one pass)
 
     @classmethod
-    def calibrate(cls, target: Transformer, draft: Transformer | None, max_k: int) -> "CostModel":
+    def calibrate(cls, target: Transformer, draft: Transformer | None, max_k: int,
+                  graphed: bool = False) -> "CostModel":
+        """graphed: an engine with graphs; its passes are timed as its rounds run them."""
         chunk = target.backend.batch_invariant_tokens
         rows = max(max_k + 1, chunk)
         # Timed together: what auto weighs is the draft's cost against the target's.
-        curves = timed_together([target] if draft is None else [target, draft], rows)
+        curves = timed_together([target] if draft is None else [target, draft], rows, graphed)
         return cls(verify=curves[0], draft=curves[1] if draft is not None else [],
                    chunk_rows=chunk)
 
