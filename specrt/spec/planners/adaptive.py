@@ -177,8 +177,9 @@ class AdaptivePlanner:
             guesses = [len(matches[b][0]) if ctx.active[b] else 0 for b in range(batch)]
             longest = max(guesses, default=0)
             cv = [verify([min(k, g) for g in guesses]) for k in range(longest + 1)]
+            weighed = {b: self._ngram_weighed(matches[b], b) for b in rows}
             for k in range(1, longest + 1):
-                e = _mean(self._ngram_expected(matches[b], b, k) for b in rows)
+                e = _mean(expected_tokens(weighed[b], min(k, guesses[b])) for b in rows)
                 best = max(best, ("ngram", k, e / cv[k]), key=lambda c: c[2])
             if longest and _could_win(lambda k: _mean(
                     expected_tokens([OPTIMISTIC] * min(k, guesses[b]), k) for b in rows)
@@ -273,12 +274,11 @@ class AdaptivePlanner:
         with the longest, and a copy in progress (n >= COPYING) on its own."""
         return COPY_STATE if n >= COPYING else f"ngram/{min(n, self.ngram.max_n)}"
 
-    def _ngram_expected(self, match: tuple[list[int], int], row: int, k: int) -> float:
+    def _ngram_weighed(self, match: tuple[list[int], int], row: int) -> list[float]:
+        """The row's acceptance per position for its match, as weighed (`pooled`); none
+        without a match (the row gets the target's token only)."""
         draft, n = match
-        if not draft:
-            return 1.0                        # no match: the row gets the target's token only
-        return expected_tokens(pooled(self.states[self._ngram_state(n)].alphas[row]),
-                               min(k, len(draft)))
+        return pooled(self.states[self._ngram_state(n)].alphas[row]) if draft else []
 
 
 @dataclasses.dataclass(frozen=True)
