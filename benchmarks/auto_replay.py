@@ -50,11 +50,11 @@ def build_parser():
     p = cli.parser("benchmarks.auto_replay", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record the traces (loads the pair, ~20 min)")
-    cli.add_common_args(rec)
+    cli.add_common_args(rec, out=False)
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--traces", default=str(TRACES), help="where to write them")
     rep = sub.add_parser("replay", help="replay auto and the fixed settings on the traces")
-    cli.add_common_args(rep)
+    cli.add_common_args(rep, out=False)
     cli.add_record_args(rep)
     rep.add_argument("--traces", default=str(TRACES))
     rep.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
@@ -96,10 +96,10 @@ def replay(trace: dict, method: str, costs) -> tuple[float, dict, int]:
         planner = AdaptivePlanner(k_fixed, costs, draft_model=draft, ngram=ngram)
         planner.new_batch()
         planner.reset([0])
+    budget = trace.get("max_new_tokens", len(out))
     done, seconds, mix, total_accepted = 1, 0.0, {}, 0   # the first token is the prefill's
     while done < len(out):
         history = prompt + out[:done]
-        budget = trace.get("max_new_tokens", len(out))
         ctx = DraftContext([history], [True], [None], [None], remaining=[budget - done],
                            generated=[done])
         if planner is not None:

@@ -23,8 +23,8 @@ def parser(module: str, doc: str, epilog: str | None = None) -> argparse.Argumen
                                    epilog=epilog)
 
 
-def add_common_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
-    """--model [--draft] --dtype --device --threads --out --no-progress."""
+def add_common_args(p: argparse.ArgumentParser, draft: bool = True, out: bool = True) -> None:
+    """--model [--draft] --dtype --device --threads [--out] --no-progress."""
     p.add_argument("--model", help="target model directory (default: the fetched "
                    "qwen2.5-coder-1.5b-instruct)")
     if draft:
@@ -33,8 +33,9 @@ def add_common_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for PNG/JSON outputs "
-                   "(default benchmarks/results)")
+    if out:
+        p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for PNG/JSON "
+                       "outputs (default benchmarks/results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
