@@ -7,9 +7,10 @@ The default pair's target (bf16) and its draft as `LLM` loads it, int8 (the defa
 backend. Each round times 10 decode steps at position 60 of every model with the fused loop
 (`specrt.kernels.cpu.layers`) and with the per-op loop (`CpuNative.layers_per_op`), the order
 alternating from round to round, so the machine's drift hits both alike. Prints median ms per
-step, the speedup, draft step / target step for both loops, and the bytes of weights a step reads
-relative to the target's (the floor under the step ratio of a memory-bound step); writes the section "C++ layer
-loop" of benchmarks/RESULTS.md (--no-record to skip); JSON on the last line.
+step, the speedup, draft step / target step for both loops, and the bytes of weights a step
+reads relative to the target's (the floor under the step ratio of a memory-bound step); writes
+the section "C++ layer loop" of benchmarks/RESULTS.md (--no-record to skip); JSON on the last
+line.
 """
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ are timed on the same machine: memory bandwidth here swings by 1.6x within minut
 `auto` plans from is the draft's cost relative to the target's. An engine with graphs
 (`static=True`) is timed on the path its rounds take: each forward a static runner
 (`specrt.model.graphs.StaticForward`), captured as a CUDA graph before it is timed on CUDA, so
-the costs `auto` weighs are the graphed ones, not the eager path's launch overheads. Results are keyed by (model,
-dtype, device, threads, CPU, backend build, and the models timed beside it) and kept in memory
-and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`, written atomically),
-so a calibration runs once per machine and kernel build. `specrt.spec.costs` turns them into a
-cost model.
+the costs `auto` weighs are the graphed ones, not the eager path's launch overheads. Results
+are keyed by (model, dtype, device, threads, CPU, backend build, and the models timed beside
+it) and kept in memory and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`,
+written atomically), so a calibration runs once per machine and kernel build.
+`specrt.spec.costs` turns them into a cost model.
 """
 from __future__ import annotations
 
