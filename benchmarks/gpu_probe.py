@@ -7,10 +7,11 @@ written) and measures, on CUDA graphs where the engine uses them:
   draft       0.5B step / 1.5B step
   kernels     GPU activities in one eager 1-token step (torch.profiler)
   syncs       host syncs in one eager decode forward and in one graphed verify replay
-              (torch.cuda.set_sync_debug_mode), and per greedy speculative round through the
-              engine's graphed path (the model as its own draft, K = 4, so every draft is
-              accepted): sync calls the profiler sees (cuda*Synchronize, blocking cudaMemcpy)
-              per round, implicit syncs sync debug mode reports, and the engine's read-backs
+              (torch.cuda.set_sync_debug_mode), and per speculative round through the
+              engine's graphed path, greedy and sampled (the model as its own draft, K = 4,
+              so every draft is accepted): sync calls the profiler sees (cuda*Synchronize,
+              blocking cudaMemcpy) per round, implicit syncs sync debug mode reports, and the
+              engine's read-backs
   exact       bf16: 512 greedy decode steps vs the same tokens verified 8 at a time, rows whose
               logits differ in any bit, and argmax mismatches
 Prints a table last and writes JSON (--json). `--tiny` runs the plumbing on CPU in seconds.
@@ -30,6 +31,9 @@ from specrt.model.config import ModelConfig
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
+from specrt.spec.sampling import SamplingParams
+
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, seed=0)
 
 SHAPES = {  # layers, hidden, intermediate, q heads, kv heads, head dim, vocab
     "1.5b": (28, 1536, 8960, 12, 2, 128, 151936),
@@ -120,15 +124,17 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
               "cudaMemcpy")   # cudaMemcpy without Async: a blocking copy
 
 
-def round_syncs(model, prompt: list[int], k: int, rounds: int) -> dict:
-    """Host syncs per greedy speculative round (model as its own draft) on the engine's graphed
-    path: profiler sync calls, sync-debug-mode reports, and StaticRound read-backs."""
+def round_syncs(model, prompt: list[int], k: int, rounds: int,
+                params: SamplingParams = SamplingParams()) -> dict:
+    """Host syncs per speculative round (model as its own draft) on the engine's graphed path:
+    profiler sync calls, sync-debug-mode reports, and StaticRound read-backs."""
     device = model.device
     t0 = time.perf_counter()
     eng = Engine(model, model, 1, len(prompt) + 4 * rounds * (k + 1) + 64, static=True,
                  graph_max_k=k)                    # on CUDA: every graph captured here
     capture_s = time.perf_counter() - t0
-    eng.admit(Request(tuple(prompt), 3 * rounds * (k + 1), spec=SpecConfig("draft_model", k)))
+    eng.admit(Request(tuple(prompt), 3 * rounds * (k + 1), params,
+                      spec=SpecConfig("draft_model", k)))
     for _ in range(3):
         eng.step()                                  # the first round's long catch-up is eager
     out = {"k": k, "rounds": rounds, "warm_up_s": capture_s}
@@ -223,6 +229,9 @@ def main(argv=None) -> int:
             m["exact"] = exactness(model, prompt[:, :64], 512 if not args.tiny else 16, 8)
         if shape in ("1.5b", "tiny") and time.perf_counter() - t_start < args.budget:
             m["round"] = round_syncs(model, prompt[0, :64].tolist(), 4, 10 if args.tiny else 20)
+        if shape in ("1.5b", "tiny") and time.perf_counter() - t_start < args.budget:
+            m["sampled_round"] = round_syncs(model, prompt[0, :64].tolist(), 4,
+                                             10 if args.tiny else 20, SAMPLED)
         res["models"][shape] = m
         del model, cache, one
         if device.type == "cuda":
@@ -244,13 +253,14 @@ def main(argv=None) -> int:
             (shape, "syncs: eager decode / graphed verify",
              f"{m['syncs_eager_decode']} / {m['syncs_graphed_verify']}"),
         ]
-        if "round" in m:
-            r = m["round"]
-            rows.append((shape, f"syncs per greedy round (K={r['k']}): profiler / debug / "
-                                "read-backs",
-                         f"{r.get('profiler_syncs_per_round', 'n/a')} / "
-                         f"{r.get('debug_mode_syncs_per_round', 'n/a')} / "
-                         f"{r['read_backs_per_round']}"))
+        for key, kind in (("round", "greedy"), ("sampled_round", "sampled")):
+            if key in m:
+                r = m[key]
+                rows.append((shape, f"syncs per {kind} round (K={r['k']}): profiler / debug / "
+                                    "read-backs",
+                             f"{r.get('profiler_syncs_per_round', 'n/a')} / "
+                             f"{r.get('debug_mode_syncs_per_round', 'n/a')} / "
+                             f"{r['read_backs_per_round']}"))
         if "exact" in m:
             e = m["exact"]
             rows.append((shape, f"verify==decode over {e['tokens']} tokens",

@@ -116,10 +116,12 @@ def test_graphs_llm_really_uses_graphs(llms):
     assert all(g is not None for g in _captured(llm))
 
 
-def test_greedy_round_is_two_replays_and_one_sync(llms):
-    """Every graph was captured at load into the one pool; a greedy round's device section
-    (draft replay, verify replay) runs under sync debug mode "error" and each round reads back
-    once."""
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 3}],
+                         ids=["greedy", "sampled"])
+def test_round_is_two_replays_and_one_sync(llms, sampling):
+    """Every graph was captured at load into the one pool; a round's device section (draft
+    replay, verify replay), greedy or sampled, runs under sync debug mode "error" and each
+    round reads back once."""
     llm = llms("float32", True)
     eng = llm.engine
     captured = eng.graphs.pool.captured
@@ -135,7 +137,8 @@ def test_greedy_round_is_two_replays_and_one_sync(llms):
     eng.graphs.section_guard = no_sync
     try:
         before = eng.graphs.read_backs
-        res = llm.generate(PROMPTS[1], max_new_tokens=NEW, speculative=SPECS["draft_model:4"])
+        res = llm.generate(PROMPTS[1], max_new_tokens=NEW, speculative=SPECS["draft_model:4"],
+                           **sampling)
     finally:
         eng.graphs.section_guard = contextlib.nullcontext
     rounds = res.stats["target_passes"] - 1
@@ -162,7 +165,7 @@ def test_bf16_greedy_speculative_equals_plain(llms, plain, name, graphs):
     before = llm.engine.graphs.read_backs if graphs else 0
     out = run(llm, SPECS[name])
     ref = plain("bfloat16", graphs)
-    if graphs:   # greedy rounds took the two-replays-one-sync path (StaticRound.greedy_round)
+    if graphs:   # rounds took the two-replays-one-sync path (StaticRound.run)
         assert llm.engine.graphs.read_backs > before
     assert all(len(o) == NEW for o in out), f"{name}: a row stopped early"
     for i, (got, want) in enumerate(zip(out, ref)):

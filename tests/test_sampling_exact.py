@@ -12,7 +12,7 @@ from specrt.spec.sampling import SamplingParams
 from specrt.kernels import rejection_sample
 from specrt.kernels.reference import draw_randomness
 from specrt.model import Transformer
-from specrt.spec.sampling import sample, warp
+from specrt.spec.sampling import param_row, sample, warp, warp_rows
 from tests.tiny import make_model
 
 # The seed study's five-word example: the target prefers "the", the draft prefers "a".
@@ -33,6 +33,28 @@ def test_warp_top_k_and_top_p():
     torch.testing.assert_close(p7[0], torch.tensor([0.4, 0.15, 0.2, 0, 0]) / 0.75)
     hot = warp(logits, SamplingParams(temperature=0.5))
     torch.testing.assert_close(hot[0], P ** 2 / (P ** 2).sum())
+
+
+def test_warp_rows_equals_warp_bit_for_bit():
+    """The graphs' warp (settings read from the device, one batch of rows with different
+    settings) gives every row the bits `warp` gives it alone: temperatures, top-k below, at
+    and past the vocabulary, top-p, both, greedy rows (neutral), and tied logits."""
+    import itertools
+    gen = torch.Generator().manual_seed(0)
+    V = 1000
+    logits = torch.randn(6, 3, V, generator=gen) * 3                     # [B, T, V]
+    logits[1] = (logits[1] * 2).round() / 2                              # many ties
+    combos = [SamplingParams(t, k, p) for t, k, p in
+              itertools.product((0.7, 1.0, 1.3), (0, 1, 5, V, V + 7), (1.0, 0.9, 0.3))]
+    combos.append(SamplingParams())                                      # greedy
+    for i in range(0, len(combos), 6):
+        params = (combos[i:i + 6] + [SamplingParams()] * 6)[:6]
+        rows = torch.tensor([param_row(p, V) for p in params])          # [B, 4]
+        got = warp_rows(logits, rows)
+        for b, p in enumerate(params):
+            want = warp(logits[b], p if not p.greedy else SamplingParams(temperature=1.0))
+            assert torch.equal(got[b], want), f"row {b}: {p}"
+            assert rows[b, 3] == (0.0 if p.greedy else 1.0)
 
 
 @pytest.mark.parametrize("params", [

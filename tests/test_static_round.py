@@ -1,7 +1,8 @@
-"""The graphed greedy round (`specrt.engine.static_round`), its bodies run eagerly on the CPU on
-the same static buffers: greedy speculative output equals plain greedy output token for token,
-the device section between staging and read-back never syncs with the host, each round reads
-back exactly once, and no buffer is reallocated across rounds."""
+"""The graphed round (`specrt.engine.static_round`), its bodies run eagerly on the CPU on the
+same static buffers: greedy speculative output equals plain greedy output token for token, a
+seeded sampled request gets the eager engine's tokens, the device section between staging and
+read-back never syncs with the host, each round reads back exactly once, and no buffer is
+reallocated across rounds."""
 import os
 import sys
 
@@ -160,32 +161,68 @@ def test_greedy_static_round_equals_plain(models, k, batch):
     assert len(sections) == engine.graphs.read_backs
 
 
-def test_greedy_static_round_triton_kernels(models, monkeypatch):
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_static_round_triton_kernels(models, monkeypatch, sampled):
     """The same through the CUDA backend's bodies and the Triton kernels (interpreted: slow,
-    so short), acceptance included."""
+    so short), acceptance included: greedy rows equal plain decoding, and a seeded sampled
+    row gets the tokens the eager engine (same kernels) gives it."""
     monkeypatch.setenv("SPECRT_KERNELS", "triton")
     target, draft = models["cuda"]
     budgets = [5, 3]
+    params = [SamplingParams(temperature=0.8, top_k=30, seed=2), SamplingParams()] if sampled \
+        else None
+    spec = SpecConfig("draft_model", 2)
     plain, _ = generate(Engine(target, None, 2, MAX_SEQ), PROMPTS[:2], None, budgets=budgets)
     engine, sections = _checked_engine(target, draft, 2)
-    got, rounds = generate(engine, PROMPTS[:2], SpecConfig("draft_model", 2), budgets=budgets)
-    assert got == plain
+    got, rounds = generate(engine, PROMPTS[:2], spec, params, budgets=budgets)
+    assert got[1] == plain[1]
+    if sampled:
+        eager, _ = generate(Engine(target, draft, 2, MAX_SEQ), PROMPTS[:2], spec, params,
+                            budgets=budgets)
+        assert got == eager
+    else:
+        assert got == plain
     assert rounds > 0 and len(sections) == rounds == engine.graphs.read_backs
 
 
-def test_mixed_greedy_and_sampled_rows(models):
-    """A sampled row sends the round down the general path (host-side acceptance on the static
-    pass's logits); the greedy rows beside it still get plain greedy output."""
+SAMPLED = [SamplingParams(temperature=1.0, seed=11),
+           SamplingParams(),                                     # greedy beside sampled rows
+           SamplingParams(temperature=0.7, top_k=20, seed=12),
+           SamplingParams(temperature=1.3, top_p=0.9, seed=13)]
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("draft_model", 3), SpecConfig("draft_model", 1),
+                                  SpecConfig("ngram", 4)], ids=["draft_model:3", "draft_model:1",
+                                                                 "ngram:4"])
+def test_sampled_static_round_equals_eager(models, spec):
+    """Rounds with sampled rows take the static path too (two replays, one read-back, no host
+    sync between), and a seeded request gets exactly the tokens the eager engine gives it:
+    the same randomness drawn in the same order, the same warp (`warp_rows`), the same
+    acceptance. Greedy rows beside sampled ones still get plain greedy output."""
     target, draft = models["torch_ref"]
-    params = [SamplingParams(), SamplingParams(temperature=1.0, top_k=20, seed=1)]
-    plain, _ = generate(Engine(target, None, 2, MAX_SEQ), PROMPTS[:1], None)
-    engine = Engine(target, draft, 2, MAX_SEQ, static=True)
-    got, rounds = generate(engine, PROMPTS[:2], SpecConfig("draft_model", 3), params)
-    assert got[0] == plain[0]
-    assert len(got[1]) == BUDGETS[1]
-    # while the sampled row ran, rounds took the general path (no one-sync read-back); once it
-    # finished, the greedy row's rounds took the one-sync path
-    assert 0 < engine.graphs.read_backs < rounds
+    plain, _ = generate(Engine(target, None, 4, MAX_SEQ), PROMPTS, None)
+    eager, _ = generate(Engine(target, draft, 4, MAX_SEQ), PROMPTS, spec, SAMPLED)
+    engine, sections = _checked_engine(target, draft, 4)
+    got, rounds = generate(engine, PROMPTS, spec, SAMPLED)
+    assert got == eager
+    assert got[1] == plain[1]
+    assert [len(o) for o in got] == BUDGETS
+    assert rounds > 0 and len(sections) == rounds == engine.graphs.read_backs
+    # the sampled runners served the rounds while a sampled row was running
+    assert any(r.sampled and r.read_back.count for r in engine.graphs.runners())
+    if spec.method == "draft_model":
+        assert any(key[3] for key in engine.draft_drafter._loops)
+
+
+def test_sampled_static_round_alone_and_in_a_batch(models):
+    """A seeded sampled request gets the same tokens alone and beside other requests on the
+    static path."""
+    target, draft = models["torch_ref"]
+    spec = SpecConfig("draft_model", 2)
+    alone, _ = generate(Engine(target, draft, 1, MAX_SEQ, static=True), PROMPTS[2:3], spec,
+                        SAMPLED[2:3], BUDGETS[2:3])
+    batch, _ = generate(Engine(target, draft, 4, MAX_SEQ, static=True), PROMPTS, spec, SAMPLED)
+    assert batch[2] == alone[0]
 
 
 def test_warm_up_builds_every_runner_and_none_is_reallocated(models):
@@ -193,19 +230,21 @@ def test_warm_up_builds_every_runner_and_none_is_reallocated(models):
     engine = Engine(target, draft, 2, MAX_SEQ, static=True)
     engine.warm_up(max_k=3)
     drafter = engine.draft_drafter
-    assert sorted(r.ids.shape for r in engine.graphs.runners()) == \
-        sorted((b, t) for b in (1, 2) for t in (1, 2, 3, 4))
-    assert sorted(drafter._loops) == sorted((b, k, w) for b in (1, 2) for k in (1, 2, 3)
-                                            for w in (1, 2))
+    assert sorted((*r.ids.shape, r.sampled) for r in engine.graphs.runners()) == \
+        sorted((b, t, s) for b in (1, 2) for t in (1, 2, 3, 4) for s in (False, True))
+    assert sorted(drafter._loops) == sorted((b, k, w, s) for b in (1, 2) for k in (1, 2, 3)
+                                            for w in (1, 2) for s in (False, True))
     runners = engine.graphs.runners() + list(drafter._loops.values())
     ptrs = lambda: [t.data_ptr() for r in runners for t in r.buffers()] + [  # noqa: E731
         engine.cache.k.data_ptr(), engine.cache.lengths.data_ptr(), drafter.cache.k.data_ptr(),
         drafter.cache.lengths.data_ptr(), engine.graphs.logits.data_ptr()]
     before = ptrs()
     rounds = 0
+    sampled = [SamplingParams(temperature=1.0, top_p=0.9, seed=5), SamplingParams()]
     for k in (1, 2, 3):
         rounds += generate(engine, PROMPTS[:2], SpecConfig("draft_model", k))[1]
         rounds += generate(engine, PROMPTS[2:], SpecConfig("ngram", k))[1]
+        rounds += generate(engine, PROMPTS[:2], SpecConfig("draft_model", k), sampled)[1]
         assert ptrs() == before
-    assert rounds >= 50 and engine.graphs.read_backs >= 50
+    assert rounds >= 75 and engine.graphs.read_backs == rounds
     assert engine.graphs.runners() + list(drafter._loops.values()) == runners   # none added

@@ -22,8 +22,8 @@ The round, in order (`run_round`):
 5. *rollback*, of both caches, here and nowhere else: the target's cache is truncated to the
    committed prefix, and the drafter that proposed is told how many of its drafts were kept;
 6. the planner *observes* the outcome, with its plan handed back.
-On an engine with graphs, an all-greedy round does 2-5 as `specrt.engine.static_round` says:
-two graph replays and one host sync on CUDA.
+On an engine with graphs, a round does 2-5 as `specrt.engine.static_round` says: two graph
+replays and one host sync on CUDA.
 
 Invariant: the target cache holds K/V for every committed token except the last one, which is
 fed as the first token of the next verify pass. Rollback of the rejected tail is a truncate.
@@ -74,8 +74,8 @@ def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None
 
     generating: [B] rows that take a step; of those, the ones active in `ctx` may draft, the
     others take a plain step in the same verify pass.
-    graphs: an engine's static runners (`specrt.engine.static_round`): a greedy round is then
-    two graph replays and one host sync on CUDA (the same bodies run eagerly elsewhere).
+    graphs: an engine's static runners (`specrt.engine.static_round`): a round is then two
+    graph replays and one host sync on CUDA (the same bodies run eagerly elsewhere).
     """
     t0 = time.perf_counter()
     planned = planner is not None and any(ctx.active)
@@ -109,11 +109,11 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     rows; a static pass (`graphs`) computes them too, and the rollback puts their length back.
     A generating row with no drafts takes a plain step: its token is chosen from the pass's
     first position exactly as a plain decoding step would choose it.
-    With `graphs`, an all-greedy round is `StaticRound.greedy_round` (one host sync); other
-    rounds read the static pass's logits and accept here, with more syncs.
+    With `graphs`, a round is `StaticRound.run` (one host sync) wherever its pass fits the
+    cache; the eager pass below serves the rest.
     """
     if graphs is not None:
-        outcome = graphs.greedy_round(last_tokens, generating, proposal, ctx)
+        outcome = graphs.run(last_tokens, generating, proposal, ctx, k_plan)
         if outcome is not None:
             return outcome
     B = len(last_tokens)
@@ -121,20 +121,17 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     start = cache.host_lengths()[:B]
     k = proposal.k if proposal is not None else 0
     counts = proposal.counts if proposal is not None else [0] * B
-    if graphs is not None and graphs.fits(B, k + 1):
-        logits = graphs.forward(last_tokens, generating, proposal)           # [B, K + 1, V]
-    else:
-        if proposal is not None and proposal.pending is not None:
-            proposal.pending()                        # a staged draft graph: fill its tokens
-            proposal.pending = None
-        ids = torch.tensor(last_tokens, dtype=torch.int64)[:, None].to(device)     # [B, 1]
-        if k:
-            drafts = proposal.tokens.to(device)                             # [B, K]
-            ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)              # [B, K + 1]
-        # Each row scores its last token and its own drafts: a row with fewer (or none) costs
-        # only those, and their logits are all acceptance reads.
-        logits = target.forward(ids, cache, num_valid=[(1 + c) * g
-                                                       for c, g in zip(counts, generating)])
+    if proposal is not None and proposal.pending is not None:
+        proposal.pending()                            # a staged draft graph: fill its tokens
+        proposal.pending = None
+    ids = torch.tensor(last_tokens, dtype=torch.int64)[:, None].to(device)         # [B, 1]
+    if k:
+        drafts = proposal.tokens.to(device)                                 # [B, K]
+        ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)                  # [B, K + 1]
+    # Each row scores its last token and its own drafts: a row with fewer (or none) costs
+    # only those, and their logits are all acceptance reads.
+    logits = target.forward(ids, cache, num_valid=[(1 + c) * g
+                                                   for c, g in zip(counts, generating)])
     num_acc, out = _accept(logits, proposal, counts, k_plan, generating, ctx)
     # Roll back the rejected drafts: keep the last token + the accepted drafts.
     cache.truncate([s + (1 + a if g else 0) for s, a, g in zip(start, num_acc, generating)])

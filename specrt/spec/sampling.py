@@ -66,6 +66,44 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+# A row's warp settings as device data, for graphs that sample (`warp_rows`): one row of
+# PARAM_COLUMNS fp32 values per request, written by `param_row`.
+PARAM_COLUMNS = 4        # temperature, top_k, top_p, sampled (0/1)
+
+
+def param_row(params: SamplingParams, vocab: int) -> tuple[float, float, float, float]:
+    """[temperature, top_k, top_p, sampled] of a request for `warp_rows`. A greedy row gets a
+    neutral warp (temperature 1, no cut) whose probabilities nothing reads; top_k is capped at
+    the vocabulary (exact in fp32: vocabularies are far below 2**24)."""
+    if params.greedy:
+        return (1.0, 0.0, 1.0, 0.0)
+    return (params.temperature, float(min(params.top_k, vocab)), params.top_p, 1.0)
+
+
+def warp_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`warp` with each row's settings read from the device, for CUDA graphs: logits [B, ..., V]
+    and rows [B, PARAM_COLUMNS] (`param_row`) -> probabilities [B, ..., V] (fp32), equal to
+    `warp(logits[b], params[b])` bit for bit on every row (tests/test_sampling.py): the same
+    operations in the same order, each cut applied where the row asks for it. It reads no
+    value on the host, so its shapes and work are the same for every batch; the price is a
+    sort for top-k where `warp` takes a top-k."""
+    B, V = logits.shape[0], logits.shape[-1]
+    view = (B,) + (1,) * (logits.dim() - 1)
+    temperature, top_k, top_p = (rows[:, i].view(view) for i in range(3))
+    x = logits.float() / temperature
+    k = top_k.long()
+    ranked = torch.sort(x, dim=-1, descending=True).values
+    kth = ranked.gather(-1, (k.clamp(1, V) - 1).expand(*x.shape[:-1], 1))      # [B, ..., 1]
+    x = x.masked_fill((k > 0) & (k < V) & (x < kth), float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p                 # mass strictly above
+    drop = torch.zeros_like(sorted_p, dtype=torch.bool).scatter(-1, order, before >= top_p)
+    cut = probs.masked_fill(drop, 0.0)
+    cut = cut / cut.sum(dim=-1, keepdim=True)
+    return torch.where(top_p < 1.0, cut, probs)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One exact draw per row from probs [..., V] -> token ids [...] (int64)."""
     return (probs / exponential_noise(probs.shape, generator, probs.device)).argmax(dim=-1)

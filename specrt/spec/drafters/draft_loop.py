@@ -1,35 +1,44 @@
-"""The draft model's greedy proposal on static buffers: catch-up and K - 1 steps, one CUDA graph.
+"""The draft model's proposal on static buffers: catch-up and K - 1 steps, one CUDA graph.
 
-One replay per round does what `DraftModelDrafter.propose` does eagerly for greedy rows:
+One replay per round does what `DraftModelDrafter.propose` does eagerly:
 1. the catch-up: each row's unseen committed tokens (1 or 2 of them; longer catch-ups are fed
    eagerly first) in one forward of width T_c = 1 or 2. A row with fewer tokens than T_c is
    right-padded: the padding's K/V land past the row's length, which is then set to
    start + valid, so the next step overwrites them (stale slots are masked until then);
-2. the first guess: the argmax at each row's last valid position;
+2. the first guess, at each row's last valid position;
 3. K - 1 decode steps, each feeding its guess to the next.
+A guess is the argmax; in a sampled loop (`sampled`), a sampled row's guess is its draw
+argmax(q / E) from its warped distribution q (`warp_rows`, settings staged per row), with the
+Exp(1) noise E drawn before the replay from the row's own generator, in the order the eager
+path draws it (`stage_inputs`), so both give the same guesses; q of every guess is kept for the
+acceptance test (`probs`, on the target's vocabulary axis, zero past the draft's).
 Inactive rows run too (their tokens are garbage, replaced by NO_DRAFT); the drafter's rollback
-puts their length back. There is no host sync inside: the inputs come through a pinned
-`Staging` buffer, the guesses stay on the device for the verify graph to read. On the CPU the
+puts their length back. There is no host sync inside: the inputs come through pinned
+`Staging` buffers, the guesses stay on the device for the verify graph to read. On the CPU the
 same body runs eagerly on the same buffers (see `specrt.model.graphs`).
 """
 from __future__ import annotations
 
 import torch
 
+from specrt.kernels.reference import fill_exponential_
 from specrt.model.graphs import GraphPool, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import Staging
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import NO_DRAFT
+from specrt.spec.sampling import PARAM_COLUMNS, SamplingParams, param_row, warp_rows
 
 CATCH_UP_WIDTHS = (1, 2)   # = 1 .. LONG_CATCH_UP: what a row can have unseen after the eager part
 
 
 class StaticDraftLoop(StaticRunner):
-    """Greedy: staged catch-up tokens [B, T_c] -> guesses [B, K] (`tokens`, on the device)."""
+    """Staged catch-up tokens [B, T_c] -> guesses [B, K] (`tokens`, on the device), and in a
+    sampled loop their q [B, K, V_target] (`probs`)."""
 
     def __init__(self, model: Transformer, cache: StaticKVCache, batch_size: int, k: int,
-                 catch_up: int, common_vocab: int, use_graph: bool, pool: GraphPool | None = None):
+                 catch_up: int, common_vocab: int, use_graph: bool, pool: GraphPool | None = None,
+                 sampled: "SampledScratch | None" = None):
         super().__init__(model, cache, use_graph, pool)
         device = model.device
         self.k, self.catch_up, self.common_vocab = k, catch_up, common_vocab
@@ -38,10 +47,17 @@ class StaticDraftLoop(StaticRunner):
         self.stage.device[:, catch_up] = 1         # a valid width for the capture's warm-up
         self.start = torch.zeros(batch_size, dtype=torch.int64, device=device)   # [B]
         self.tokens = torch.zeros(batch_size, k, dtype=torch.int64, device=device)  # [B, K]
+        self.sampled = sampled is not None
+        if sampled is not None:
+            self.params = Staging((batch_size, PARAM_COLUMNS), torch.float32, device)  # [B, 4]
+            self.params.device[:, 0] = 1.0         # a neutral warp for the capture's warm-up
+            self.noise = sampled.noise(batch_size, k)                         # [B, K, V_c]
+            self.probs = sampled.probs(batch_size, k)                         # [B, K, V_target]
 
     def describe(self) -> str:
         B = self.tokens.shape[0]
-        return f"StaticDraftLoop(B={B}, K={self.k}, T_c={self.catch_up})"
+        kind = ", sampled" if self.sampled else ""
+        return f"StaticDraftLoop(B={B}, K={self.k}, T_c={self.catch_up}{kind})"
 
     def _body(self) -> None:
         B, Tc, V = self.tokens.shape[0], self.catch_up, self.common_vocab
@@ -51,17 +67,40 @@ class StaticDraftLoop(StaticRunner):
         logits = self.model.forward_static(ids, self.cache)[:, :, :V]            # [B, T_c, V]
         self.cache.lengths[:B] = self.start + valid      # the padding is stale from here on
         last = (valid - 1).clamp(min=0).view(B, 1, 1).expand(B, 1, V)
-        self.tokens[:, 0] = logits.gather(1, last)[:, 0].argmax(dim=-1)
+        self._guess(0, logits.gather(1, last)[:, 0])
         for i in range(1, self.k):
             token = self.tokens[:, i - 1: i]                                      # [B, 1]
-            logits = self.model.forward_static(token, self.cache)[:, 0, :V]       # [B, V]
-            self.tokens[:, i] = logits.argmax(dim=-1)
+            self._guess(i, self.model.forward_static(token, self.cache)[:, 0, :V])
         self.tokens.masked_fill_(active[:, None] == 0, NO_DRAFT)
 
-    def stage_inputs(self, pending: list[list[int]], active: list[bool]) -> list[int]:
+    def _guess(self, i: int, logits: torch.Tensor) -> None:                   # logits [B, V_c]
+        """Guess i of every row: the argmax, or a sampled row's draw (as `choose_rows`)."""
+        if not self.sampled:
+            self.tokens[:, i] = logits.argmax(dim=-1)
+            return
+        rows = self.params.device                                                 # [B, 4]
+        q = warp_rows(logits, rows)                                               # [B, V_c]
+        self.probs[:, i, : logits.shape[-1]] = q
+        drawn = (q / self.noise[:, i]).argmax(dim=-1)
+        self.tokens[:, i] = torch.where(rows[:, 3] > 0, drawn, logits.argmax(dim=-1))
+
+    def stage_inputs(self, pending: list[list[int]], active: list[bool],
+                     params: list[SamplingParams] | None = None,
+                     generators: list[torch.Generator | None] | None = None) -> list[int]:
         """Write each row's catch-up (1..T_c tokens; inactive rows: none) into the pinned
-        buffer and queue its copy. Returns [B] the tokens each row's cache advances by
-        (valid + K - 1), which the caller mirrors on the host."""
+        buffer and queue its copy; a sampled loop also stages each row's warp settings
+        (`params`) and draws each active sampled row's noise for its K guesses from its
+        generator, one Exp(1) vector per guess as the eager path draws them. Returns [B] the
+        tokens each row's cache advances by (valid + K - 1), which the caller mirrors on the
+        host."""
+        if self.sampled:
+            rows = self.params.write()                                            # [B, 4]
+            for b, (p, a) in enumerate(zip(params, active)):
+                rows[b] = param_row(p, self.common_vocab)
+                if a and not p.greedy:
+                    for i in range(self.k):
+                        fill_exponential_(self.noise[b, i], generators[b])
+            self.params.push()
         Tc = self.catch_up
         host = self.stage.write()                                                 # [B, T_c + 2]
         host[:] = 0
@@ -74,3 +113,25 @@ class StaticDraftLoop(StaticRunner):
             valid.append(max(n, 1))
         self.stage.push()
         return [v + self.k - 1 for v in valid]
+
+
+class SampledScratch:
+    """The noise and q buffers of a drafter's sampled loops, shared by all of them (they run
+    one at a time, and the round copies q out before the next replay): per (B, K) a contiguous
+    view of one allocation each, sized for the largest loop."""
+
+    def __init__(self, max_batch_size: int, max_k: int, common_vocab: int, target_vocab: int,
+                 device: torch.device):
+        self._noise = torch.ones(max_batch_size * max_k * common_vocab, dtype=torch.float32,
+                                 device=device)
+        self._probs = torch.zeros(max_batch_size * max_k * target_vocab, dtype=torch.float32,
+                                  device=device)
+        self.common_vocab, self.target_vocab = common_vocab, target_vocab
+
+    def noise(self, batch_size: int, k: int) -> torch.Tensor:              # [B, K, V_c]
+        n = batch_size * k * self.common_vocab
+        return self._noise[:n].view(batch_size, k, self.common_vocab)
+
+    def probs(self, batch_size: int, k: int) -> torch.Tensor:              # [B, K, V_target]
+        n = batch_size * k * self.target_vocab
+        return self._probs[:n].view(batch_size, k, self.target_vocab)

@@ -7,10 +7,12 @@ after a fully accepted round), then decodes K steps, feeding each guess to the n
 Rejected guesses are rolled back (by the round, through `rollback`) by truncating its cache
 to the accepted length: O(1).
 
-With `static` (an engine with graphs) a greedy round's proposal is one `StaticDraftLoop`
-replay: catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token
-eagerly first, on their own row) and the K guesses, staged through pinned memory, left on the
-device for the verify graph (`propose_staged`). Sampled rounds stay eager.
+With `static` (an engine with graphs) a round's proposal is one `StaticDraftLoop` replay:
+catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token eagerly
+first, on their own row) and the K guesses, staged through pinned memory, left on the device
+for the verify graph (`propose_staged`). A round with a sampled row uses the loop's sampled
+variant (each row's warp settings and noise staged; greedy rows beside it still take the
+argmax).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Proposal,
                                       right_pad)
 from specrt.model.graphs import GraphPool
-from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, StaticDraftLoop
+from specrt.spec.config import MAX_SPECULATIVE_TOKENS
+from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, SampledScratch, StaticDraftLoop
 from specrt.spec.sampling import choose_rows
 
 
@@ -56,6 +59,8 @@ class DraftModelDrafter:
         # and q must live on the target's vocabulary axis for the acceptance test.
         self.target_vocab_size = target_vocab_size
         self.common_vocab = min(model.cfg.vocab_size, target_vocab_size)
+        self._scratch = SampledScratch(max_batch_size, MAX_SPECULATIVE_TOKENS, self.common_vocab,
+                                       target_vocab_size, model.device) if static else None
         self.cache = model.new_cache(max_batch_size, max_seq_len)
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
         self._pending = [0] * max_batch_size   # committed tokens fed this round, per row
@@ -94,13 +99,13 @@ class DraftModelDrafter:
         # inactive rows may run through the static loop; their seen count stays put
         self._guesses[:B] = [k - 1 if a else 0 for a in ctx.active]
         counts = [k if a else 0 for a in ctx.active]
-        greedy = ctx.uniform_params
-        loop = self._static_loop(B, k, pending, ctx.active) \
-            if self.static and greedy is not None and greedy.greedy else None
+        sampled = any(a and not p.greedy for p, a in zip(ctx.params, ctx.active))
+        loop = self._static_loop(B, k, pending, ctx.active, sampled) if self.static else None
         if loop is not None:
-            advanced = loop.stage_inputs(pending, ctx.active)
+            advanced = loop.stage_inputs(pending, ctx.active, ctx.params, ctx.generators)
             self.cache.note_lengths([s + a for s, a in zip(self.cache.host_lengths(), advanced)])
-            return Proposal(tokens=loop.tokens, probs=None, counts=counts, pending=loop.replay)
+            return Proposal(tokens=loop.tokens, probs=loop.probs if sampled else None,
+                            counts=counts, pending=loop.replay)
         tokens, qs = self._propose_eager(ctx, k, pending)
         return Proposal(tokens=tokens, probs=self._draft_probs(qs), counts=counts)
 
@@ -148,7 +153,7 @@ class DraftModelDrafter:
                                        (0, self.target_vocab_size - self.common_vocab))
 
     def _static_loop(self, batch_size: int, k: int, pending: list[list[int]],
-                     active: list[bool]) -> StaticDraftLoop | None:
+                     active: list[bool], sampled: bool) -> StaticDraftLoop | None:
         """The runner for this round, or None when some row's cache has no room for it (the
         eager path then serves the round: it writes only real tokens)."""
         width = max([len(p) for p, a in zip(pending, active) if a] + [1])
@@ -157,25 +162,27 @@ class DraftModelDrafter:
         lengths = self.cache.host_lengths()[:batch_size]
         if max(lengths) + width + k - 1 > self.cache.max_seq_len:
             return None
-        return self.loop(batch_size, k, width)
+        return self.loop(batch_size, k, width, sampled)
 
-    def loop(self, batch_size: int, k: int, catch_up: int) -> StaticDraftLoop:
-        """The static runner for (batch_size, k, catch-up width), built on first use."""
-        key = (batch_size, k, catch_up)
+    def loop(self, batch_size: int, k: int, catch_up: int, sampled: bool = False
+             ) -> StaticDraftLoop:
+        """The static runner for (batch_size, k, catch-up width, sampled), built on first use."""
+        key = (batch_size, k, catch_up, sampled)
         loop = self._loops.get(key)
         if loop is None:
             loop = self._loops[key] = StaticDraftLoop(
                 self.model, self.cache, batch_size, k, catch_up, self.common_vocab,
-                use_graph=True, pool=self.pool)
+                use_graph=True, pool=self.pool, sampled=self._scratch if sampled else None)
         return loop
 
     def capture_all(self, batch_sizes, max_k: int) -> None:
-        """Build and (on CUDA) capture the runner of every (B, K <= max_k, width) a greedy
-        round can use, so no capture lands mid-generation."""
+        """Build and (on CUDA) capture the runner of every (B, K <= max_k, width, greedy or
+        sampled) a round can use, so no capture lands mid-generation."""
         for B in batch_sizes:
             for k in range(1, max_k + 1):
                 for width in CATCH_UP_WIDTHS:
-                    self.loop(B, k, width).capture()
+                    for sampled in (False, True):
+                        self.loop(B, k, width, sampled).capture()
 
     def rollback(self, num_accepted: list[int]) -> None:
         # Cached K/V stay valid for the pending tokens plus the accepted guesses that were fed.
