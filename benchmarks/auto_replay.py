@@ -5,12 +5,15 @@ Run: python -m benchmarks.auto_replay record    (once per model pair: ~20 min on
 
 An end-to-end run measures `auto` through bandwidth that swings 1.6x within minutes, on one
 prompt per task; a replay decides nothing by the clock, so planner changes can be compared on
-every prompt of both sets, exactly.
+every prompt of every set, exactly.
 
-record: for each prompt of benchmarks/prompts.json (the tuning set) and
-benchmarks/prompts_unseen.json (the held-out set), chat template: the target's plain greedy
-output (--max-new-tokens) and the draft model's greedy guess at every output position given
-the true text before it (one teacher-forced forward of the draft, as `LLM` loads it).
+record: for each prompt of benchmarks/prompts.json (the tuning set),
+benchmarks/prompts_unseen.json (the held-out set), benchmarks/prompts_fresh.json and
+benchmarks/prompts_check.json (written after the held-out set had been used to design planner
+changes, to check them on text nobody tuned on), chat template: the target's plain greedy output (--max-new-tokens) and the draft
+model's greedy guess at every output position given the true text before it (one
+teacher-forced forward of the draft, as `LLM` loads it). `--sets` records some sets only,
+keeping the traces of the others.
 
 replay: greedy speculative decoding of each trace, round by round, with the real planners
 (`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace
@@ -40,7 +43,8 @@ from benchmarks.harness.model_dirs import resolve_models
 
 SECTION = "## auto replayed on recorded traces (benchmarks/auto_replay.py)"
 HERE = Path(__file__).parent
-PROMPT_SETS = {"tuning": HERE / "prompts.json", "held-out": HERE / "prompts_unseen.json"}
+PROMPT_SETS = {"tuning": HERE / "prompts.json", "held-out": HERE / "prompts_unseen.json",
+               "fresh": HERE / "prompts_fresh.json", "check": HERE / "prompts_check.json"}
 TRACES = HERE / "results" / "auto_traces.json"
 FIXED = ("draft_model:1,draft_model:2,draft_model:3,draft_model:4,draft_model:5,draft_model:6,"
          "ngram:2,ngram:4,ngram:8,ngram:16")
@@ -53,6 +57,9 @@ def build_parser():
     cli.add_common_args(rec, out=False)
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--traces", default=str(TRACES), help="where to write them")
+    rec.add_argument("--sets", default=",".join(PROMPT_SETS),
+                     help=f"prompt sets to record (default all: {','.join(PROMPT_SETS)}); the "
+                          "traces of other sets already in --traces are kept")
     rep = sub.add_parser("replay", help="replay auto and the fixed settings on the traces")
     cli.add_common_args(rep, out=False)
     cli.add_record_args(rep)
@@ -199,11 +206,25 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
 def record(args) -> int:
     import specrt
 
+    names = [n.strip() for n in args.sets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PROMPT_SETS]
+    if unknown or not names:
+        cli.fail(f"--sets: unknown set(s) {', '.join(unknown) or '(none given)'}; choose from "
+                 f"{', '.join(PROMPT_SETS)}")
+    path = Path(args.traces)
     target_dir, draft_dir = resolve_models(args)
+    kept = {}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        kept = {k: t for k, t in old["traces"].items() if t["set"] not in names}
+        if kept and (old.get("target"), old.get("draft")) != (target_dir.name, draft_dir.name):
+            cli.fail(f"{path} holds traces of another pair ({old.get('target')}, "
+                     f"{old.get('draft')}); record every set (--sets "
+                     f"{','.join(PROMPT_SETS)}) or write to another --traces file")
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device,
                      max_seq_len=4096)
-    traces = record_traces(llm, prompt_items(), args.max_new_tokens, not args.no_progress)
-    path = Path(args.traces)
+    traces = kept | record_traces(llm, prompt_items({n: PROMPT_SETS[n] for n in names}),
+                                  args.max_new_tokens, not args.no_progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"target": target_dir.name, "draft": draft_dir.name,
@@ -218,10 +239,7 @@ def replay_command(args) -> int:
     from specrt.spec.costs import CostModel
 
     path = Path(args.traces)
-    if not path.is_file():
-        cli.fail(f"no traces at {path}: record them first (python -m benchmarks.auto_replay "
-                 "record)")
-    data = json.loads(path.read_text())
+    data = _load_traces(path)
     target_dir, draft_dir = resolve_models(args)
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
     costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.auto_k)
@@ -238,6 +256,14 @@ def replay_command(args) -> int:
         report.record_section(SECTION, body + text + "\n", Path(args.results_md))
     report.emit_json({"rows": rows})
     return 0
+
+
+def _load_traces(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        cli.fail(f"no traces at {path}: record them first (python -m benchmarks.auto_replay "
+                 "record)")
+    return json.loads(path.read_text())
 
 
 def main(argv=None) -> int:
