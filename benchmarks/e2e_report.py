@@ -7,6 +7,7 @@ text; it measures and derives nothing.
 """
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 from benchmarks.e2e_records import E2EResult, RunConfig, TaskSummary
@@ -110,8 +111,12 @@ def exactness_line(result: E2EResult) -> str:
     return line
 
 
-def _prompts_per_task(result: E2EResult) -> int:
-    return len({(r.task, r.prompt) for r in result.measurements}) // len(result.config.tasks)
+def _prompts_per_task(result: E2EResult) -> str:
+    """Prompts measured per task: "3", or "1-3" where the prompts file's tasks differ."""
+    counts = collections.Counter(task for task, _ in {(r.task, r.prompt)
+                                                      for r in result.measurements})
+    lo, hi = min(counts.values(), default=0), max(counts.values(), default=0)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def print_report(result: E2EResult) -> None:
