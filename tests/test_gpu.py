@@ -112,7 +112,9 @@ def test_fp32_graphs_equal_eager(llms, name):
 def test_fp32_sampled_graphs_equal_eager(llms, name):
     """A seeded sampled request (temperature, top-k, top-p) gets the same tokens through the
     graphed round (warp, draws and rejection sampling inside the replays) as through the eager
-    one, alone and in a batch."""
+    one, alone and in a batch. On CUDA a reduction's rounding can depend on the batch shape
+    (`warp_rows`), so a token could differ at a tie within the last bit: vanishingly rare at
+    these sizes, and a failure here names the first difference to check for one."""
     kw = dict(max_new_tokens=NEW, speculative=SPECS[name], temperature=0.9, top_k=50,
               top_p=0.95, seed=7)
     outs = []
@@ -121,7 +123,8 @@ def test_fp32_sampled_graphs_equal_eager(llms, name):
         single = [llm.generate(p, **kw).token_ids for p in SINGLE]
         batch = [r.token_ids for r in llm.generate(BATCH, **kw)]
         outs.append(single + batch)
-    assert outs[0] == outs[1]
+    for i, (got, want) in enumerate(zip(*outs)):
+        assert got == want, f"{name} output {i} first differs at token {first_difference(got, want)}"
 
 
 def test_graphs_llm_really_uses_graphs(llms):

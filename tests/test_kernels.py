@@ -292,6 +292,28 @@ def test_rejection_zero_target_prob_always_rejects(sample, one_hot):
 
 
 @pytest.mark.parametrize("sample", REJECTION_BACKENDS)
+def test_rejection_explicit_one_hot_q_equals_none(sample):
+    """Deterministic drafts (n-gram, greedy) as an explicit one-hot q give the bits of
+    `draft_probs=None` (the CUDA graphs' sampled verify body always passes a q): a valid draft
+    has q(x) = 1, and at the rejected position max(0, p - 1) = 0 at x and p - 0 = p elsewhere.
+    Padding, certain drafts (p(x) = 1) and the bonus position included."""
+    B, K, V = 6, 4, 1000
+    p = _probs((B, K + 1, V), seed=21)
+    drafts = _sample(p[:, :K], seed=22)
+    drafts[1, 2:] = -1                                          # padding
+    drafts[2, 0] = p[2, 0].argmax()
+    p[2, 0] = 0.0
+    p[2, 0, drafts[2, 0]] = 1.0                                 # a certain draft
+    u, noise = reference.draw_randomness(B, K, V, _gen(23), DEVICE)
+    u[3] = 0.0                                                  # row 3 accepts every valid draft
+    one_hot = torch.zeros(B, K, V, device=DEVICE).scatter_(2, drafts.clamp(min=0)[..., None], 1.0)
+    n, out = sample(p, one_hot, drafts, u, noise)
+    n_ref, out_ref = sample(p, None, drafts, u, noise)
+    assert torch.equal(n, n_ref) and torch.equal(out, out_ref)
+    assert n[3] == K
+
+
+@pytest.mark.parametrize("sample", REJECTION_BACKENDS)
 def test_rejection_one_hot_accepts_iff_u_below_p(sample):
     B, K, V = 64, 1, 1000
     x = 7

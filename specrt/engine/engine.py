@@ -104,8 +104,8 @@ class Engine:
 
     def warm_up(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
         """Build every static runner a round can use -- verify passes for (B, T = 1..max_k + 1)
-        and greedy draft loops for (B, K = 1..max_k, catch-up 1 or 2), B = 1..max_batch_size
-        -- and on CUDA capture their graphs, so no capture (and no allocation in the graph
+        and draft loops for (B, K = 1..max_k, catch-up 1 or 2), B = 1..max_batch_size, greedy
+        and sampled -- and on CUDA capture their graphs, so no capture (and no allocation in the graph
         pool) lands mid-generation. Called at load when graphs are on CUDA."""
         t0 = time.perf_counter()
         sizes = range(1, self.max_batch_size + 1)

@@ -35,15 +35,14 @@ from typing import TYPE_CHECKING, Callable, ContextManager
 
 import torch
 
-from specrt.kernels import draw_randomness, greedy_accept, rejection_sample
-from specrt.kernels.reference import fill_exponential_
+from specrt.kernels import draw_randomness, fill_exponential_, greedy_accept, rejection_sample
 from specrt.model.graphs import GraphPool, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import ReadBack, Staging
 from specrt.model.transformer import Transformer
 from specrt.spec.config import MAX_SPECULATIVE_TOKENS
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext, Proposal
-from specrt.spec.sampling import PARAM_COLUMNS, param_row, warp_rows
+from specrt.spec.sampling import param_staging, param_row, race, warp_rows
 
 if TYPE_CHECKING:
     from specrt.engine.round import RoundOutcome
@@ -75,8 +74,7 @@ class StaticVerify(StaticRunner):
         self.read_back = ReadBack(self.result)                                    # [B, 2T]
         self.sampled = scratch is not None
         if scratch is not None:
-            self.params = Staging((batch_size, PARAM_COLUMNS), torch.float32, device)  # [B, 4]
-            self.params.device[:, 0] = 1.0         # a neutral warp for the capture's warm-up
+            self.params = param_staging(batch_size, device)  # [B, 4] staged warp settings
             self.probs, self.uniforms, self.noise = scratch.views(batch_size, t - 1)
             # [B, K, V], [B, K], [B, V]
 
@@ -100,7 +98,7 @@ class StaticVerify(StaticRunner):
             p = warp_rows(self.logits, rows)                                     # [B, T, V]
             if T == 1:       # a plain step: the draw of `choose_rows`
                 n_s = torch.zeros_like(n)
-                out_s = (p[:, 0] / self.noise).argmax(dim=-1, keepdim=True)      # [B, 1]
+                out_s = race(p[:, 0], self.noise)[:, None]                        # [B, 1]
             else:
                 n_s, out_s = rejection_sample(p, self.probs, drafts, self.uniforms, self.noise)
             pick = rows[:, 3] > 0                                                # [B]

@@ -9,8 +9,8 @@ SPECRT_KERNELS=triton|reference). `draw_randomness` draws the uniforms and noise
 from specrt.kernels.dispatch import (add_rms_norm, backend_for, greedy_accept, matmul,
                                      rejection_sample, rope_verify_attention, silu_mul,
                                      verify_attention)
-from specrt.kernels.reference import draw_randomness, exponential_noise
+from specrt.kernels.reference import draw_randomness, exponential_noise, fill_exponential_
 
 __all__ = ["verify_attention", "greedy_accept", "rejection_sample", "backend_for",
            "rope_verify_attention", "add_rms_norm", "silu_mul", "matmul",
-           "draw_randomness", "exponential_noise"]
+           "draw_randomness", "exponential_noise", "fill_exponential_"]

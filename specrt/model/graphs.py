@@ -8,10 +8,11 @@ allocated once, at construction: its input and output buffers and the KV cache i
 themselves). Per shape there is one runner:
 
 - StaticForward (here): one target forward of T tokens (benchmarks and tests).
-- StaticVerify (`specrt.engine.static_round`): the verify pass with greedy acceptance and the
-  target cache's rollback; one per (B, T = K + 1).
+- StaticVerify (`specrt.engine.static_round`): the verify pass with acceptance (greedy, or
+  with rejection sampling for sampled rows) and the target cache's rollback; one per
+  (B, T = K + 1, greedy or sampled).
 - StaticDraftLoop (`specrt.spec.drafters.draft_loop`): the draft model's catch-up and its K - 1
-  greedy steps; one per (B, K, catch-up width 1 or 2).
+  steps; one per (B, K, catch-up width 1 or 2, greedy or sampled).
 
 On CUDA the body is captured after a warm-up (`capture`, called for every shape at engine load
 by `Engine.warm_up`) and replayed each round. Elsewhere the same body runs eagerly on the same

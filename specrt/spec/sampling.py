@@ -2,10 +2,12 @@
 and seeded draws.
 
 Speculative sampling is exact only if the target's p and the drafter's q are warped the same
-way, so there is exactly one `warp` and both sides call it. Sampling uses the exponential race
-argmax(p / E) with E ~ Exp(1) (`specrt.kernels.reference.exponential_noise`, the one noise
-source of specrt): an exact draw from p that needs no normalisation, and the same rule the
-acceptance kernels use for recovered and bonus tokens.
+way, so there is one warp and both sides call it: `warp` where settings are Python values,
+`warp_rows` (the same operations, settings read from the device) inside CUDA graphs. Sampling
+uses the exponential race argmax(p / E) with E ~ Exp(1) (`race`; the noise comes from
+`specrt.kernels.reference.exponential_noise`, the one noise source of specrt): an exact draw
+from p that needs no normalisation, and the same rule the acceptance kernels use for recovered
+and bonus tokens.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from specrt.checks import check_int, check_number
 from specrt.kernels.reference import exponential_noise
+from specrt.model.staging import Staging
 
 MAX_SEED = 2**63 - 1      # torch seeds are 64-bit; negative ones are a user's slip
 MAX_TOP_K = 2**31 - 1
@@ -50,7 +53,9 @@ class SamplingParams:
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [..., V] -> probabilities [..., V] (fp32) after temperature, top-k, then top-p."""
-    x = logits.float() / params.temperature
+    # A device tensor, not a Python float: CUDA would multiply by the reciprocal of a host
+    # scalar (one bit off), and `warp_rows` divides by device values.
+    x = logits.float() / torch.full((), params.temperature, device=logits.device)
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]     # [..., 1]
@@ -80,13 +85,24 @@ def param_row(params: SamplingParams, vocab: int) -> tuple[float, float, float, 
     return (params.temperature, float(min(params.top_k, vocab)), params.top_p, 1.0)
 
 
+def param_staging(batch_size: int, device: torch.device) -> Staging:
+    """A staged [B, PARAM_COLUMNS] fp32 buffer of warp settings for `warp_rows`, every row a
+    greedy row's neutral warp until a round writes its own (so a graph's capture warms up on
+    finite probabilities)."""
+    stage = Staging((batch_size, PARAM_COLUMNS), torch.float32, device)
+    stage.device[:] = torch.tensor(param_row(SamplingParams(), 1), device=device)
+    return stage
+
+
 def warp_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """`warp` with each row's settings read from the device, for CUDA graphs: logits [B, ..., V]
     and rows [B, PARAM_COLUMNS] (`param_row`) -> probabilities [B, ..., V] (fp32), equal to
-    `warp(logits[b], params[b])` bit for bit on every row (tests/test_sampling.py): the same
-    operations in the same order, each cut applied where the row asks for it. It reads no
-    value on the host, so its shapes and work are the same for every batch; the price is a
-    sort for top-k where `warp` takes a top-k."""
+    `warp(logits[b], params[b])` on every row: the same operations in the same order, each cut
+    applied where the row asks for it. Bit for bit on the CPU (tests/test_sampling_exact.py);
+    on CUDA a reduction's rounding may depend on how many rows share the call, so the two can
+    differ in the last bit and a draw in the rare case of a tie within that rounding. It reads
+    no value on the host, so its shapes and work are the same for every batch; the price is a
+    sort for top-k where `warp` takes a top-k, and both sorts for every row."""
     B, V = logits.shape[0], logits.shape[-1]
     view = (B,) + (1,) * (logits.dim() - 1)
     temperature, top_k, top_p = (rows[:, i].view(view) for i in range(3))
@@ -104,9 +120,15 @@ def warp_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.where(top_p < 1.0, cut, probs)
 
 
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The exponential race: probs [..., V] and Exp(1) noise [..., V] -> argmax(p / E) [...],
+    an exact draw from p (int64 token ids)."""
+    return (probs / noise).argmax(dim=-1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One exact draw per row from probs [..., V] -> token ids [...] (int64)."""
-    return (probs / exponential_noise(probs.shape, generator, probs.device)).argmax(dim=-1)
+    return race(probs, exponential_noise(probs.shape, generator, probs.device))
 
 
 def choose(logits: torch.Tensor, params: SamplingParams,
@@ -135,7 +157,7 @@ def choose_rows(logits: torch.Tensor, params: list[SamplingParams],
         noise = torch.stack([exponential_noise(warped.shape[-1:], generators[b], logits.device)
                              for b in group])                           # [n, V]
         probs[group] = warped
-        tokens[group] = (warped / noise).argmax(dim=-1)
+        tokens[group] = race(warped, noise)
     return tokens, probs
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from specrt.kernels.reference import fill_exponential_
+from specrt.kernels import fill_exponential_
 from specrt.model.graphs import GraphPool, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import Staging
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import NO_DRAFT
-from specrt.spec.sampling import PARAM_COLUMNS, SamplingParams, param_row, warp_rows
+from specrt.spec.sampling import SamplingParams, param_staging, param_row, race, warp_rows
 
 CATCH_UP_WIDTHS = (1, 2)   # = 1 .. LONG_CATCH_UP: what a row can have unseen after the eager part
 
@@ -38,7 +38,7 @@ class StaticDraftLoop(StaticRunner):
 
     def __init__(self, model: Transformer, cache: StaticKVCache, batch_size: int, k: int,
                  catch_up: int, common_vocab: int, use_graph: bool, pool: GraphPool | None = None,
-                 sampled: "SampledScratch | None" = None):
+                 scratch: "DraftScratch | None" = None):
         super().__init__(model, cache, use_graph, pool)
         device = model.device
         self.k, self.catch_up, self.common_vocab = k, catch_up, common_vocab
@@ -47,12 +47,11 @@ class StaticDraftLoop(StaticRunner):
         self.stage.device[:, catch_up] = 1         # a valid width for the capture's warm-up
         self.start = torch.zeros(batch_size, dtype=torch.int64, device=device)   # [B]
         self.tokens = torch.zeros(batch_size, k, dtype=torch.int64, device=device)  # [B, K]
-        self.sampled = sampled is not None
-        if sampled is not None:
-            self.params = Staging((batch_size, PARAM_COLUMNS), torch.float32, device)  # [B, 4]
-            self.params.device[:, 0] = 1.0         # a neutral warp for the capture's warm-up
-            self.noise = sampled.noise(batch_size, k)                         # [B, K, V_c]
-            self.probs = sampled.probs(batch_size, k)                         # [B, K, V_target]
+        self.sampled = scratch is not None
+        if scratch is not None:
+            self.params = param_staging(batch_size, device)  # [B, 4] staged warp settings
+            self.noise = scratch.noise(batch_size, k)                         # [B, K, V_c]
+            self.probs = scratch.probs(batch_size, k)                         # [B, K, V_target]
 
     def describe(self) -> str:
         B = self.tokens.shape[0]
@@ -81,7 +80,7 @@ class StaticDraftLoop(StaticRunner):
         rows = self.params.device                                                 # [B, 4]
         q = warp_rows(logits, rows)                                               # [B, V_c]
         self.probs[:, i, : logits.shape[-1]] = q
-        drawn = (q / self.noise[:, i]).argmax(dim=-1)
+        drawn = race(q, self.noise[:, i])                                        # [B]
         self.tokens[:, i] = torch.where(rows[:, 3] > 0, drawn, logits.argmax(dim=-1))
 
     def stage_inputs(self, pending: list[list[int]], active: list[bool],
@@ -115,7 +114,7 @@ class StaticDraftLoop(StaticRunner):
         return [v + self.k - 1 for v in valid]
 
 
-class SampledScratch:
+class DraftScratch:
     """The noise and q buffers of a drafter's sampled loops, shared by all of them (they run
     one at a time, and the round copies q out before the next replay): per (B, K) a contiguous
     view of one allocation each, sized for the largest loop."""

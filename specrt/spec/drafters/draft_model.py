@@ -23,7 +23,7 @@ from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Pr
                                       right_pad)
 from specrt.model.graphs import GraphPool
 from specrt.spec.config import MAX_SPECULATIVE_TOKENS
-from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, SampledScratch, StaticDraftLoop
+from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, DraftScratch, StaticDraftLoop
 from specrt.spec.sampling import choose_rows
 
 
@@ -50,8 +50,8 @@ class DraftModelDrafter:
     def __init__(self, model: Transformer, target_vocab_size: int, max_batch_size: int,
                  max_seq_len: int, static: bool = False, pool: GraphPool | None = None):
         self.model = model
-        # static: run greedy proposals through a StaticDraftLoop (a CUDA graph on CUDA, in
-        # `pool`): catch-up and all K guesses in one replay.
+        # static: run proposals through a StaticDraftLoop (a CUDA graph on CUDA, in `pool`):
+        # catch-up and all K guesses in one replay.
         self.static = static
         self.pool = pool
         self._loops: dict[tuple, StaticDraftLoop] = {}
@@ -59,7 +59,7 @@ class DraftModelDrafter:
         # and q must live on the target's vocabulary axis for the acceptance test.
         self.target_vocab_size = target_vocab_size
         self.common_vocab = min(model.cfg.vocab_size, target_vocab_size)
-        self._scratch = SampledScratch(max_batch_size, MAX_SPECULATIVE_TOKENS, self.common_vocab,
+        self._scratch = DraftScratch(max_batch_size, MAX_SPECULATIVE_TOKENS, self.common_vocab,
                                        target_vocab_size, model.device) if static else None
         self.cache = model.new_cache(max_batch_size, max_seq_len)
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
@@ -86,8 +86,7 @@ class DraftModelDrafter:
 
     @torch.inference_mode()
     def propose_staged(self, ctx: DraftContext, k: int) -> Proposal | None:
-        """`propose`, except that on the static greedy path the device work is left to the
-        caller: the proposal's `pending` (the draft graph's replay) fills its tokens, so the
+        """`propose`, except that on the static path the device work is left to the caller: the proposal's `pending` (the draft graph's replay) fills its tokens, so the
         round can run it beside the verify replay with no host sync between them."""
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
         fed = [len(p) for p in pending]
@@ -172,7 +171,7 @@ class DraftModelDrafter:
         if loop is None:
             loop = self._loops[key] = StaticDraftLoop(
                 self.model, self.cache, batch_size, k, catch_up, self.common_vocab,
-                use_graph=True, pool=self.pool, sampled=self._scratch if sampled else None)
+                use_graph=True, pool=self.pool, scratch=self._scratch if sampled else None)
         return loop
 
     def capture_all(self, batch_sizes, max_k: int) -> None:
