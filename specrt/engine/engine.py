@@ -105,8 +105,8 @@ class Engine:
     def warm_up(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
         """Build every static runner a round can use -- verify passes for (B, T = 1..max_k + 1)
         and draft loops for (B, K = 1..max_k, catch-up 1 or 2), B = 1..max_batch_size, greedy
-        and sampled -- and on CUDA capture their graphs, so no capture (and no allocation in the graph
-        pool) lands mid-generation. Called at load when graphs are on CUDA."""
+        and sampled -- and on CUDA capture their graphs, so no capture (and no allocation in
+        the graph pool) lands mid-generation. Called at load when graphs are on CUDA."""
         t0 = time.perf_counter()
         sizes = range(1, self.max_batch_size + 1)
         self.graphs.capture_all(sizes, max_k)

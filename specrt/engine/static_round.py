@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Callable, ContextManager
 import torch
 
 from specrt.kernels import draw_randomness, fill_exponential_, greedy_accept, rejection_sample
-from specrt.model.graphs import GraphPool, StaticRunner
+from specrt.model.graphs import GraphPool, SharedScratch, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import ReadBack, Staging
 from specrt.model.transformer import Transformer
 from specrt.spec.config import MAX_SPECULATIVE_TOKENS
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext, Proposal
-from specrt.spec.sampling import param_staging, param_row, race, warp_rows
+from specrt.spec.sampling import param_staging, race, stage_params, warp_rows
 
 if TYPE_CHECKING:
     from specrt.engine.round import RoundOutcome
@@ -129,9 +129,8 @@ class StaticVerify(StaticRunner):
         planned K then Exp(1) noise when it has drafts, the noise of a plain draw when not."""
         B, T = self.ids.shape
         V, device = self.logits.shape[-1], self.logits.device
-        rows = self.params.write()                                               # [B, 4]
+        stage_params(self.params, ctx.params[:B], V)
         for b in range(B):
-            rows[b] = param_row(ctx.params[b], V)
             if not generating[b] or ctx.params[b].greedy:
                 continue
             gen = ctx.generators[b]
@@ -141,7 +140,6 @@ class StaticVerify(StaticRunner):
                 self.noise[b].copy_(noise[0])
             else:
                 fill_exponential_(self.noise[b], gen)
-        self.params.push()
 
     def take_probs(self, proposal: Proposal | None) -> None:
         """q of the drafts, on the device: the drafter's (a copy), or one-hot for drafts with
@@ -160,22 +158,20 @@ class StaticVerify(StaticRunner):
 
 
 class VerifyScratch:
-    """q, uniforms and noise of the sampled verify runners, one allocation each shared by all
-    of them (they replay one at a time, each after its inputs are written): per (B, K)
-    contiguous views, sized for the largest."""
+    """q, uniforms and noise of the sampled verify runners, shared by all of them (they replay
+    one at a time, each after its inputs are written)."""
 
     def __init__(self, max_batch_size: int, vocab: int, device: torch.device):
-        k = MAX_T - 1
+        rows = max_batch_size * (MAX_T - 1)
         self.vocab = vocab
-        self._probs = torch.zeros(max_batch_size * k * vocab, dtype=torch.float32, device=device)
-        self._uniforms = torch.zeros(max_batch_size * k, dtype=torch.float32, device=device)
-        self._noise = torch.ones(max_batch_size * vocab, dtype=torch.float32, device=device)
+        self._probs = SharedScratch(rows * vocab, 0.0, device)
+        self._uniforms = SharedScratch(rows, 0.0, device)
+        self._noise = SharedScratch(max_batch_size * vocab, 1.0, device)
 
     def views(self, batch_size: int, k: int):   # [B, K, V], [B, K], [B, V]
         V = self.vocab
-        return (self._probs[: batch_size * k * V].view(batch_size, k, V),
-                self._uniforms[: batch_size * k].view(batch_size, k),
-                self._noise[: batch_size * V].view(batch_size, V))
+        return (self._probs.view(batch_size, k, V), self._uniforms.view(batch_size, k),
+                self._noise.view(batch_size, V))
 
 
 class StaticRound:

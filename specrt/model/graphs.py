@@ -28,6 +28,7 @@ reuse, and graphs run one at a time on one stream, in any order.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -110,6 +111,18 @@ class StaticRunner:
             elif isinstance(v, (Staging, ReadBack)):
                 out += v.tensors()
         return out
+
+
+class SharedScratch:
+    """One flat fp32 buffer that runners replaying one at a time share, each through a
+    contiguous view of its own shape (`view`), so runners of every shape use the same memory,
+    sized for the largest. Safe only for contents written before each replay that reads them."""
+
+    def __init__(self, numel: int, fill: float, device: torch.device):
+        self._flat = torch.full((numel,), fill, dtype=torch.float32, device=device)
+
+    def view(self, *shape: int) -> torch.Tensor:
+        return self._flat[:math.prod(shape)].view(*shape)
 
 
 class StaticForward(StaticRunner):

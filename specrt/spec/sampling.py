@@ -94,6 +94,15 @@ def param_staging(batch_size: int, device: torch.device) -> Staging:
     return stage
 
 
+def stage_params(stage: Staging, params: list[SamplingParams], vocab: int) -> None:
+    """Write each row's settings (`param_row`) into a `param_staging` buffer and queue its
+    copy to the device."""
+    rows = stage.write()                                                    # [B, PARAM_COLUMNS]
+    for b, p in enumerate(params):
+        rows[b] = param_row(p, vocab)
+    stage.push()
+
+
 def warp_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """`warp` with each row's settings read from the device, for CUDA graphs: logits [B, ..., V]
     and rows [B, PARAM_COLUMNS] (`param_row`) -> probabilities [B, ..., V] (fp32), equal to

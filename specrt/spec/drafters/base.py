@@ -51,12 +51,6 @@ class DraftContext:
     remaining: list[int] | None = None  # [B] tokens each row may still commit (None: unknown)
     generated: list[int] | None = None  # [B] tokens each row has committed so far (None: unknown)
 
-    @property
-    def uniform_params(self) -> SamplingParams | None:
-        """The sampling settings every active row shares, or None if they differ."""
-        found = {p for p, a in zip(self.params, self.active) if a}
-        return found.pop() if len(found) == 1 else None
-
 
 class Drafter(Protocol):
     name: str

@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 
 from specrt.kernels import fill_exponential_
-from specrt.model.graphs import GraphPool, StaticRunner
+from specrt.model.graphs import GraphPool, SharedScratch, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import Staging
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import NO_DRAFT
-from specrt.spec.sampling import SamplingParams, param_staging, param_row, race, warp_rows
+from specrt.spec.sampling import SamplingParams, param_staging, race, stage_params, warp_rows
 
 CATCH_UP_WIDTHS = (1, 2)   # = 1 .. LONG_CATCH_UP: what a row can have unseen after the eager part
 
@@ -93,13 +93,11 @@ class StaticDraftLoop(StaticRunner):
         tokens each row's cache advances by (valid + K - 1), which the caller mirrors on the
         host."""
         if self.sampled:
-            rows = self.params.write()                                            # [B, 4]
+            stage_params(self.params, params, self.common_vocab)
             for b, (p, a) in enumerate(zip(params, active)):
-                rows[b] = param_row(p, self.common_vocab)
                 if a and not p.greedy:
                     for i in range(self.k):
                         fill_exponential_(self.noise[b, i], generators[b])
-            self.params.push()
         Tc = self.catch_up
         host = self.stage.write()                                                 # [B, T_c + 2]
         host[:] = 0
@@ -116,21 +114,18 @@ class StaticDraftLoop(StaticRunner):
 
 class DraftScratch:
     """The noise and q buffers of a drafter's sampled loops, shared by all of them (they run
-    one at a time, and the round copies q out before the next replay): per (B, K) a contiguous
-    view of one allocation each, sized for the largest loop."""
+    one at a time, and the round copies q out before the next replay)."""
 
     def __init__(self, max_batch_size: int, max_k: int, common_vocab: int, target_vocab: int,
                  device: torch.device):
-        self._noise = torch.ones(max_batch_size * max_k * common_vocab, dtype=torch.float32,
-                                 device=device)
-        self._probs = torch.zeros(max_batch_size * max_k * target_vocab, dtype=torch.float32,
-                                  device=device)
+        rows = max_batch_size * max_k
+        self._noise = SharedScratch(rows * common_vocab, 1.0, device)
+        # the tail past the draft's vocabulary is never written: q there stays 0
+        self._probs = SharedScratch(rows * target_vocab, 0.0, device)
         self.common_vocab, self.target_vocab = common_vocab, target_vocab
 
     def noise(self, batch_size: int, k: int) -> torch.Tensor:              # [B, K, V_c]
-        n = batch_size * k * self.common_vocab
-        return self._noise[:n].view(batch_size, k, self.common_vocab)
+        return self._noise.view(batch_size, k, self.common_vocab)
 
     def probs(self, batch_size: int, k: int) -> torch.Tensor:              # [B, K, V_target]
-        n = batch_size * k * self.target_vocab
-        return self._probs[:n].view(batch_size, k, self.target_vocab)
+        return self._probs.view(batch_size, k, self.target_vocab)

@@ -60,7 +60,7 @@ class DraftModelDrafter:
         self.target_vocab_size = target_vocab_size
         self.common_vocab = min(model.cfg.vocab_size, target_vocab_size)
         self._scratch = DraftScratch(max_batch_size, MAX_SPECULATIVE_TOKENS, self.common_vocab,
-                                       target_vocab_size, model.device) if static else None
+                                     target_vocab_size, model.device) if static else None
         self.cache = model.new_cache(max_batch_size, max_seq_len)
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
         self._pending = [0] * max_batch_size   # committed tokens fed this round, per row
@@ -86,8 +86,9 @@ class DraftModelDrafter:
 
     @torch.inference_mode()
     def propose_staged(self, ctx: DraftContext, k: int) -> Proposal | None:
-        """`propose`, except that on the static path the device work is left to the caller: the proposal's `pending` (the draft graph's replay) fills its tokens, so the
-        round can run it beside the verify replay with no host sync between them."""
+        """`propose`, except that on the static path the device work is left to the caller:
+        the proposal's `pending` (the draft graph's replay) fills its tokens, so the round can
+        run it beside the verify replay with no host sync between them."""
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
         fed = [len(p) for p in pending]
         if max(fed) == 0:
