@@ -231,7 +231,7 @@ def test_layout_and_config(model_dirs, name):
     d = model_dirs[name]
     assert sorted(p.name for p in d.iterdir()) == [
         "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
-        "tokenizer.json", "tokenizer_config.json"]
+        "specrt-checksum.json", "tokenizer.json", "tokenizer_config.json"]
     cfg = json.loads((d / "config.json").read_text())
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
             cfg["num_key_value_heads"], cfg["intermediate_size"]) == GEOMETRY[name]
