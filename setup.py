@@ -135,9 +135,10 @@ ext_modules = [
     # (the ops round where the PyTorch reference rounds), and one source compiled into two
     # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
     extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_int8.cpp",
-                               "csrc/cpu/stream_read.cpp", "csrc/cpu/gemv_bindings.cpp"],
-              ["csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_tiled.h",
-               "csrc/cpu/stream_read.h",
+                               "csrc/cpu/gemv_int4.cpp", "csrc/cpu/stream_read.cpp",
+                               "csrc/cpu/gemv_bindings.cpp"],
+              ["csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_int4.h",
+               "csrc/cpu/gemv_quant.h", "csrc/cpu/gemv_tiled.h", "csrc/cpu/stream_read.h",
                "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", ["csrc/cpu/ops.cpp", "csrc/cpu/ops_bindings.cpp"],
@@ -145,9 +146,9 @@ ext_modules = [
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_layers", ["csrc/cpu/layers.cpp", "csrc/cpu/layers_bindings.cpp",
                                      "csrc/cpu/gemv.cpp", "csrc/cpu/gemv_int8.cpp",
-                                     "csrc/cpu/ops.cpp"],
+                                     "csrc/cpu/gemv_int4.cpp", "csrc/cpu/ops.cpp"],
               ["csrc/cpu/layers.h", "csrc/cpu/gemv.h", "csrc/cpu/gemv_int8.h",
-               "csrc/cpu/gemv_tiled.h", "csrc/cpu/ops.h", "csrc/cpu/cpu_features.h",
+               "csrc/cpu/gemv_int4.h", "csrc/cpu/gemv_quant.h", "csrc/cpu/gemv_tiled.h", "csrc/cpu/ops.h", "csrc/cpu/cpu_features.h",
                "csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
 ]

@@ -1,19 +1,20 @@
-"""Benchmark: the int8 draft against the bf16 draft, side by side in one run.
+"""Benchmark: quantized drafts (int8, int4) against the bf16 draft, side by side in one run.
 
-Run: python -m benchmarks.draft_quant [--quick] [--prompts FILE]     (--help for the knobs)
+Run: python -m benchmarks.draft_quant [--quick] [--prompts FILE] [--drafts bfloat16,int8,int4]
 
-One target (bf16) and the same draft model loaded twice, as `LLM` loads it by default (int8
-weights scoring the first 65,536 token ids and the special ones: see
-specrt.spec.drafters.draft_model.shortlist) and unquantized over the whole vocabulary, each in its own engine sharing the target's weights, all on this thread. Measures:
-- step costs: a target decode step, a bf16 draft step and an int8 draft step, interleaved
-  (median of --step-repeats rounds of 10 steps each), and the ratios draft / target;
+One target (bf16) and the same draft model loaded once per form in --drafts: quantized ones as
+`LLM` loads them (scoring the first 65,536 token ids and the special ones: see
+specrt.spec.drafters.draft_model.shortlist), the unquantized one over the whole vocabulary;
+each in its own engine sharing the target's weights, all on this thread. Measures:
+- step costs: a target decode step and a step of each draft, interleaved (median of
+  --step-repeats rounds of 10 steps each), and the ratios draft / target;
 - per prompt (chat template, greedy, --max-new-tokens): plain decoding and, for each draft,
   draft_model:K for K in --ks and auto:8, the methods in a rotating order per prompt so drift
   hits them alike; tokens/s over the whole call (prefill included), acceptance rate and mean
   acceptance length, and whether every output equals plain greedy token for token.
-Per task: each method's tokens/s, acceptance per draft, and best int8 / best bf16.
-Prints a table; writes the section "Int8 draft" of benchmarks/RESULTS.md (--no-record to skip);
-JSON on the last line.
+Per task: each method's tokens/s, acceptance per draft, and each quantized draft's best / the
+bf16 draft's best. Prints a table; writes the section "Quantized drafts" of
+benchmarks/RESULTS.md (--no-record to skip); JSON on the last line.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from benchmarks.harness import cli, machine, report
 from benchmarks.harness.model_dirs import resolve_models
 
-SECTION = "## Int8 draft (benchmarks/draft_quant.py)"
+SECTION = "## Quantized drafts (benchmarks/draft_quant.py)"
 PROMPTS = Path(__file__).with_name("prompts.json")
 
 
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--quick: 48)")
     p.add_argument("--ks", default=None, help="draft_model K values (default 2,4; --quick: 4)")
     p.add_argument("--step-repeats", type=int, default=5)
+    p.add_argument("--drafts", default="bfloat16,int8,int4", help="draft forms to compare, the "
+                   "first the reference of the ratios: bfloat16 (the model dtype, whole "
+                   "vocabulary), int8, int4")
     return p
 
 
@@ -81,15 +85,20 @@ def main(argv=None) -> int:
     max_new = args.max_new_tokens or (48 if args.quick else 128)
     ks = [int(k) for k in (args.ks or ("4" if args.quick else "2,4")).split(",")]
     info = machine.machine_info(args.threads, args.device)
-    report.print_header("Int8 draft vs bf16 draft", info)
+    report.print_header("Quantized drafts side by side", info)
 
     target = Transformer.from_dir(target_dir, args.dtype, args.device, 4096)
     tok = Tokenizer(target_dir)
-    # as LLM loads them: bf16 = draft_dtype/draft_vocab of the model, int8 = the defaults
+    # as LLM loads them: unquantized = draft_dtype/draft_vocab of the model, quantized = the
+    # default shortlist
     rows = shortlist(target.cfg.vocab_size, set(tok.special_ids()) | set(target.cfg.eos_token_ids))
-    drafts = {q or args.dtype: Transformer.from_dir(draft_dir, args.dtype, args.device, 4096,
-                                                    quant=q, head_rows=rows if q else None)
-              for q in (None, "int8")}
+    forms = [None if f == args.dtype else f for f in args.drafts.split(",")]
+    drafts = {}
+    for q in forms:
+        t0 = time.perf_counter()
+        drafts[q or args.dtype] = Transformer.from_dir(draft_dir, args.dtype, args.device, 4096,
+                                                       quant=q, head_rows=rows if q else None)
+        log(f"draft {q or args.dtype}: loaded in {time.perf_counter() - t0:.1f} s")
     eos = frozenset(target.cfg.eos_token_ids)
     steps = step_costs({"target": target, **drafts}, args.step_repeats)
     ratios = {k: steps[k] / steps["target"] for k in drafts}
@@ -116,7 +125,7 @@ def main(argv=None) -> int:
             plain_out = None
             results = {}
             for label, q, spec in order:
-                engine = engines[q or args.dtype]
+                engine = engines[q or args.dtype] if spec else next(iter(engines.values()))
                 req = Request(ids, max_new, spec=spec, eos_ids=eos)
                 t0 = time.perf_counter()
                 out, stats = [], None
@@ -136,8 +145,11 @@ def main(argv=None) -> int:
                 f"{lab} {len(o) / w:.1f}" for lab, (o, w, _) in results.items()))
 
     table, summary = summarize(rows, [m[0] for m in methods], list(drafts))
+    bytes_ = {k: d.weight_bytes for k, d in drafts.items()}
     lines = ["step ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in steps.items()),
              "draft step / target step: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()),
+             "draft weight MB read per step: " + ", ".join(f"{k} {v / 1e6:.0f}"
+                                                           for k, v in bytes_.items()),
              "", table]
     mismatches = sum(not r["exact"] for r in rows)
     lines.append(f"\nmismatches against plain greedy: {mismatches} of {len(rows)} generations")
@@ -175,19 +187,21 @@ def summarize(rows: list[dict], methods: list[str], quants: list[str]) -> tuple[
             cells.append(f"{tokens / secs:.2f}{acc}")
         out.append(f"| {m} | " + " | ".join(cells) + " |")
     summary = {}
+    ref = quants[0]
     for t in tasks:
         best = {q: max((by[(t, m)][0] / by[(t, m)][1], m) for m in methods if m.endswith(q))
                 for q in quants}
         plain = by[(t, "plain")][0] / by[(t, "plain")][1]
         summary[t] = {"best": {q: b[1] for q, b in best.items()},
-                      "int8_over_bf16": best["int8"][0] / best[quants[0]][0],
-                      "best_int8_over_plain": best["int8"][0] / plain}
+                      "over_ref": {q: best[q][0] / best[ref][0] for q in quants[1:]},
+                      "over_plain": {q: best[q][0] / plain for q in quants}}
     out.append("")
     out.append("cells: tokens/s over the whole call (acceptance rate of drafted tokens)")
     for t, s in summary.items():
-        out.append(f"- {t}: best int8 / best {quants[0]} = {s['int8_over_bf16']:.2f} "
-                   f"({s['best']['int8']} vs {s['best'][quants[0]]}); best int8 / plain = "
-                   f"{s['best_int8_over_plain']:.2f}")
+        out.append(f"- {t}: " + "; ".join(
+            f"best {q} / best {ref} = {s['over_ref'][q]:.2f} ({s['best'][q]} vs "
+            f"{s['best'][ref]})" for q in quants[1:]) + "; best / plain: " + ", ".join(
+            f"{q} {s['over_plain'][q]:.2f}" for q in quants))
     return "\n".join(out), summary
 
 

@@ -2,10 +2,10 @@
 
 Run: python -m benchmarks.layer_loop [--rounds N]        (--help for the knobs)
 
-The default pair's target (bf16) and its draft as `LLM` loads it, int8 (the default) and bf16
-(`draft_dtype="bfloat16"`), both scoring the 65,536-id shortlist, each on the CPU-native
-backend. Each round times 10 decode steps at position 60 of every model with the fused loop
-(`specrt.kernels.cpu.layers`) and with the per-op loop (`CpuNative.layers_per_op`), the order
+The default pair's target (bf16) and its draft as `LLM` loads it, int8 (the default), int4
+(`draft_dtype="int4"`) and bf16 (`draft_dtype="bfloat16"`), all scoring the 65,536-id
+shortlist, each on the CPU-native backend. Each round times 10 decode steps at position 60 of
+every model with the fused loop (`specrt.kernels.cpu.layers`) and with the per-op loop (`CpuNative.layers_per_op`), the order
 alternating from round to round, so the machine's drift hits both alike. Prints median ms per
 step, the speedup, draft step / target step for both loops, and the bytes of weights a step
 reads relative to the target's (the floor under the step ratio of a memory-bound step); writes
@@ -59,13 +59,11 @@ def main(argv=None) -> int:
     report.print_header("C++ layer loop vs per-op loop", info)
     target = Transformer.from_dir(target_dir, "bfloat16", "cpu", 512)
     ids = set(Tokenizer(target_dir).special_ids()) | set(target.cfg.eos_token_ids)
-    models = {"target bf16": target,
-              "draft int8 + shortlist": Transformer.from_dir(
-                  draft_dir, "bfloat16", "cpu", 512, quant="int8",
-                  head_rows=shortlist(target.cfg.vocab_size, ids)),
-              "draft bf16 + shortlist": Transformer.from_dir(
-                  draft_dir, "bfloat16", "cpu", 512,
-                  head_rows=shortlist(target.cfg.vocab_size, ids))}
+    drafts = {f"draft {q or 'bf16'} + shortlist": Transformer.from_dir(
+                  draft_dir, "bfloat16", "cpu", 512, quant=q,
+                  head_rows=shortlist(target.cfg.vocab_size, ids))
+              for q in ("int8", "int4", None)}
+    models = {"target bf16": target, **drafts}
     times = {(name, fused): [] for name in models for fused in (False, True)}
     for r in range(args.rounds):
         for name, model in models.items():
@@ -76,10 +74,9 @@ def main(argv=None) -> int:
              f"{ms[(name, False)] / ms[(name, True)]:.3f}") for name in models]
     ratios = {f"{d} / target, {'fused' if f else 'per-op'}":
               ms[(d, f)] / ms[("target bf16", f)]
-              for d in ("draft int8 + shortlist", "draft bf16 + shortlist")
-              for f in (False, True)}
+              for d in drafts for f in (False, True)}
     ratios |= {f"{d} / target, weight bytes": models[d].weight_bytes / target.weight_bytes
-               for d in ("draft int8 + shortlist", "draft bf16 + shortlist")}
+               for d in drafts}
     text = "\n".join(
         [report.markdown_table(("model", "per-op ms", "fused ms", "speedup"), rows, "lrrr"), ""]
         + [f"- {k}: {v:.3f}" for k, v in ratios.items()])

@@ -48,6 +48,20 @@ def tiny_draft_dir(tmp_path_factory, tiny_noeos_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny128_dir(tmp_path_factory):
+    """Like tiny_noeos_dir with hidden size 128: every projection's input a multiple of 128, as
+    int4 weights need."""
+    return make_model(tmp_path_factory.mktemp("tiny128"), "qwen2", seed=3, eos=False, hidden=128)
+
+
+@pytest.fixture(scope="session")
+def tiny128_draft_dir(tmp_path_factory, tiny128_dir):
+    """A draft for tiny128_dir: its weights plus noise."""
+    return make_model(tmp_path_factory.mktemp("tiny128_draft"), "qwen2", seed=8, eos=False,
+                      hidden=128, noise_from=tiny128_dir, noise=0.05)
+
+
+@pytest.fixture(scope="session")
 def tiny_bad_draft_dir(tmp_path_factory):
     """A draft that shares the vocabulary but is otherwise unrelated (low acceptance)."""
     return make_model(tmp_path_factory.mktemp("tiny_bad_draft"), "qwen2", seed=99, eos=False,

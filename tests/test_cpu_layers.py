@@ -1,5 +1,5 @@
 """The C++ layer loop (specrt.kernels.cpu.layers) against its specification, the per-op loop of
-the CPU-native backend: the same bits, bf16 and int8 weights, decode, packed verify passes."""
+the CPU-native backend: the same bits, bf16, int8 and int4 weights, decode, packed verify passes."""
 import pytest
 import torch
 
@@ -20,11 +20,11 @@ def _pair(model_dir, quant=None):
 
 
 @needs_kernel
-@pytest.mark.parametrize("quant", [None, "int8"])
-def test_fused_loop_gives_the_bits_of_the_per_op_loop(tiny_noeos_dir, quant):
+@pytest.mark.parametrize("quant", [None, "int8", "int4"])
+def test_fused_loop_gives_the_bits_of_the_per_op_loop(tiny_noeos_dir, tiny128_dir, quant):
     """Prefill, decode steps and a packed 3-row verify pass (rows of 4, 1 and 2 tokens, at
     different positions): logits and caches bit for bit."""
-    fused, per_op = _pair(tiny_noeos_dir, quant)
+    fused, per_op = _pair(tiny128_dir if quant == "int4" else tiny_noeos_dir, quant)
     caches = [m.new_cache(3, 64) for m in (fused, per_op)]
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 300, (3, 9), generator=g)

@@ -109,7 +109,7 @@ def test_int8_draft_greedy_equals_plain(pair, method):
         assert spec[1].stats["num_accepted_tokens"] > 0      # the quantized draft still agrees
 
 
-@pytest.mark.parametrize("value", ["int4", "bfloat16", 8])
+@pytest.mark.parametrize("value", ["int3", "bfloat16", 8])
 def test_bad_draft_dtype_is_one_clear_error(tiny_noeos_dir, value):
     with pytest.raises(ArgumentError, match="draft_dtype"):
         specrt.LLM(tiny_noeos_dir, dtype="float32", draft_dtype=value)

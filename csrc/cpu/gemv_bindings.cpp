@@ -7,6 +7,7 @@
 #include "../build_id.h"
 #include "cpu_features.h"
 #include "gemv.h"
+#include "gemv_int4.h"
 #include "gemv_int8.h"
 #include "stream_read.h"
 
@@ -46,6 +47,18 @@ PYBIND11_MODULE(_gemv, m) {
       },
       "x [M, K] (bf16 or fp32) @ int8 w [N, K] (stored +128 as uint8, scales [N]).T (+ bias) -> "
       "out [M, N] (fp32 or bf16); K % 64 == 0");
+  m.def(
+      "gemv_int4",
+      [](uintptr_t x, bool x_f32, uintptr_t w, uintptr_t w_scale, uintptr_t bias, uintptr_t out,
+         bool out_f32, int64_t M, int64_t N, int64_t K, int threads) {
+        py::gil_scoped_release release;
+        specrt::gemv_int4(reinterpret_cast<const void*>(x), x_f32,
+                          reinterpret_cast<const uint8_t*>(w), reinterpret_cast<const float*>(w_scale),
+                          reinterpret_cast<const void*>(bias), reinterpret_cast<void*>(out), out_f32,
+                          M, N, K, threads);
+      },
+      "x [M, K] (bf16 or fp32) @ int4 w [N, K / 2] (nibbles + 8, group scales [N, K / 64]).T "
+      "(+ bias) -> out [M, N] (fp32 or bf16); K % 128 == 0");
   m.def(
       "stream_read",
       [](uintptr_t data, int64_t nbytes, int threads) {

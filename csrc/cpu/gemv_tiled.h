@@ -1,8 +1,9 @@
 // The tiled driver shared by the skinny CPU matrix products (gemv.cpp: bf16/fp32 weights,
-// gemv_int8.cpp: int8 weights): it walks the weight once per call in tiles of NB weight rows and
-// blocks of KB k-values, runs every row tile of x over each block while the block sits in L1,
-// keeps partial sums in memory between blocks (so every output element sums k in the same order
-// whatever M is) and prefetches the next block while the current one is multiplied. The
+// gemv_int8.cpp / gemv_int4.cpp: quantized weights): it walks the weight once per call in
+// tiles of NB weight rows and blocks of KB k-values, runs every row tile of x over each block
+// while the block sits in L1, keeps partial sums in memory between blocks (so every output
+// element sums k in the same order whatever M is) and prefetches the next block while the
+// current one is multiplied. The
 // per-format kernels supply the block function (one k-block of an NB x MB register tile) and the
 // store (partial sum -> output element).
 #pragma once
@@ -41,7 +42,8 @@ struct Rows {
 // from memory once whatever M is. Accumulators wait in memory between blocks; that leaves the
 // order of every lane's sums, and so the bits, the same for every M. M is cut into near-equal
 // row tiles (17 = 2 + 3 + 3 + 3 + 3 + 3) so that no tile is left with one row doing a load
-// per product. Each k-step of a block function reads 64 bytes of each weight row.
+// per product. Each k-step of a block function reads 64 bytes of each weight row. PACK: values
+// of k per weight element (1; 2 for int4, two values a byte): a weight row is K / PACK elements.
 
 // While a block is multiplied from L1, the next block is requested a few cache lines per k-step
 // into L2 (prefetcht2), spread over all the row tiles' passes. Without it memory sat idle during
@@ -73,10 +75,11 @@ SPECRT_AVX512 static inline float reduce16(const float* v) {
 }
 
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
-template <int NB_MAX, int MB_MAX, int KB, typename X, typename T, typename Store>
+template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, typename X, typename T, typename Store>
 static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
                        Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store) {
   int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
+  const int64_t row = K / PACK;                             // weight elements per row
   // Row tiles of x as (first row, rows): M cut into near-equal parts of at most MB_MAX.
   std::vector<std::pair<int64_t, int>> row_tiles;
   for (int64_t m0 = 0, left = (M + MB_MAX - 1) / MB_MAX; m0 < M; --left) {
@@ -104,11 +107,12 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
         int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
         if (nn0 < N) {
           int64_t nkb = std::min<int64_t>(KB, K - nk0);
-          pf.base = reinterpret_cast<const char*>(w + nn0 * K + nk0);
-          pf.row_stride = K * int64_t(sizeof(T));
-          pf.lines_per_row = (nkb * int64_t(sizeof(T)) + 63) / 64;
+          pf.base = reinterpret_cast<const char*>(w + nn0 * row + nk0 / PACK);
+          pf.row_stride = row * int64_t(sizeof(T));
+          pf.lines_per_row = (nkb / PACK * int64_t(sizeof(T)) + 63) / 64;
           pf.end = std::min<int64_t>(NB_MAX, N - nn0) * pf.lines_per_row;
-          int64_t steps = m_tiles * std::max<int64_t>(1, (k1 - k0) * int64_t(sizeof(T)) / 64);
+          int64_t steps =
+              m_tiles * std::max<int64_t>(1, (k1 - k0) / PACK * int64_t(sizeof(T)) / 64);
           pf.per_step = (pf.end + steps - 1) / steps;
           share = (pf.end + m_tiles - 1) / m_tiles;
         }
@@ -116,7 +120,8 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
           auto [m0, mb] = row_tiles[mt];
           Prefetch mine = pf;
           if (pf.base) { mine.line = mt * share; mine.end = std::min(pf.end, (mt + 1) * share); }
-          Blocks[nb - 1][mb - 1](x.rows(m0), w + n0 * K, K, k0, k1, &state[m0 * NB_MAX * 16], mine);
+          Blocks[nb - 1][mb - 1](x.rows(m0), w + n0 * row, K, k0, k1, &state[m0 * NB_MAX * 16],
+                                 mine);
         }
       }
       for (auto [m0, mb] : row_tiles) {

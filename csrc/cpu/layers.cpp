@@ -3,9 +3,9 @@
 // Why: a decode step of the 0.5B draft spends ~15% of its time outside the matrix products,
 // mostly in Python: 24 layers x 9 calls, each checking its tensors and allocating its output
 // (~0.1-0.2 ms a layer). Here the same calls, in the same order, on the same kernels
-// (gemv.cpp, gemv_int8.cpp, ops.cpp), run from C++ with scratch buffers reused through the
-// pass, so the bits are those of the per-op path (specrt/model/backends/cpu_native.py, the
-// specification of this loop) and every row stays independent of the rows beside it.
+// (gemv.cpp, gemv_int8.cpp, gemv_int4.cpp, ops.cpp), run from C++ with scratch buffers reused
+// through the pass, so the bits are those of the per-op path (the specification of this loop:
+// specrt/model/backends/cpu_native.py) and every row stays independent of the rows beside it.
 //
 // Per layer, x the residual stream and h the normed input of the next projection:
 //   qkv = h W_qkv^T + b; attn = rope_attention(qkv); x += attn W_o^T; h = norm(x);
@@ -17,17 +17,26 @@
 #include <vector>
 
 #include "gemv.h"
+#include "gemv_int4.h"
 #include "gemv_int8.h"
 #include "ops.h"
 
 namespace specrt {
 
 static void linear(const LinearW& l, const uint16_t* x, uint16_t* out, int64_t M, int threads) {
-  if (l.int8)
-    gemv_int8(x, false, static_cast<const uint8_t*>(l.w), l.scale, l.bias, out, false, M, l.N, l.K,
-              threads);
-  else
-    gemv_bf16(x, static_cast<const uint16_t*>(l.w), l.bias, out, false, M, l.N, l.K, threads);
+  switch (l.format) {
+    case WeightFormat::int8:
+      gemv_int8(x, false, static_cast<const uint8_t*>(l.w), l.scale, l.bias, out, false, M, l.N,
+                l.K, threads);
+      break;
+    case WeightFormat::int4:
+      gemv_int4(x, false, static_cast<const uint8_t*>(l.w), l.scale, l.bias, out, false, M, l.N,
+                l.K, threads);
+      break;
+    case WeightFormat::bf16:
+      gemv_bf16(x, static_cast<const uint16_t*>(l.w), l.bias, out, false, M, l.N, l.K, threads);
+      break;
+  }
 }
 
 void run_layers(const std::vector<LayerW>& layers, const uint16_t* final_norm,

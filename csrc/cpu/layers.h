@@ -6,13 +6,20 @@
 
 namespace specrt {
 
-// One projection: bf16 weights [N, K], or int8 (uint8 = int8 + 128) with fp32 row scales.
+// How a projection's weight is stored.
+enum class WeightFormat : int {
+  bf16 = 0,   // [N, K]
+  int8 = 1,   // [N, K] uint8 = int8 + 128, fp32 row scales [N] (gemv_int8.cpp)
+  int4 = 2,   // [N, K / 2] nibbles + 8, fp32 group scales [N, K / 64] (gemv_int4.cpp)
+};
+
+// One projection.
 struct LinearW {
   const void* w = nullptr;
-  const float* scale = nullptr;      // int8 only
+  const float* scale = nullptr;      // int8 / int4 only
   const uint16_t* bias = nullptr;    // [N] or null
   int64_t N = 0, K = 0;
-  bool int8 = false;
+  WeightFormat format = WeightFormat::bf16;
 };
 
 struct LayerW {

@@ -126,15 +126,17 @@ class LLMArgs:
 
 
 def check_draft_dtype(value, device, dtype):
-    """How the draft model's weights are stored -> "auto", "int8" or None (as the target's).
+    """How the draft model's weights are stored -> "auto", "int8", "int4" or None (as the
+    target's).
 
-    "auto": int8 on the CPU where the int8 kernel runs, else the model dtype (decided at load,
-    where the draft's shapes are known); "int8": weight-only int8 (CPU only); a float dtype:
-    unquantized, which must be the model's dtype."""
-    if value in ("auto", "int8"):
-        if value == "int8" and device.type != "cpu":
-            raise ArgumentError(f"draft_dtype 'int8' runs on the CPU only (device is {device}); "
-                                "use draft_dtype='auto'")
+    "auto": quantized on the CPU where a quantized kernel runs (quantized.AUTO_DRAFT_FORMATS),
+    else the model dtype (decided at load, where the draft's shapes are known); "int8" /
+    "int4": weight-only int8 / int4 (CPU only; int4 needs projections whose input sizes are
+    multiples of 128); a float dtype: unquantized, which must be the model's dtype."""
+    if value in ("auto", "int8", "int4"):
+        if value != "auto" and device.type != "cpu":
+            raise ArgumentError(f"draft_dtype {value!r} runs on the CPU only (device is "
+                                f"{device}); use draft_dtype='auto'")
         return value
     try:
         same = check_dtype(value, device) == dtype
@@ -142,8 +144,8 @@ def check_draft_dtype(value, device, dtype):
         same = None
     if same:
         return None
-    raise ArgumentError(f"unsupported draft_dtype {show(value)}; choose 'auto', 'int8' or the "
-                        f"model's dtype ({str(dtype).removeprefix('torch.')})")
+    raise ArgumentError(f"unsupported draft_dtype {show(value)}; choose 'auto', 'int8', 'int4' "
+                        f"or the model's dtype ({str(dtype).removeprefix('torch.')})")
 
 
 def check_max_new_tokens(n) -> int:

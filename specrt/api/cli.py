@@ -237,10 +237,11 @@ if __name__ == "__main__":
 def add_draft_args(p: argparse.ArgumentParser) -> None:
     """--draft-dtype and --draft-vocab, shared by this CLI and specrt-serve."""
     p.add_argument("--draft-dtype", default="auto",
-                   choices=["auto", "int8", "float32", "bfloat16", "float16"],
+                   choices=["auto", "int8", "int4", "float32", "bfloat16", "float16"],
                    help="the draft model's weights: auto (default) = int8 where the CPU int8 "
-                        "kernel runs, else --dtype; int8 (CPU only); or --dtype itself. The "
-                        "output does not change: only the target decides what is emitted")
+                        "kernel runs, else --dtype; int8 or int4 (CPU only; int4: input sizes "
+                        "multiples of 128); or --dtype itself. The output does not change: "
+                        "only the target decides what is emitted")
     p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
                    help="token ids the draft scores: auto (default: the first 65536 and the "
                         "special tokens when the vocabulary is over twice that), all, or N")

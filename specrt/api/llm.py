@@ -31,7 +31,7 @@ from specrt.engine.scheduler import Scheduler
 from specrt.errors import ConfigError, SpecrtError
 from specrt.checks import check_bool
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
-from specrt.model.backends.quantized import int8_serves
+from specrt.model.backends.quantized import auto_draft_format
 from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
@@ -87,7 +87,7 @@ class LLM:
         cfg = ModelConfig.from_dir(draft_dir)
         quant = self.draft_dtype
         if quant == "auto":
-            quant = "int8" if int8_serves(cfg, self.device) else None
+            quant = auto_draft_format(cfg, self.device)
         specials = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             specials |= set(self.tokenizer.special_ids())

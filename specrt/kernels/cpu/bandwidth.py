@@ -17,14 +17,15 @@ from specrt.kernels.cpu.gemv import AVAILABLE, _gemv   # the probe lives in spec
 
 def weight_tensors(model) -> list[torch.Tensor]:
     """The tensors a decode step of `model` (a specrt Transformer) reads: every projection's
-    weight (int8 data and scales when quantized) and bias, the output head and the norms."""
+    weight (data and scales when quantized) and bias, the output head and the norms."""
+    from specrt.kernels.cpu.gemv_int4 import Int4Weight
     from specrt.kernels.cpu.gemv_int8 import Int8Weight
 
     out = [model.norm]
     for lin in [model.lm_head] + [x for layer in model.layers
                                   for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
         w = lin.weight
-        out += [w.data, w.scale] if isinstance(w, Int8Weight) else [w]
+        out += [w.data, w.scale] if isinstance(w, (Int8Weight, Int4Weight)) else [w]
         if lin.bias is not None:
             out.append(lin.bias)
     out += [t for layer in model.layers for t in (layer.input_norm, layer.post_norm)]

@@ -67,6 +67,12 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(M, K), amax / 127.0
 
 
+def dequantized_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> the fp32 values [M, K] its per-block quantization stands for."""
+    q, s = quantize_rows(x)                                                # [M, K], [M, B]
+    return (q.view(q.shape[0], -1, BLOCK) * s[..., None]).view(q.shape)
+
+
 def _inverse_scale(amax: torch.Tensor) -> torch.Tensor:
     """127 / amax as one correctly rounded fp32 division, as the kernel computes it (Python's
     `127.0 / t` is t.reciprocal() * 127 in PyTorch: two roundings), 0 where amax is 0."""
@@ -78,9 +84,7 @@ def reference_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | N
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The specification: x [..., K] (K % 64 == 0) @ dequantized W^T, x quantized as above."""
     _check(x, weight, bias, out_dtype)
-    K = x.shape[-1]
-    q, s = quantize_rows(x.reshape(-1, K))                                 # [M, K], [M, B]
-    xd = (q.view(q.shape[0], -1, BLOCK) * s[..., None]).view(q.shape)      # [M, K]
+    xd = dequantized_rows(x.reshape(-1, x.shape[-1]))                      # [M, K]
     w = weight.data.float().sub_(128.0)                                    # [N, K] integers
     y = F.linear(xd, w) * weight.scale                                     # [M, N]
     if bias is not None:
@@ -127,6 +131,12 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
                           f"{weight.scale.dtype} {tuple(weight.scale.shape)}")
     if K % BLOCK:
         raise checks.fail(fn, "weight", f"[N, K] with K a multiple of {BLOCK}", f"K = {K}")
+    check_operands(fn, x, N, K, bias, out_dtype)
+
+
+def check_operands(fn: str, x, N: int, K: int, bias, out_dtype) -> None:
+    """x [..., K] bf16/fp32, bias [N] like x or None, out_dtype x's or fp32 or None: what a
+    quantized product takes besides its weight (int8 here, int4 in gemv_int4)."""
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != K:
         raise checks.fail(fn, "x", f"[..., {K}]", f"shape {tuple(getattr(x, 'shape', ()))}")
     if x.dtype not in checks.FLOATS:

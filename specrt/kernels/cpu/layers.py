@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from specrt.kernels.cpu import checks, extension
-from specrt.kernels.cpu import gemv_int8
+from specrt.kernels.cpu import gemv_int4, gemv_int8
 
 _layers, AVAILABLE = extension.load("specrt._cpu_layers", "SPECRT_CPU_LAYERS",
                                     "the C++ layer loop", "the per-op layer loop")
@@ -37,9 +37,9 @@ class Stack:
     @classmethod
     def build(cls, model, weights_of) -> "Stack | None":
         """The C++ stack of `model`, or None where it does not serve it (not built, not bf16,
-        a projection neither a bf16 nor an int8 kernel weight). weights_of(linear) -> (weight,
-        int8 row scales or None, bias or None): how the backend stores a projection (None:
-        not as a kernel weight)."""
+        a projection not a bf16, int8 or int4 kernel weight). weights_of(linear) -> (format,
+        weight, scales or None, bias or None): how the backend stores a projection (None: not
+        as a kernel weight)."""
         if not AVAILABLE or model.dtype != torch.bfloat16 or model.device.type != "cpu":
             return None
         cfg = model.cfg
@@ -98,19 +98,33 @@ def _vector(t: torch.Tensor, n: int) -> int | None:
     return t.data_ptr() if ok else None
 
 
+# format -> (its code in layers.h, weight dtype, weight shape, scale shape, kernel usable) for
+# a projection [n, k]
+_FORMATS = {
+    "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, True),
+    "int8": lambda n, k: (1, torch.uint8, (n, k), (n,),
+                          gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0),
+    "int4": lambda n, k: (2, torch.uint8, (n, k // 2), (n, k // gemv_int4.GROUP),
+                          gemv_int4.AVAILABLE and k % gemv_int4.CHUNK == 0),
+}
+
+
 def _linear(stored, n: int, k: int) -> tuple | None:
-    """(weight, scale, bias, N, K, int8) of a projection stored as (weight [N, K] bf16, None,
-    bias) or (weight [N, K] uint8, row scales [N] fp32, bias), or None."""
-    if stored is None:
+    """(weight, scale, bias, N, K, format code) of a projection [n, k] stored as (format,
+    weight, scales or None, bias) -- "bf16": weight [n, k] bf16, no scales; "int8": uint8
+    [n, k], row scales [n] fp32; "int4": uint8 [n, k / 2], group scales [n, k / 64] fp32 --
+    or None."""
+    if stored is None or stored[0] not in _FORMATS:
         return None
-    w, scale, bias = stored
+    fmt, w, scale, bias = stored
+    code, dtype, shape, scale_shape, usable = _FORMATS[fmt](n, k)
     b = 0 if bias is None else _vector(bias, n)
-    if b is None or not (isinstance(w, torch.Tensor) and w.shape == (n, k) and w.is_cpu
-                         and w.is_contiguous()):
+    if b is None or not (usable and isinstance(w, torch.Tensor) and w.dtype == dtype
+                         and w.shape == shape and w.is_cpu and w.is_contiguous()):
         return None
-    if scale is None:
-        return (w.data_ptr(), 0, b, n, k, False) if w.dtype == torch.bfloat16 else None
-    if (gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0 and w.dtype == torch.uint8
-            and scale.dtype == torch.float32 and scale.shape == (n,) and scale.is_contiguous()):
-        return (w.data_ptr(), scale.data_ptr(), b, n, k, True)
+    if scale_shape is None:
+        return (w.data_ptr(), 0, b, n, k, code) if scale is None else None
+    if (isinstance(scale, torch.Tensor) and scale.dtype == torch.float32 and scale.is_cpu
+            and scale.shape == scale_shape and scale.is_contiguous()):
+        return (w.data_ptr(), scale.data_ptr(), b, n, k, code)
     return None

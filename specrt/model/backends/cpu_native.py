@@ -21,7 +21,7 @@ import torch
 from specrt.kernels.cpu import gemv, ops
 from specrt.kernels.cpu import layers as layer_stack
 from specrt.model.backends.base import Pass, chunks
-from specrt.model.backends.quantized import Int8Linear
+from specrt.model.backends.quantized import Int4Linear, Int8Linear
 from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -117,10 +117,12 @@ class CpuNative(TorchReference):
 
 
 def _kernel_weights(linear):
-    """How a projection is stored for the kernels: (weight, int8 row scales or None, bias),
-    or None for a form the fused loop does not multiply."""
+    """How a projection is stored for the kernels: (format "bf16" | "int8" | "int4", weight,
+    scales or None, bias), or None for a form the fused loop does not multiply."""
     if type(linear) is GemvLinear:
-        return linear.weight, None, linear.bias
+        return "bf16", linear.weight, None, linear.bias
     if type(linear) is Int8Linear:
-        return linear.weight.data, linear.weight.scale, linear.bias
+        return "int8", linear.weight.data, linear.weight.scale, linear.bias
+    if type(linear) is Int4Linear:
+        return "int4", linear.weight.data, linear.weight.scale, linear.bias
     return None

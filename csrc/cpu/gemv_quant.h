@@ -1,0 +1,96 @@
+// What the weight-quantized skinny products (gemv_int8.cpp, gemv_int4.cpp) share: x quantized
+// per row and per block of 64 values at call time, and the rows as their block functions read
+// them.
+//
+// Each block b of a row: scale s = max|x[block]| / 127, bytes q = round(x / s) (to nearest
+// even) clamped to -127..127, and the lane corrections -OFFSET * (sum of each 4 consecutive
+// bytes): the weights are stored unsigned (the signed value + OFFSET) because vpdpbusd
+// multiplies unsigned by signed bytes, and a lane's exact integer dot is
+//   dpbusd(w + OFFSET, q) - OFFSET * sum(q of the lane's 4 values),
+// one instruction when the correction is the accumulator vpdpbusd adds to.
+// The spec is specrt.kernels.cpu.gemv_int8.quantize_rows.
+#pragma once
+
+#include <immintrin.h>
+#include <cstdint>
+#include <vector>
+
+#include "cpu_features.h"
+
+namespace specrt {
+
+constexpr int QBLOCK = 64;           // activation values per scale: one vector of bytes
+
+// Rows of quantized x: bytes [M, K], lane corrections [M, K / 4] (negative: the accumulator a
+// block's vpdpbusd starts from), block scales [M, K / 64].
+struct QRows {
+  const int8_t* q;
+  const int32_t* corr;
+  const float* scale;
+  int64_t K;
+  QRows rows(int64_t m) const {
+    return {q + m * K, corr + m * (K / 4), scale + m * (K / QBLOCK), K};
+  }
+};
+
+// 16 values of x as fp32.
+SPECRT_AVX512 SPECRT_INLINE __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+SPECRT_AVX512 SPECRT_INLINE __m512 load16(const uint16_t* x) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// One row of x (K values, bf16 or fp32) -> bytes, block scales and lane corrections for
+// weights stored + offset. Rounding: cvtps2dq under the default rounding mode (to nearest, ties
+// to even), as the reference's torch.round.
+template <typename T>
+SPECRT_AVX512_VNNI void quantize_row(const T* x, int64_t K, uint8_t offset, int8_t* q,
+                                     float* scale, int32_t* corr) {
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m512i off = _mm512_set1_epi8(char(offset));
+  for (int64_t b = 0; b < K / QBLOCK; ++b) {
+    __m512 v[4];
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = load16(x + b * QBLOCK + 16 * i);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
+    }
+    float m = _mm512_reduce_max_ps(amax);
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    scale[b] = m / 127.0f;
+    __m512 vinv = _mm512_set1_ps(inv);
+    for (int i = 0; i < 4; ++i) {
+      __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], vinv));
+      r = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * QBLOCK + 16 * i),
+                       _mm512_cvtepi32_epi8(r));
+    }
+    __m512i bytes = _mm512_loadu_si512(q + b * QBLOCK);
+    _mm512_storeu_si512(corr + b * (QBLOCK / 4),
+                        _mm512_sub_epi32(_mm512_setzero_si512(),
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, bytes)));
+  }
+}
+
+// M rows of x quantized for weights stored + offset; owns its buffers.
+struct QuantizedX {
+  std::vector<int8_t> q;
+  std::vector<int32_t> corr;
+  std::vector<float> scale;
+  QRows view;
+
+  QuantizedX(const void* x, bool x_f32, int64_t M, int64_t K, uint8_t offset)
+      : q(size_t(M * K)), corr(size_t(M * (K / 4))), scale(size_t(M * (K / QBLOCK))) {
+    for (int64_t m = 0; m < M; ++m) {
+      if (x_f32)
+        quantize_row(static_cast<const float*>(x) + m * K, K, offset, &q[m * K],
+                     &scale[m * (K / QBLOCK)], &corr[m * (K / 4)]);
+      else
+        quantize_row(static_cast<const uint16_t*>(x) + m * K, K, offset, &q[m * K],
+                     &scale[m * (K / QBLOCK)], &corr[m * (K / 4)]);
+    }
+    view = QRows{q.data(), corr.data(), scale.data(), K};
+  }
+};
+
+}  // namespace specrt
