@@ -1,5 +1,6 @@
-"""The int4 draft: its packing, its kernel against its reference, the fused layer loop, and
-exactness of speculation with it."""
+"""The int4 draft: its packing, its reference, and exactness of speculation with it (its kernel
+against its reference: tests/test_int8_draft.py, the same tests for both kernels; the fused
+layer loop: tests/test_cpu_layers.py)."""
 import pytest
 import torch
 
@@ -7,9 +8,6 @@ import specrt
 from specrt.errors import ConfigError
 from specrt.kernels.cpu import gemv_int4
 from specrt.model.backends.quantized import Int4Linear
-
-needs_kernel = pytest.mark.skipif(not gemv_int4.AVAILABLE,
-                                  reason="the int4 kernel needs AVX-512 VNNI and the extension")
 
 
 def _operands(dtype, M, N, K, seed=0):
@@ -48,32 +46,6 @@ def test_groups_are_symmetric_and_round_trip_within_half_a_step():
     err = (gemv_int4.dequantize(q).view(16, 8, 64) - groups).abs().amax(-1)
     assert (err <= q.scale / 2 + 1e-6).all()
     assert q.scale[2, 1] == 0 and (gemv_int4.dequantize(q)[2, 64:128] == 0).all()
-
-
-@needs_kernel
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("M", [1, 2, 3, 7, 17])
-def test_kernel_matches_reference(dtype, M):
-    x, qw, b, _ = _operands(dtype, M, 75, 384)
-    for bias in (None, b):
-        for out_dtype in (None, torch.float32):
-            want = gemv_int4.reference_linear(x, qw, bias, out_dtype)
-            got = gemv_int4.kernel_linear(x, qw, bias, out_dtype)
-            assert got.dtype == want.dtype and got.shape == (M, 75)
-            # the same integer block dots and scales; fp32 sums in another order, which a bf16
-            # output may round the other way: one ulp, 2^-8 relative
-            rtol = 2 ** -7 if (out_dtype or dtype) == torch.bfloat16 else 2e-3
-            torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=2e-3)
-
-
-@needs_kernel
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_kernel_rows_do_not_depend_on_their_neighbours(dtype):
-    x, qw, b, _ = _operands(dtype, 9, 130, 2304, seed=1)    # 2304: a 2048-value block + a part
-    together = gemv_int4.kernel_linear(x, qw, b, torch.float32)
-    alone = torch.cat([gemv_int4.kernel_linear(x[m:m + 1], qw, b, torch.float32)
-                       for m in range(9)])
-    assert torch.equal(together, alone)
 
 
 def test_reference_is_close_to_the_float_product():

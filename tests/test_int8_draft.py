@@ -1,10 +1,11 @@
-"""The int8 draft: its kernel against its reference, and exactness of speculation with it."""
+"""The int8 draft: its kernel against its reference (and the int4 kernel's, the same tests), and
+exactness of speculation with it."""
 import pytest
 import torch
 
 import specrt
 from specrt.errors import ArgumentError
-from specrt.kernels.cpu import gemv_int8
+from specrt.kernels.cpu import gemv_int4, gemv_int8
 from specrt.model.backends.quantized import Int8Linear
 
 needs_kernel = pytest.mark.skipif(not gemv_int8.AVAILABLE,
@@ -31,15 +32,25 @@ def test_quantize_is_per_row_symmetric_and_round_trips_within_half_a_step():
     assert q.scale[5] == 0 and torch.equal(back[5], w[5])
 
 
+# The quantized kernels: int8 here, int4 (tests/test_int4_draft.py) alike.
+KERNELS = pytest.mark.parametrize("kernel", [gemv_int8, gemv_int4], ids=["int8", "int4"])
+
+
+def _quantized(kernel, dtype, M, N, K, seed=0):
+    x, _, b, w = _operands(dtype, M, N, K, seed)
+    return x, kernel.quantize(w), b
+
+
 @needs_kernel
+@KERNELS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("M", [1, 2, 3, 7, 40])
-def test_kernel_matches_reference(dtype, M):
-    x, qw, b, _ = _operands(dtype, M, 75, 192)
+@pytest.mark.parametrize("M", [1, 2, 3, 7, 17, 40])
+def test_kernel_matches_reference(kernel, dtype, M):
+    x, qw, b = _quantized(kernel, dtype, M, 75, 384)
     for bias in (None, b):
         for out_dtype in (None, torch.float32):
-            want = gemv_int8.reference_linear(x, qw, bias, out_dtype)
-            got = gemv_int8.kernel_linear(x, qw, bias, out_dtype)
+            want = kernel.reference_linear(x, qw, bias, out_dtype)
+            got = kernel.kernel_linear(x, qw, bias, out_dtype)
             assert got.dtype == want.dtype and got.shape == (M, 75)
             # the same integer block dots and scales; fp32 sums in another order, which a bf16
             # output may round the other way: one ulp, 2^-8 relative
@@ -48,11 +59,13 @@ def test_kernel_matches_reference(dtype, M):
 
 
 @needs_kernel
+@KERNELS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_kernel_rows_do_not_depend_on_their_neighbours(dtype):
-    x, qw, b, _ = _operands(dtype, 9, 130, 256, seed=1)
-    together = gemv_int8.kernel_linear(x, qw, b, torch.float32)
-    alone = torch.cat([gemv_int8.kernel_linear(x[m:m + 1], qw, b, torch.float32)
+def test_kernel_rows_do_not_depend_on_their_neighbours(kernel, dtype):
+    # K = 2304: whole k-blocks of both kernels (1024 / 2048 values) and a part of one
+    x, qw, b = _quantized(kernel, dtype, 9, 130, 2304, seed=1)
+    together = kernel.kernel_linear(x, qw, b, torch.float32)
+    alone = torch.cat([kernel.kernel_linear(x[m:m + 1], qw, b, torch.float32)
                        for m in range(9)])
     assert torch.equal(together, alone)
 

@@ -96,12 +96,7 @@ void gemv_int4(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
   const QuantizedX qx(x, x_f32, M, K, 8);
-  auto store = [&](int64_t m, int64_t n, float v) {
-    if (bias) v += x_f32 ? static_cast<const float*>(bias)[n]
-                         : bf16_to_f32(static_cast<const uint16_t*>(bias)[n]);
-    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
-    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
-  };
+  const QuantStore store{bias, x_f32, out, out_f32, N};   // the scales are in the blocks
   // Blocks of 2048 values: 1 KiB of each weight row, as int8's 1024.
   gemv_tiled<NB_I4, MB_I4, 2048, 2>(QRows4{qx.view, w, w_scale}, w, M, N, K, threads,
                                     block_i4_table, store);

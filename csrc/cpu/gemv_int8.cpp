@@ -77,13 +77,8 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
   const QuantizedX qx(x, x_f32, M, K, 128);
-  auto store = [&](int64_t m, int64_t n, float v) {
-    v *= w_scale[n];
-    if (bias) v += x_f32 ? static_cast<const float*>(bias)[n]
-                         : bf16_to_f32(static_cast<const uint16_t*>(bias)[n]);
-    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
-    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
-  };
+  const QuantStore put{bias, x_f32, out, out_f32, N};
+  auto store = [&](int64_t m, int64_t n, float v) { put(m, n, v * w_scale[n]); };
   gemv_tiled<NB_I8, MB_I8, 1024>(qx.view, w, M, N, K,
                                  threads, block_i8_table, store);
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "gemv_tiled.h"
 
 namespace specrt {
 
@@ -90,6 +91,22 @@ struct QuantizedX {
                      &scale[m * (K / QBLOCK)], &corr[m * (K / 4)]);
     }
     view = QRows{q.data(), corr.data(), scale.data(), K};
+  }
+};
+
+// An output element of a quantized product, scaled: + bias[n] (x's dtype) and stored as fp32
+// or bf16 (rounded to nearest even) at out[m, n].
+struct QuantStore {
+  const void* bias;                  // [N] or null
+  bool x_f32;
+  void* out;                         // [M, N]
+  bool out_f32;
+  int64_t N;
+  void operator()(int64_t m, int64_t n, float v) const {
+    if (bias) v += x_f32 ? static_cast<const float*>(bias)[n]
+                         : bf16_to_f32(static_cast<const uint16_t*>(bias)[n]);
+    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
+    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
   }
 };
 

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from specrt.kernels.cpu import checks
 from specrt.kernels.cpu.gemv import _gemv
-from specrt.kernels.cpu.gemv_int8 import AVAILABLE, BLOCK, check_operands, dequantized_rows
+from specrt.kernels.cpu.gemv_int8 import (AVAILABLE, BLOCK, call_kernel, check_operands,
+                                          dequantized_rows)
 
 GROUP = BLOCK       # weight values per scale: one activation block
 CHUNK = 2 * GROUP   # values per packed chunk; K must be a multiple of it
@@ -95,17 +96,7 @@ def kernel_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None
     fn = "int4 kernel_linear"
     checks.require(AVAILABLE, fn, "specrt._gemv (with AVX-512 VNNI)")
     _check(x, weight, bias, out_dtype)
-    if not x.is_cpu:
-        raise checks.fail(fn, "x", "on the CPU", x.device)
-    out_dtype = out_dtype or x.dtype
-    N, K = weight.shape
-    x2 = x.reshape(-1, K).contiguous()                                     # [M, K]
-    out = torch.empty(x2.shape[0], N, dtype=out_dtype)                     # [M, N]
-    _gemv.gemv_int4(x2.data_ptr(), x.dtype == torch.float32, weight.data.data_ptr(),
-                    weight.scale.data_ptr(), bias.data_ptr() if bias is not None else 0,
-                    out.data_ptr(), out_dtype == torch.float32, x2.shape[0], N, K,
-                    torch.get_num_threads())
-    return out.view(*x.shape[:-1], N)
+    return call_kernel(fn, _gemv.gemv_int4, x, weight, bias, out_dtype)
 
 
 def linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None,

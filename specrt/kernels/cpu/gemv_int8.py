@@ -98,16 +98,23 @@ def kernel_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None
     fn = "int8 kernel_linear"
     checks.require(AVAILABLE, fn, "specrt._gemv (with AVX-512 VNNI)")
     _check(x, weight, bias, out_dtype)
+    return call_kernel(fn, _gemv.gemv_int8, x, weight, bias, out_dtype)
+
+
+def call_kernel(fn: str, kernel, x: torch.Tensor, weight, bias: torch.Tensor | None,
+                out_dtype: torch.dtype | None) -> torch.Tensor:
+    """Run a quantized product of specrt._gemv (gemv_int8 here, gemv_int4 in gemv_int4: the
+    same arguments) on operands its wrapper has checked; x must be on the CPU."""
     if not x.is_cpu:
         raise checks.fail(fn, "x", "on the CPU", x.device)
     out_dtype = out_dtype or x.dtype
     N, K = weight.shape
     x2 = x.reshape(-1, K).contiguous()                                     # [M, K]
     out = torch.empty(x2.shape[0], N, dtype=out_dtype)                     # [M, N]
-    _gemv.gemv_int8(x2.data_ptr(), x.dtype == torch.float32, weight.data.data_ptr(),
-                    weight.scale.data_ptr(), bias.data_ptr() if bias is not None else 0,
-                    out.data_ptr(), out_dtype == torch.float32, x2.shape[0], N, K,
-                    torch.get_num_threads())
+    kernel(x2.data_ptr(), x.dtype == torch.float32, weight.data.data_ptr(),
+           weight.scale.data_ptr(), bias.data_ptr() if bias is not None else 0,
+           out.data_ptr(), out_dtype == torch.float32, x2.shape[0], N, K,
+           torch.get_num_threads())
     return out.view(*x.shape[:-1], N)
 
 
