@@ -10,6 +10,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    from tests import interpreter_dot
+
+    interpreter_dot.install()      # tl.dot in one fixed order, as an MMA (see the module)
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
