@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from specrt.kernels.cpu import gemv as cpu_gemv
 
 needs_kernel = pytest.mark.skipif(not cpu_gemv.AVAILABLE,
-                                  reason="CPU lacks AVX-512 BF16: the F.linear fallback serves")
+                                  reason="CPU lacks AVX-512 BF16 and AVX2: the F.linear fallback serves")
 
 
 def test_extension_is_built():

@@ -3,11 +3,16 @@ the CPU-native backend: the same bits, bf16, int8 and int4 weights, decode, pack
 import pytest
 import torch
 
+from specrt.kernels.cpu import gemv_int4, gemv_int8
 from specrt.kernels.cpu import layers as cpu_layers
 from specrt.model import Transformer
 
 needs_kernel = pytest.mark.skipif(not cpu_layers.AVAILABLE,
-                                  reason="specrt._cpu_layers not built or no AVX-512 BF16")
+                                  reason="specrt._cpu_layers not built or no AVX-512 / AVX2")
+# The quantized kernels: int8 with AVX-512 VNNI or AVX2, int4 with AVX-512 VNNI only.
+needs_int8 = pytest.mark.skipif(not gemv_int8.AVAILABLE, reason="no int8 kernel on this CPU")
+needs_int4 = pytest.mark.skipif(not gemv_int4.AVAILABLE, reason="no AVX-512 VNNI on this CPU")
+QUANTS = [None, pytest.param("int8", marks=needs_int8), pytest.param("int4", marks=needs_int4)]
 
 
 def _pair(model_dir, quant=None):
@@ -20,7 +25,7 @@ def _pair(model_dir, quant=None):
 
 
 @needs_kernel
-@pytest.mark.parametrize("quant", [None, "int8", "int4"])
+@pytest.mark.parametrize("quant", QUANTS)
 def test_fused_loop_gives_the_bits_of_the_per_op_loop(tiny_noeos_dir, tiny128_dir, quant):
     """Prefill, decode steps and a packed 3-row verify pass (rows of 4, 1 and 2 tokens, at
     different positions): logits and caches bit for bit."""

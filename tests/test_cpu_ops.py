@@ -11,7 +11,7 @@ from specrt.model import Transformer
 from specrt.model.backends.torch_ref import apply_rope, rms_norm
 
 needs_kernel = pytest.mark.skipif(not cpu_ops.AVAILABLE,
-                                  reason="CPU lacks AVX-512 BF16: the PyTorch path serves")
+                                  reason="CPU lacks AVX-512 BF16 and AVX2: the PyTorch path serves")
 # Per-dtype tolerances: fp32 differs from PyTorch only in summation order; bf16 may round one
 # step to the neighbouring bf16 value (a relative step of 2^-8).
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}

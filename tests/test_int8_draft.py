@@ -9,7 +9,9 @@ from specrt.kernels.cpu import gemv_int4, gemv_int8
 from specrt.model.backends.quantized import Int8Linear
 
 needs_kernel = pytest.mark.skipif(not gemv_int8.AVAILABLE,
-                                  reason="the int8 kernel needs AVX-512 VNNI and the extension")
+                                  reason="the int8 kernel needs AVX-512 VNNI or AVX2, and the extension")
+needs_int4 = pytest.mark.skipif(not gemv_int4.AVAILABLE,
+                                reason="the int4 kernel needs AVX-512 VNNI and the extension")
 
 
 def _operands(dtype, M, N, K, seed=0):
@@ -33,7 +35,8 @@ def test_quantize_is_per_row_symmetric_and_round_trips_within_half_a_step():
 
 
 # The quantized kernels: int8 here, int4 (tests/test_int4_draft.py) alike.
-KERNELS = pytest.mark.parametrize("kernel", [gemv_int8, gemv_int4], ids=["int8", "int4"])
+KERNELS = pytest.mark.parametrize("kernel", [gemv_int8, pytest.param(gemv_int4, marks=needs_int4)],
+                                  ids=["int8", "int4"])
 
 
 def _quantized(kernel, dtype, M, N, K, seed=0):

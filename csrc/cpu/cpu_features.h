@@ -1,22 +1,48 @@
 // The one place that says which x86 extensions the CPU kernels need. Kernels are compiled for
-// them per function (SPECRT_AVX512) while the rest of the module stays baseline x86-64, so the
-// extension imports anywhere; its callers ask cpu_supported() before the first kernel call and
-// take the library path when it is false. Keep the two lists below identical: a kernel built
-// for an extension the run-time test does not check would die with SIGILL on such a CPU.
+// them per function (SPECRT_AVX512, SPECRT_AVX2) or per region (#pragma GCC target, simd.h)
+// while the rest of the module stays baseline x86-64, so the extension imports anywhere; its
+// callers ask cpu_supported() before the first kernel call and take the library path when it is
+// false. Two levels serve the bf16/fp32 kernels: AVX-512 (with BF16 dot products) where the CPU
+// has it, else AVX2 + FMA (bf16 widened to fp32 in registers). Keep each level's target list
+// and its run-time test identical: a kernel built for an extension the test does not check
+// would die with SIGILL on such a CPU.
 #pragma once
 
-#define SPECRT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define SPECRT_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
+#define SPECRT_AVX2_TARGET "avx2,fma,f16c"
+#define SPECRT_AVX512 __attribute__((target(SPECRT_AVX512_TARGET)))
+#define SPECRT_AVX2 __attribute__((target(SPECRT_AVX2_TARGET)))
 // The int8 kernels (gemv_int8.cpp) also use AVX-512 VNNI.
-#define SPECRT_AVX512_VNNI \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
+#define SPECRT_AVX512_VNNI __attribute__((target(SPECRT_AVX512_TARGET ",avx512vnni")))
 #define SPECRT_INLINE __attribute__((always_inline)) inline
+
+#include <cstdlib>
+#include <cstring>
 
 namespace specrt {
 
-inline bool cpu_supported() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+// SPECRT_CPU_LEVEL=avx2 runs the AVX2 kernels on an AVX-512 CPU (tests and comparisons; read
+// once per process).
+inline bool cpu_avx512() {
+  static const bool yes = [] {
+    const char* level = std::getenv("SPECRT_CPU_LEVEL");
+    return !(level && std::strcmp(level, "avx2") == 0) && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bf16");
+  }();
+  return yes;
 }
+
+inline bool cpu_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+// The bf16/fp32 kernels (gemv, ops, the layer loop) run at one of the two levels.
+inline bool cpu_supported() { return cpu_avx512() || cpu_avx2(); }
+
+// Which level they run at here: "avx512", "avx2" or "none".
+inline const char* cpu_level() { return cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "none"; }
 
 inline bool cpu_supported_vnni() { return __builtin_cpu_supports("avx512vnni"); }
 

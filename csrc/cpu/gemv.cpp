@@ -7,7 +7,8 @@
 // with up to 3 rows of x at a time from registers), split N across threads, and accumulate every
 // output element in the same k order whatever M is: a verify pass and a decode step give
 // bit-identical values for the same row. Plain C++17 + AVX-512 intrinsics, selected at run time
-// (cpu_supported); callers fall back to the library path elsewhere.
+// (cpu_avx512); CPUs with AVX2 only take gemv_avx2.cpp, and callers fall back to the library
+// path elsewhere (cpu_supported).
 #include "gemv.h"
 
 #include <immintrin.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "gemv_avx2.h"
 #include "gemv_tiled.h"
 
 namespace specrt {
@@ -98,6 +100,7 @@ SPECRT_TILES(block_f32, float)
 
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
+  if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
   auto store = [&](int64_t m, int64_t n, float v) {
     if (bias) v += bf16_to_f32(bias[n]);
     if (out_f32) static_cast<float*>(out)[m * N + n] = v;
@@ -109,6 +112,7 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
               int64_t K, int threads) {
+  if (!cpu_avx512()) return gemv_f32_avx2(x, w, bias, out, M, N, K, threads);
   auto store = [&](int64_t m, int64_t n, float v) { out[m * N + n] = bias ? v + bias[n] : v; };
   gemv_tiled<NB_MAX, MB_MAX, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table, store);
 }

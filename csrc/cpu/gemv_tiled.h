@@ -73,11 +73,21 @@ using Block = void (*)(X x, const W* w, int64_t K, int64_t k0, int64_t k1, float
 SPECRT_AVX512 static inline float reduce16(const float* v) {
   return _mm512_reduce_add_ps(_mm512_loadu_ps(v));
 }
+// The AVX2 blocks' partial sums (16 floats an output element, as two 8-lane halves) in a fixed
+// pairwise order.
+static inline float reduce16_pairwise(const float* v) {
+  float a[8];
+  for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; ++i) a[i] += a[i + 4];
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+using Reduce = float (*)(const float*);
 
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
 template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, typename X, typename T, typename Store>
 static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
-                       Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store) {
+                       Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store,
+                       Reduce reduce = reduce16) {
   int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
   const int64_t row = K / PACK;                             // weight elements per row
   // Row tiles of x as (first row, rows): M cut into near-equal parts of at most MB_MAX.
@@ -127,7 +137,7 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
       for (auto [m0, mb] : row_tiles) {
         const float* s = &state[m0 * NB_MAX * 16];      // [NB][MB][16] for this row tile
         for (int i = 0; i < nb; ++i)
-          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce16(s + 16 * (i * mb + j)));
+          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce(s + 16 * (i * mb + j)));
       }
     }
   }

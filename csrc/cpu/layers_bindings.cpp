@@ -81,6 +81,7 @@ PYBIND11_MODULE(_cpu_layers, m) {
            "offsets [B + 1], B, threads");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
-  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
-  m.def("int8_supported", &specrt::cpu_supports_int8, "... and AVX-512 VNNI");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 or AVX2/FMA/F16C available on this CPU");
+  m.def("cpu_level", &specrt::cpu_level, "the level the kernels run at here: avx512, avx2 or none");
+  m.def("int8_supported", &specrt::cpu_supports_int8, "AVX-512 VNNI, or AVX2 (the int8 product runs)");
 }

@@ -68,5 +68,6 @@ PYBIND11_MODULE(_cpu_ops, m) {
       "-> out [M, Hq*D]");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
-  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 available on this CPU");
+  m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 or AVX2/FMA/F16C available on this CPU");
+  m.def("cpu_level", &specrt::cpu_level, "the level the kernels run at here: avx512, avx2 or none");
 }

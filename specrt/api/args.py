@@ -39,8 +39,9 @@ def check_path_arg(name: str, value, allow_none: bool = True) -> str | Path | No
 
 def check_dtype(dtype, device=None):
     """'auto' | 'float32' | 'bfloat16' | 'float16' or the matching torch.dtype -> torch.dtype.
-    'auto': bfloat16 where `device` computes it natively (CUDA with bf16 support; a CPU with
-    AVX-512 BF16, where specrt's CPU kernels serve it), else float32."""
+    'auto': bfloat16 where `device` computes it natively (CUDA with bf16 support) or specrt's
+    CPU kernels serve it (a CPU with AVX-512 BF16 or AVX2: they widen bf16 in registers), else
+    float32."""
     import torch
 
     if isinstance(dtype, str) and dtype == "auto":

@@ -2,7 +2,7 @@
 
 A decode step must read every weight once, so no decode can beat (weight bytes) / (the time
 to just read them). `read_seconds` measures that time with the fastest reader specrt has: the
-C++ probe (csrc/cpu/stream_read.cpp: AVX-512 loads over each tensor, split across the threads,
+C++ probe (csrc/cpu/stream_read.cpp: AVX-512 or AVX2 loads over each tensor, split across the threads,
 nothing else) run over the model's own weight tensors, or, without the extension, PyTorch's
 `sum` (slower: its numbers are a lower bound of the floor, said so in `method`).
 """
@@ -33,7 +33,7 @@ def weight_tensors(model) -> list[torch.Tensor]:
 
 
 def method() -> str:
-    return ("AVX-512 streaming read (csrc/cpu/stream_read.cpp)" if AVAILABLE
+    return ("AVX-512 / AVX2 streaming read (csrc/cpu/stream_read.cpp)" if AVAILABLE
             else "torch.sum per tensor (no C++ probe: a lower bound of the floor)")
 
 

@@ -3,8 +3,10 @@
 `F.linear` is the specification and the fallback. The C++ kernels (csrc/cpu/gemv.cpp) stream the
 weight once per call for the skinny inputs of decode (M = 1) and verify (M = K + 1), and give
 each row the same bits whatever M is.
-They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16, up to MAX_ROWS rows (any
-number when fp32 results are asked for: logits); anything else (other dtypes, CUDA tensors, prefills, a missing extension) takes `F.linear`.
+They serve contiguous bf16 and fp32 inputs on CPUs with AVX-512 BF16 or AVX2 + FMA (`LEVEL`),
+up to MAX_ROWS rows (any number when fp32 results are asked for: logits); anything else (other
+dtypes, CUDA tensors, prefills where the library is faster, a missing extension) takes
+`F.linear`.
 Mismatched operands raise ValueError on every path, before a pointer reaches C++.
 """
 from __future__ import annotations
@@ -15,16 +17,22 @@ import torch.nn.functional as F
 
 from specrt.kernels.cpu import checks, extension
 
-# Not built, or this CPU lacks AVX-512 BF16: every call takes the library path.
+# Not built, or this CPU has neither AVX-512 BF16 nor AVX2: every call takes the library path.
 _gemv, AVAILABLE = extension.load("specrt._gemv", "SPECRT_CPU_GEMV",
                                   "the C++ decode/verify matrix products", "F.linear")
+LEVEL = _gemv.cpu_level() if AVAILABLE else "none"      # "avx512", "avx2" or "none"
 
 # Up to how many rows of x the kernel beats the library GEMM, measured on the development
 # machine (AMD EPYC, AVX-512 BF16, 2 threads, all of the 1.5B target's weights streamed per
 # call; see benchmarks/RESULTS.md). bf16: 0.55x oneDNN's time for one row, 0.6-0.8x for verify
 # sizes (2-17 rows), even at 32 and behind from 33. fp32: MKL re-reads the weight for each few
 # rows, so the kernel stays ahead (0.6-0.8x) up to 64 rows. Prefills take the library GEMM.
-MAX_ROWS = {torch.bfloat16: 32, torch.float32: 64}
+# Without AVX-512 BF16 the library has no fast bf16 path at all: on an AVX2-only CPU (AMD
+# EPYC, 2 threads, a 8960 x 1536 weight) oneDNN's bf16 GEMM ran at 11 GFLOP/s and the AVX2
+# kernel at 44-54 (0.34-0.39x its time from 5 to 200 rows, 1.0x at 1 row), so the kernel takes
+# every bf16 call there, prefills included; fp32 keeps 64 (at 200 rows MKL is 1.7x faster).
+MAX_ROWS = ({torch.bfloat16: 32, torch.float32: 64} if LEVEL != "avx2"
+            else {torch.bfloat16: 1 << 16, torch.float32: 64})
 
 
 def build_id() -> str:

@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from specrt.kernels.cpu import checks
-from specrt.kernels.cpu.gemv import _gemv
-from specrt.kernels.cpu.gemv_int8 import (AVAILABLE, BLOCK, call_kernel, check_operands,
-                                          dequantized_rows)
+from specrt.kernels.cpu.gemv import AVAILABLE as _GEMV_AVAILABLE, _gemv
+from specrt.kernels.cpu.gemv_int8 import BLOCK, call_kernel, check_operands, dequantized_rows
+
+# int4 runs with AVX-512 VNNI only (no AVX2 variant: on such CPUs int8 is the quantized draft).
+AVAILABLE = _GEMV_AVAILABLE and bool(_gemv.int4_supported())
 
 GROUP = BLOCK       # weight values per scale: one activation block
 CHUNK = 2 * GROUP   # values per packed chunk; K must be a multiple of it

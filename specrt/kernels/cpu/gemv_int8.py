@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from specrt.kernels.cpu import checks
 from specrt.kernels.cpu.gemv import AVAILABLE as _GEMV_AVAILABLE, _gemv
 
-# The same extension as the bf16 kernels (specrt._gemv); int8 needs AVX-512 VNNI on top.
+# The same extension as the bf16 kernels (specrt._gemv): with AVX-512 VNNI (vpdpbusd), or on
+# AVX2 (csrc/cpu/gemv_int8_avx2.cpp: the same integer block dots, widened to 16 bits).
 AVAILABLE = _GEMV_AVAILABLE and bool(_gemv.int8_supported())
 BLOCK = 64          # activation values per scale; K must be a multiple of it for the kernel
 
@@ -96,7 +97,7 @@ def kernel_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """csrc/cpu/gemv_int8.cpp; ValueError for what it does not serve."""
     fn = "int8 kernel_linear"
-    checks.require(AVAILABLE, fn, "specrt._gemv (with AVX-512 VNNI)")
+    checks.require(AVAILABLE, fn, "specrt._gemv (with AVX-512 VNNI or AVX2)")
     _check(x, weight, bias, out_dtype)
     return call_kernel(fn, _gemv.gemv_int8, x, weight, bias, out_dtype)
 
@@ -120,7 +121,8 @@ def call_kernel(fn: str, kernel, x: torch.Tensor, weight, bias: torch.Tensor | N
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The kernel where it runs (CPU with AVX-512 VNNI, extension built), else the reference."""
+    """The kernel where it runs (CPU with AVX-512 VNNI or AVX2, extension built), else the
+    reference."""
     if AVAILABLE and x.is_cpu and x.dtype in checks.FLOATS and x.numel():
         return kernel_linear(x, weight, bias, out_dtype)
     return reference_linear(x, weight, bias, out_dtype)

@@ -19,7 +19,7 @@ import torch
 
 from specrt.kernels.cpu import checks, extension
 
-# Not built, or this CPU lacks AVX-512 BF16: the model keeps its PyTorch path.
+# Not built, or this CPU has neither AVX-512 BF16 nor AVX2: the model keeps its PyTorch path.
 _cpu_ops, AVAILABLE = extension.load("specrt._cpu_ops", "SPECRT_CPU_OPS",
                                      "the fused C++ layer ops", "the PyTorch layer ops")
 

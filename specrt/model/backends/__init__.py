@@ -2,7 +2,7 @@
 
 - `torch_ref` (TorchReference): SDPA + `F.linear`, the specification; any device.
 - `cpu_native` (CpuNative): C++ matmuls and layer ops for CPU decode/verify passes (bf16,
-  fp32) on CPUs with AVX-512 BF16; the default on such CPUs.
+  fp32) on CPUs with AVX-512 BF16 or AVX2 + FMA; the default on such CPUs.
 - `cuda` (Cuda): Triton attention for decode/verify, the CUDA-graph body; the default on CUDA.
 
 `SPECRT_BACKEND=torch_ref|cpu_native|cuda` (or `select_backend(..., name=...)`) overrides the
@@ -41,6 +41,6 @@ def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = 
     if name == "cpu_native" or (name is None and cpu_native.available(dtype)):
         if not cpu_native.available(dtype):
             raise ConfigError(f"backend 'cpu_native' is unavailable for {dtype} here (extension "
-                              "not built, CPU without AVX-512 BF16, or SPECRT_CPU_OPS=0)")
+                              "not built, CPU without AVX-512 BF16 or AVX2, or SPECRT_CPU_OPS=0)")
         return cpu_native.CpuNative()
     return TorchReference()

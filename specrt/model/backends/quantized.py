@@ -1,7 +1,8 @@
 """Quantized weights for a draft model: `quantized_linear(format, weight, bias)`.
 
 Formats (QUANT_FORMATS), both weight-only with activations quantized per block of 64 at each
-call (the AVX-512 VNNI kernels where they run, their PyTorch references elsewhere):
+call (the C++ kernels where they run: int8 with AVX-512 VNNI or AVX2, int4 with AVX-512 VNNI;
+their PyTorch references elsewhere):
 - "int8": per output row (specrt.kernels.cpu.gemv_int8);
 - "int4": per output row and group of 64 values, half int8's bytes (specrt.kernels.cpu.gemv_int4;
   input sizes must be multiples of 128).

@@ -1,0 +1,138 @@
+// The skinny matrix products of gemv.cpp for CPUs without AVX-512 (AVX2 + FMA): the same tiled
+// driver (gemv_tiled.h: the weight streamed once per call, every output element summed in the
+// same k order whatever M is), with 8-lane register tiles. A bf16 weight vector of 16 values
+// is widened in registers to its even and odd halves (a shift, a mask) and multiplied with x,
+// which is widened to fp32 once per call into the same even/odd order; fp32 weights are
+// multiplied as they are. Each output element's 16 partial sums (8 lanes x 2 halves) wait in
+// the driver's state between k-blocks and are reduced pairwise at the end. The AVX-512 and
+// AVX2 kernels round differently from each other; each keeps its own bits for a row whatever M.
+#include "gemv_avx2.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_features.h"
+#include "gemv_tiled.h"
+
+namespace specrt {
+
+// 16 register accumulators (2 per output element) + the weight's two halves fit the 16
+// vector registers; x is read from L1 by the FMAs themselves.
+constexpr int NB2 = 4, MB2 = 2;
+
+// 16 bf16 weights at w (n of them valid, the rest zero) as fp32 even / odd halves.
+template <bool FULL>
+SPECRT_AVX2 SPECRT_INLINE void widen_bf16(const uint16_t* w, int64_t n, __m256& even, __m256& odd) {
+  __m256i v;
+  if (FULL) {
+    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  } else {
+    alignas(32) uint16_t tmp[16] = {};
+    std::memcpy(tmp, w, size_t(n) * 2);
+    v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+  }
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+// One k-step of 16 values: NB weight rows against MB rows of x (fp32, even/odd order).
+template <int NB, int MB, bool FULL>
+SPECRT_AVX2 SPECRT_INLINE void step_bf16(const float* x, int64_t XK, const uint16_t* w, int64_t K,
+                                         int64_t k, int64_t n, __m256 (&acc)[NB * MB * 2]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) {
+    __m256 even, odd;
+    widen_bf16<FULL>(w + i * K + k, n, even, odd);
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) {
+      const float* xj = x + j * XK + k;
+      acc[2 * (i * MB + j)] = _mm256_fmadd_ps(_mm256_loadu_ps(xj), even, acc[2 * (i * MB + j)]);
+      acc[2 * (i * MB + j) + 1] =
+          _mm256_fmadd_ps(_mm256_loadu_ps(xj + 8), odd, acc[2 * (i * MB + j) + 1]);
+    }
+  }
+}
+
+template <int NB, int MB>
+SPECRT_AVX2 static void block_bf16(Rows<float> x, const uint16_t* w, int64_t K, int64_t k0,
+                                   int64_t k1, float* state /*[NB * MB][16]*/, Prefetch pf) {
+  __m256 acc[NB * MB * 2];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB * 2; ++a) acc[a] = _mm256_loadu_ps(state + 8 * a);
+  int64_t k = k0;
+  for (; k + 16 <= k1; k += 16) { pf.step(); step_bf16<NB, MB, true>(x.p, x.K, w, K, k, 16, acc); }
+  if (k < k1) step_bf16<NB, MB, false>(x.p, x.K, w, K, k, k1 - k, acc);
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(state + 8 * a, acc[a]);
+}
+
+template <int NB, int MB>
+SPECRT_AVX2 static void block_f32(Rows<float> x, const float* w, int64_t K, int64_t k0,
+                                  int64_t k1, float* state, Prefetch pf) {
+  __m256 acc[NB * MB * 2];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB * 2; ++a) acc[a] = _mm256_loadu_ps(state + 8 * a);
+  for (int64_t k = k0; k < k1; k += 16) {
+    pf.step();
+    // lanes of each half still inside [k, k1): a full step loads all 16
+    const int64_t n = std::min<int64_t>(16, k1 - k);
+    __m256i lo_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i hi_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n) - 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 8
+    for (int i = 0; i < NB; ++i) {
+      __m256 lo = _mm256_maskload_ps(w + i * K + k, lo_mask);
+      __m256 hi = _mm256_maskload_ps(w + i * K + k + 8, hi_mask);
+#pragma GCC unroll 8
+      for (int j = 0; j < MB; ++j) {
+        const float* xj = x.p + j * x.K + k;
+        acc[2 * (i * MB + j)] = _mm256_fmadd_ps(_mm256_maskload_ps(xj, lo_mask), lo, acc[2 * (i * MB + j)]);
+        acc[2 * (i * MB + j) + 1] =
+            _mm256_fmadd_ps(_mm256_maskload_ps(xj + 8, hi_mask), hi, acc[2 * (i * MB + j) + 1]);
+      }
+    }
+  }
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(state + 8 * a, acc[a]);
+}
+
+#define SPECRT_ROW2(fn, NB) fn<NB, 1>, fn<NB, 2>
+static Block<Rows<float>, uint16_t> block_bf16_table[NB2][MB2] = {
+    {SPECRT_ROW2(block_bf16, 1)}, {SPECRT_ROW2(block_bf16, 2)}, {SPECRT_ROW2(block_bf16, 3)}, {SPECRT_ROW2(block_bf16, 4)}};
+static Block<Rows<float>, float> block_f32_table[NB2][MB2] = {
+    {SPECRT_ROW2(block_f32, 1)}, {SPECRT_ROW2(block_f32, 2)}, {SPECRT_ROW2(block_f32, 3)}, {SPECRT_ROW2(block_f32, 4)}};
+
+// x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then
+// their 8 odd ones (zeros past K).
+static std::vector<float> widen_rows(const uint16_t* x, int64_t M, int64_t K, int64_t K16) {
+  std::vector<float> out(size_t(M * K16), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      out[size_t(m * K16 + (k / 16) * 16 + (k % 2) * 8 + (k % 16) / 2)] = bf16_to_f32(x[m * K + k]);
+  return out;
+}
+
+void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out,
+                    bool out_f32, int64_t M, int64_t N, int64_t K, int threads) {
+  auto store = [&](int64_t m, int64_t n, float v) {
+    if (bias) v += bf16_to_f32(bias[n]);
+    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
+    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
+  };
+  const int64_t K16 = (K + 15) / 16 * 16;
+  std::vector<float> xf = widen_rows(x, M, K, K16);
+  gemv_tiled<NB2, MB2, 512>(Rows<float>{xf.data(), K16}, w, M, N, K, threads, block_bf16_table,
+                            store, reduce16_pairwise);
+}
+
+void gemv_f32_avx2(const float* x, const float* w, const float* bias, float* out, int64_t M,
+                   int64_t N, int64_t K, int threads) {
+  auto store = [&](int64_t m, int64_t n, float v) { out[m * N + n] = bias ? v + bias[n] : v; };
+  gemv_tiled<NB2, MB2, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table, store,
+                            reduce16_pairwise);
+}
+
+}  // namespace specrt

@@ -1,0 +1,43 @@
+"""The CPU kernels run at one of two levels (csrc/cpu/cpu_features.h): AVX-512 with BF16 dot
+products, or AVX2 + FMA. The other kernel tests cover the level this CPU picks; on an AVX-512 CPU
+this one runs them again at the AVX2 level (SPECRT_CPU_LEVEL=avx2, in a subprocess: the level
+is read once per process), so both levels are tested wherever the wider one exists."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrt.kernels.cpu import gemv, ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _level(env_level: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "SPECRT_CPU_LEVEL"}
+    if env_level:
+        env["SPECRT_CPU_LEVEL"] = env_level
+    out = subprocess.run([sys.executable, "-c", "from specrt.kernels.cpu import gemv, ops; "
+                          "print(gemv.LEVEL, ops._cpu_ops.cpu_level())"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not gemv.AVAILABLE, reason="no CPU kernels here (neither AVX-512 nor AVX2)")
+def test_the_level_is_the_best_the_cpu_has_and_avx2_can_be_forced():
+    assert _level(None) == [gemv.LEVEL, gemv.LEVEL]
+    assert gemv.LEVEL in ("avx512", "avx2")
+    assert _level("avx2") == ["avx2", "avx2"]
+
+
+@pytest.mark.skipif(not (gemv.AVAILABLE and gemv.LEVEL == "avx512" and ops.AVAILABLE),
+                    reason="the AVX2 level is the one this CPU runs: the other tests cover it")
+def test_kernel_tests_pass_at_the_avx2_level_too():
+    env = {**os.environ, "SPECRT_CPU_LEVEL": "avx2"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_cpu_gemv.py", "tests/test_cpu_ops.py",
+                          "tests/test_cpu_layers.py"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
