@@ -41,3 +41,16 @@ def test_kernel_tests_pass_at_the_avx2_level_too():
                           "tests/test_cpu_layers.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_an_unknown_level_is_one_clear_error(monkeypatch):
+    import torch
+
+    from specrt.errors import ConfigError
+    from specrt.model.backends import select_backend
+
+    monkeypatch.setenv("SPECRT_CPU_LEVEL", "avx3")
+    with pytest.raises(ConfigError, match="SPECRT_CPU_LEVEL.*avx2"):
+        select_backend(torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setenv("SPECRT_CPU_LEVEL", "avx2")
+    select_backend(torch.device("cpu"), torch.bfloat16)       # accepted

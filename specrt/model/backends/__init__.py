@@ -23,11 +23,20 @@ BACKENDS = ("torch_ref", "cpu_native", "cuda")
 ENV_VAR = "SPECRT_BACKEND"
 
 
+# The CPU kernels' level is read by the C++ extensions themselves (csrc/cpu/cpu_features.h),
+# which ignore anything but "avx2"; a typo is caught here, where a model is loaded.
+CPU_LEVEL_VAR, CPU_LEVELS = "SPECRT_CPU_LEVEL", ("avx2",)
+
+
 def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = None) -> Backend:
     name = name or os.environ.get(ENV_VAR, "").strip() or None
     if name is not None and name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r} ({ENV_VAR}); choose one of "
                           f"{', '.join(BACKENDS)}")
+    level = os.environ.get(CPU_LEVEL_VAR)
+    if level and level not in CPU_LEVELS:
+        raise ConfigError(f"unknown CPU kernel level {level!r} ({CPU_LEVEL_VAR}); set it to "
+                          f"{' or '.join(CPU_LEVELS)}, or unset it for the best this CPU has")
     if name == "torch_ref":
         return TorchReference()
     if device.type == "cuda" or name == "cuda":
