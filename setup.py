@@ -140,7 +140,7 @@ ext_modules = [
                                "csrc/cpu/gemv_bindings.cpp"],
               ["csrc/cpu/gemv.h", "csrc/cpu/gemv_avx2.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_int8_avx2.h",
                "csrc/cpu/gemv_int4.h",
-               "csrc/cpu/gemv_quant.h", "csrc/cpu/gemv_tiled.h", "csrc/cpu/stream_read.h",
+               "csrc/cpu/gemv_quant.h", "csrc/cpu/gemv_tiled.h", "csrc/cpu/simd.h", "csrc/cpu/stream_read.h",
                "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", ["csrc/cpu/ops.cpp", "csrc/cpu/ops_bindings.cpp"],

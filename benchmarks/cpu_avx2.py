@@ -27,6 +27,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 from benchmarks.harness import cli, machine, report
 from benchmarks.harness.model_dirs import resolve_models
@@ -106,18 +107,11 @@ def steps(args, target_dir, draft_dir) -> tuple[str, dict]:
 def _engine(old: bool, target_dir, draft_dir):
     import specrt
 
-    saved = os.environ.get("SPECRT_BACKEND")
-    if old:
-        os.environ["SPECRT_BACKEND"] = "torch_ref"
-    try:
+    # the backend is chosen when the models load: inside the first generate
+    with mock.patch.dict(os.environ, {"SPECRT_BACKEND": "torch_ref"} if old else {}):
         kw = dict(dtype="float32", draft_dtype="float32") if old else {}
         llm = specrt.LLM(str(target_dir), draft=str(draft_dir), max_seq_len=1024, **kw)
         llm.generate(llm.encode("Hi", chat=True), max_new_tokens=2)       # loads, calibrates
-    finally:
-        if old and saved is None:
-            os.environ.pop("SPECRT_BACKEND", None)
-        elif old:
-            os.environ["SPECRT_BACKEND"] = saved
     return llm
 
 

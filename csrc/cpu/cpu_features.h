@@ -44,6 +44,7 @@ inline bool cpu_supported() { return cpu_avx512() || cpu_avx2(); }
 // Which level they run at here: "avx512", "avx2" or "none".
 inline const char* cpu_level() { return cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "none"; }
 
-inline bool cpu_supported_vnni() { return __builtin_cpu_supports("avx512vnni"); }
+// The int8 and int4 kernels of gemv_int8.cpp / gemv_int4.cpp: AVX-512 and its VNNI.
+inline bool cpu_avx512_vnni() { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
 
 }  // namespace specrt

@@ -101,20 +101,15 @@ SPECRT_TILES(block_f32, float)
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
   if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
-  auto store = [&](int64_t m, int64_t n, float v) {
-    if (bias) v += bf16_to_f32(bias[n]);
-    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
-    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
-  };
   gemv_tiled<NB_MAX, MB_MAX, 512>(Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table,
-                                   store);
+                                   Bf16Store{bias, out, out_f32, N});
 }
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
               int64_t K, int threads) {
   if (!cpu_avx512()) return gemv_f32_avx2(x, w, bias, out, M, N, K, threads);
-  auto store = [&](int64_t m, int64_t n, float v) { out[m * N + n] = bias ? v + bias[n] : v; };
-  gemv_tiled<NB_MAX, MB_MAX, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table, store);
+  gemv_tiled<NB_MAX, MB_MAX, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table,
+                                   F32Store{bias, out, N});
 }
 
 }  // namespace specrt

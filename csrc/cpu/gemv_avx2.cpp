@@ -10,13 +10,13 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "cpu_features.h"
 #include "gemv_tiled.h"
+#include "simd.h"
 
 namespace specrt {
 
@@ -79,9 +79,7 @@ SPECRT_AVX2 static void block_f32(Rows<float> x, const float* w, int64_t K, int6
   for (int64_t k = k0; k < k1; k += 16) {
     pf.step();
     // lanes of each half still inside [k, k1): a full step loads all 16
-    const int64_t n = std::min<int64_t>(16, k1 - k);
-    __m256i lo_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256i hi_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n) - 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i lo_mask = avx2::below(k1 - k), hi_mask = avx2::below(k1 - k - 8);
 #pragma GCC unroll 8
     for (int i = 0; i < NB; ++i) {
       __m256 lo = _mm256_maskload_ps(w + i * K + k, lo_mask);
@@ -117,22 +115,16 @@ static std::vector<float> widen_rows(const uint16_t* x, int64_t M, int64_t K, in
 
 void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out,
                     bool out_f32, int64_t M, int64_t N, int64_t K, int threads) {
-  auto store = [&](int64_t m, int64_t n, float v) {
-    if (bias) v += bf16_to_f32(bias[n]);
-    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
-    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
-  };
   const int64_t K16 = (K + 15) / 16 * 16;
   std::vector<float> xf = widen_rows(x, M, K, K16);
   gemv_tiled<NB2, MB2, 512>(Rows<float>{xf.data(), K16}, w, M, N, K, threads, block_bf16_table,
-                            store, reduce16_pairwise);
+                            Bf16Store{bias, out, out_f32, N}, reduce16_pairwise);
 }
 
 void gemv_f32_avx2(const float* x, const float* w, const float* bias, float* out, int64_t M,
                    int64_t N, int64_t K, int threads) {
-  auto store = [&](int64_t m, int64_t n, float v) { out[m * N + n] = bias ? v + bias[n] : v; };
-  gemv_tiled<NB2, MB2, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table, store,
-                            reduce16_pairwise);
+  gemv_tiled<NB2, MB2, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table,
+                            F32Store{bias, out, N}, reduce16_pairwise);
 }
 
 }  // namespace specrt

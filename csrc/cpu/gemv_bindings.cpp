@@ -67,7 +67,7 @@ PYBIND11_MODULE(_gemv, m) {
       },
       "read nbytes once with AVX-512 loads on `threads` threads (the memory-read floor)");
   m.def("int8_supported", &specrt::cpu_supports_int8, "AVX-512 VNNI, or AVX2 (the int8 product runs)");
-  m.def("int4_supported", &specrt::cpu_supports_vnni, "AVX-512 and AVX-512 VNNI (the int4 product runs)");
+  m.def("int4_supported", &specrt::cpu_avx512_vnni, "AVX-512 and AVX-512 VNNI (the int4 product runs)");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 or AVX2/FMA/F16C available on this CPU");

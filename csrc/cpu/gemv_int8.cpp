@@ -73,13 +73,12 @@ Block<QRows, uint8_t> block_i8_table[NB_I8][MB_I8] = {
 
 }  // namespace
 
-bool cpu_supports_vnni() { return cpu_avx512() && cpu_supported_vnni(); }
-bool cpu_supports_int8() { return cpu_supports_vnni() || cpu_avx2(); }
+bool cpu_supports_int8() { return cpu_avx512_vnni() || cpu_avx2(); }
 
 void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
-  if (!cpu_supports_vnni())
+  if (!cpu_avx512_vnni())
     return gemv_int8_avx2(x, x_f32, w, w_scale, bias, out, out_f32, M, N, K, threads);
   const QuantizedX qx(x, x_f32, M, K, 128);
   const QuantStore put{bias, x_f32, out, out_f32, N};

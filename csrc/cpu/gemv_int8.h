@@ -6,7 +6,6 @@
 
 namespace specrt {
 
-bool cpu_supports_vnni();   // AVX-512 (cpu_avx512) and AVX-512 VNNI: the int8 and int4 kernels here
 bool cpu_supports_int8();   // the int8 product runs: with VNNI, or with AVX2 (gemv_int8_avx2.cpp)
 void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,

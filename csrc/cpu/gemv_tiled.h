@@ -83,6 +83,26 @@ static inline float reduce16_pairwise(const float* v) {
 }
 using Reduce = float (*)(const float*);
 
+// The stores of the unquantized products (gemv.cpp, gemv_avx2.cpp): + bias[n] and the output
+// element at out[m, n]; bf16 weights store fp32 or bf16 (rounded to nearest even).
+struct Bf16Store {
+  const uint16_t* bias;              // [N] or null
+  void* out;                         // [M, N]
+  bool out_f32;
+  int64_t N;
+  void operator()(int64_t m, int64_t n, float v) const {
+    if (bias) v += bf16_to_f32(bias[n]);
+    if (out_f32) static_cast<float*>(out)[m * N + n] = v;
+    else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
+  }
+};
+struct F32Store {
+  const float* bias;                 // [N] or null
+  float* out;                        // [M, N]
+  int64_t N;
+  void operator()(int64_t m, int64_t n, float v) const { out[m * N + n] = bias ? v + bias[n] : v; }
+};
+
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
 template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, typename X, typename T, typename Store>
 static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,

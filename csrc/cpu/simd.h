@@ -19,6 +19,14 @@
 
 namespace specrt {
 
+// exp(x) as both levels compute it, to within ~1 ulp: x clamped to [EXP_LO, EXP_HI], x = n ln2
+// + r with n = round(x log2 e) and ln2 in a high and a low part (|r| <= ln2 / 2), e^r by the
+// degree-7 Taylor polynomial (Horner, EXP_POLY from the highest coefficient), times 2^n.
+constexpr float EXP_HI = 88.7f, EXP_LO = -104.0f, LOG2E = 1.44269504088896341f;
+constexpr float LN2_HI = 0.693145751953125f, LN2_LO = 1.42860682030941723212e-6f;
+constexpr float EXP_POLY[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                               1.0f / 6,    0.5f,       1.0f,       1.0f};
+
 // --- AVX-512 (the target list is SPECRT_AVX512_TARGET: #pragma takes no macro) ----------------
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
@@ -54,22 +62,16 @@ SPECRT_INLINE V round_to(const uint16_t*, V a) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
 
-// exp(x) to within ~1 ulp: x = n ln2 + r, |r| <= ln2 / 2, degree-7 Taylor polynomial, 2^n by
-// scalef. Same lanes in, same bits out, on every call.
+// exp (see EXP_POLY), 2^n by scalef. Same lanes in, same bits out, on every call.
 SPECRT_INLINE V exp16(V a) {
-  __m512 x = _mm512_max_ps(_mm512_min_ps(a.v, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-104.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  __m512 x = _mm512_max_ps(_mm512_min_ps(a.v, _mm512_set1_ps(EXP_HI)), _mm512_set1_ps(EXP_LO));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);      // ln2 high part
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);       // ln2 low part
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+  __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
   return {_mm512_scalef_ps(p, n)};
 }
 
@@ -151,21 +153,16 @@ SPECRT_INLINE V round_to(const uint16_t*, V a) {
           _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(a.hi), 16))};
 }
 
-// exp as avx512::exp16, 2^n applied as two exact powers of two (n in [-150, 128]).
+// exp (see EXP_POLY), 2^n applied as two exact powers of two (n in [-150, 128]).
 SPECRT_INLINE __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.7f)), _mm256_set1_ps(-104.0f));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+  __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_POLY[i]));
   __m256i ni = _mm256_cvtps_epi32(n);
   __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
   auto pow2 = [](__m256i e) {
