@@ -43,7 +43,7 @@ def test_each_row_is_independent_of_how_many_rows(dtype, m, k):
     """A verify pass (M = K + 1) and a decode step (M = 1) give bit-identical rows."""
     g = torch.Generator().manual_seed(m + k)
     x = torch.randn(m, k, generator=g).to(dtype)
-    w = (torch.randn(500, k, generator=g) * 0.02).to(dtype)     # 500: a partial weight tile
+    w = (torch.randn(501, k, generator=g) * 0.02).to(dtype)     # 501: a partial weight tile
     full = cpu_gemv.kernel_linear(x, w, out_dtype=torch.float32)
     for i in range(m):
         assert torch.equal(cpu_gemv.kernel_linear(x[i:i + 1], w, out_dtype=torch.float32),

@@ -6,10 +6,19 @@
 // multiplied as they are. Each output element's 16 partial sums (8 lanes x 2 halves) wait in
 // the driver's state between k-blocks and are reduced pairwise at the end. The AVX-512 and
 // AVX2 kernels round differently from each other; each keeps its own bits for a row whatever M.
+//
+// A decode step (one row of x) takes its own path, decode_bf16: NB_DEC whole weight rows per
+// tile with the accumulators in registers, x widened in registers like the weights, and the
+// next tile's bytes prefetched in memory order as this tile is consumed. The lanes sum in the
+// same order as the tiled driver's, so its bits are the driver's. Measured over the 1.5B
+// target's matrix shapes on the AVX2 development machine (2 threads; benchmarks/RESULTS.md):
+// 14.4 GB/s against 9.7 through the driver, 80% of the streaming read (its short rows, 3 KB,
+// left the driver's 4 interleaved streams at ~55% of it).
 #include "gemv_avx2.h"
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -103,6 +112,62 @@ static Block<Rows<float>, uint16_t> block_bf16_table[NB2][MB2] = {
 static Block<Rows<float>, float> block_f32_table[NB2][MB2] = {
     {SPECRT_ROW2(block_f32, 1)}, {SPECRT_ROW2(block_f32, 2)}, {SPECRT_ROW2(block_f32, 3)}, {SPECRT_ROW2(block_f32, 4)}};
 
+// --- a decode step (M = 1) -------------------------------------------------------------------
+constexpr int NB_DEC = 4;
+
+// x [K] bf16 against NB weight rows w [NB, K] (whole rows): each row's 16 lane sums (8 even,
+// then 8 odd, as the driver's state holds them) into sums [NB][16]. Each 16-value step also
+// prefetches (into L2) as many bytes of the next tile, which follows this one in memory.
+template <int NB>
+SPECRT_AVX2 static void decode_tile(const uint16_t* x, const uint16_t* w, int64_t K, float* sums) {
+  __m256 acc[NB * 2];
+#pragma GCC unroll 16
+  for (int a = 0; a < NB * 2; ++a) acc[a] = _mm256_setzero_ps();
+  const char* next = reinterpret_cast<const char*>(w + NB * K);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+#pragma GCC unroll 8
+    for (int j = 0; j < (NB + 1) / 2; ++j) __builtin_prefetch(next + k * NB * 2 + j * 64, 0, 2);
+    __m256 xe, xo;
+    widen_bf16<true>(x + k, 16, xe, xo);
+#pragma GCC unroll 8
+    for (int i = 0; i < NB; ++i) {
+      __m256 even, odd;
+      widen_bf16<true>(w + i * K + k, 16, even, odd);
+      acc[2 * i] = _mm256_fmadd_ps(xe, even, acc[2 * i]);
+      acc[2 * i + 1] = _mm256_fmadd_ps(xo, odd, acc[2 * i + 1]);
+    }
+  }
+  if (k < K) {                                    // the last K % 16 values, zeros past them
+    __m256 xe, xo;
+    widen_bf16<false>(x + k, K - k, xe, xo);
+    for (int i = 0; i < NB; ++i) {
+      __m256 even, odd;
+      widen_bf16<false>(w + i * K + k, K - k, even, odd);
+      acc[2 * i] = _mm256_fmadd_ps(xe, even, acc[2 * i]);
+      acc[2 * i + 1] = _mm256_fmadd_ps(xo, odd, acc[2 * i + 1]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int a = 0; a < NB * 2; ++a) _mm256_storeu_ps(sums + 8 * a, acc[a]);
+}
+
+// x [1, K] bf16 @ w [N, K].T: tiles of NB_DEC rows split evenly over the threads (a partial
+// last tile row by row).
+static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t K, int threads,
+                        Bf16Store store) {
+  const int64_t tiles = (N + NB_DEC - 1) / NB_DEC;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    alignas(32) float sums[NB_DEC * 16];
+    const int64_t n0 = t * NB_DEC;
+    const int nb = int(std::min<int64_t>(NB_DEC, N - n0));
+    if (nb == NB_DEC) decode_tile<NB_DEC>(x, w + n0 * K, K, sums);
+    else for (int i = 0; i < nb; ++i) decode_tile<1>(x, w + (n0 + i) * K, K, sums + 16 * i);
+    for (int i = 0; i < nb; ++i) store(0, n0 + i, reduce16_pairwise(sums + 16 * i));
+  }
+}
+
 // x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then
 // their 8 odd ones (zeros past K).
 static std::vector<float> widen_rows(const uint16_t* x, int64_t M, int64_t K, int64_t K16) {
@@ -115,6 +180,7 @@ static std::vector<float> widen_rows(const uint16_t* x, int64_t M, int64_t K, in
 
 void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out,
                     bool out_f32, int64_t M, int64_t N, int64_t K, int threads) {
+  if (M == 1) return decode_bf16(x, w, N, K, threads, Bf16Store{bias, out, out_f32, N});
   const int64_t K16 = (K + 15) / 16 * 16;
   std::vector<float> xf = widen_rows(x, M, K, K16);
   gemv_tiled<NB2, MB2, 512>(Rows<float>{xf.data(), K16}, w, M, N, K, threads, block_bf16_table,

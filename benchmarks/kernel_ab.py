@@ -1,0 +1,166 @@
+"""Benchmark: two builds of the skinny-matmul kernels (specrt._gemv) side by side in one process.
+
+Run: python -m benchmarks.kernel_ab [--base REV] [--new REV] [--rows 1,5] [--rounds N]
+
+Builds the `_gemv` extension's sources (csrc/cpu/gemv*.cpp, stream_read.cpp, the bindings) of
+two git revisions (default: HEAD~1 against the working tree) into a temporary folder, each as
+its own uniquely named module, loads both, checks that they give the same bits (unless
+--allow-different-bits), and times the bf16 product over the 1.5B target's matrix shapes (28
+layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights, 2.6 GB),
+rounds interleaved, with the streaming read over the same tensors as the floor. Prints GB/s
+(weight bytes / time; median and best of the rounds) per build and row count.
+
+Why its own modules: CPython keeps one module per extension name, so loading a second build
+under the name `specrt._gemv` silently returns the first (an A/B of two identical modules).
+Each build here gets its own name and is linked -Bsymbolic, so each runs its own code.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness import cli, machine, report
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))   # [N, K] of a 1.5B layer
+LAYERS = 28
+# read here, not in the build threads: sysconfig's first read is not thread-safe
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+INCLUDE = sysconfig.get_paths()["include"]
+
+
+def build_parser():
+    p = cli.parser("benchmarks.kernel_ab", __doc__)
+    p.add_argument("--base", default="HEAD~1", help="git revision of build A (default HEAD~1)")
+    p.add_argument("--new", default="worktree", help="git revision of build B (default: the "
+                   "working tree as it is)")
+    p.add_argument("--rows", default="1", help="comma-separated row counts M (default 1)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--threads", type=int, default=2, help="kernel threads (default 2)")
+    p.add_argument("--allow-different-bits", action="store_true",
+                   help="time the builds even if their outputs differ")
+    return p
+
+
+def _sources(tree: Path) -> list[Path]:
+    cpu = tree / "csrc" / "cpu"
+    found = sorted(cpu.glob("gemv*.cpp")) + [cpu / "stream_read.cpp"]
+    if not (cpu / "gemv_bindings.cpp").exists():
+        cli.fail(f"{tree} has no csrc/cpu/gemv_bindings.cpp: not a revision with the kernels")
+    return found
+
+
+def _checkout(rev: str, into: Path) -> Path:
+    """The tree of `rev` (or the working tree) under `into`."""
+    if rev == "worktree":
+        return ROOT
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "csrc"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        cli.fail(f"git archive {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def _build(tree: Path, tag: str, tmp: Path) -> Path:
+    """Compile the tree's _gemv sources as module `_gemv_<tag>`; returns the .so path."""
+    import pybind11
+    bindings = tmp / f"bindings_{tag}.cpp"
+    text = (tree / "csrc/cpu/gemv_bindings.cpp").read_text()
+    bindings.write_text(text.replace("PYBIND11_MODULE(_gemv,", f"PYBIND11_MODULE(_gemv_{tag},")
+                        .replace('#include "', f'#include "{tree}/csrc/cpu/'))
+    out = tmp / f"_gemv_{tag}{SUFFIX}"
+    srcs = [str(s) for s in _sources(tree) if s.name != "gemv_bindings.cpp"]
+    cmd = ([os.environ.get("CXX", "g++"), "-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+            f"-I{pybind11.get_include()}", f"-I{INCLUDE}",
+            f"-I{tree}/csrc/cpu", '-DSPECRT_BUILD_ID="kernel_ab"']
+           + srcs + [str(bindings), "-Wl,-Bsymbolic", "-o", str(out)])
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        cli.fail(f"building {tag} failed:\n{res.stderr[-3000:]}")
+    return out
+
+
+def _load(path: Path, tag: str):
+    spec = importlib.util.spec_from_file_location(f"_gemv_{tag}", str(path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _product(mod, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, threads: int) -> None:
+    M, K = x.shape
+    N = w.shape[0]
+    mod.gemv_bf16(x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), False, M, N, K, threads)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    rows = cli.positive_ints(args.rows, "--rows")
+    info = machine.machine_info(args.threads)
+    report.print_header("kernel A/B: two builds of specrt._gemv", info,
+                        {"base": args.base, "new": args.new, "rows": rows})
+    with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp_s:
+        tmp = Path(tmp_s)
+        trees = {"A": _checkout(args.base, tmp / "A"), "B": _checkout(args.new, tmp / "B")}
+        print("building both (~1 min) ...", file=sys.stderr)
+        with ThreadPoolExecutor(2) as pool:
+            paths = dict(zip(trees, pool.map(lambda t: _build(trees[t], t, tmp), trees)))
+        mods = {tag: _load(path, tag) for tag, path in paths.items()}
+    if mods["A"] is mods["B"]:
+        cli.fail("both builds loaded as one module")
+
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=g).bfloat16() for _ in range(LAYERS) for n, k in SHAPES]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    for m in rows:
+        xs = {k: torch.randn(m, k, generator=g).bfloat16() for k in {k for _, k in SHAPES}}
+        outs = {tag: [torch.empty(m, w.shape[0], dtype=torch.bfloat16) for w in weights]
+                for tag in mods}
+        for tag, mod in mods.items():
+            for w, o in zip(weights, outs[tag]):
+                _product(mod, xs[w.shape[1]], w, o, args.threads)
+        same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                   for a, b in zip(outs["A"], outs["B"]))
+        if not same and not args.allow_different_bits:
+            cli.fail(f"M={m}: the two builds give different bits (--allow-different-bits to time "
+                     "them anyway)")
+
+        def run(tag):
+            for w, o in zip(weights, outs[tag]):
+                _product(mods[tag], xs[w.shape[1]], w, o, args.threads)
+
+        def stream():
+            for w in weights:
+                mods["B"].stream_read(w.data_ptr(), w.numel() * w.element_size(), args.threads)
+
+        gbps: dict[str, list[float]] = {"A": [], "B": [], "floor": []}
+        for _ in range(args.rounds):
+            for name, fn in (("A", lambda: run("A")), ("B", lambda: run("B")), ("floor", stream)):
+                t0 = time.perf_counter()
+                fn()
+                gbps[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
+        med = {k: statistics.median(v) for k, v in gbps.items()}
+        print(f"\nM = {m}, {nbytes / 1e9:.2f} GB of weights, {args.rounds} rounds, bits "
+              f"{'identical' if same else 'DIFFERENT'}")
+        print(report.table(["", "median GB/s", "best GB/s", "of floor"], [
+            [f"A {args.base}", f"{med['A']:.1f}", f"{max(gbps['A']):.1f}", f"{med['A'] / med['floor']:.2f}"],
+            [f"B {args.new}", f"{med['B']:.1f}", f"{max(gbps['B']):.1f}", f"{med['B'] / med['floor']:.2f}"],
+            ["streaming read", f"{med['floor']:.1f}", f"{max(gbps['floor']):.1f}", "1.00"]]))
+        print(f"B / A: {med['B'] / med['A']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
