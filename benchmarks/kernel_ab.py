@@ -7,7 +7,7 @@ two git revisions (default: HEAD~1 against the working tree) into a temporary fo
 its own uniquely named module, loads both, checks that they give the same bits (unless
 --allow-different-bits), and times the bf16 product over the 1.5B target's matrix shapes (28
 layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights, 2.6 GB),
-rounds interleaved, with the streaming read over the same tensors as the floor. Prints GB/s
+rounds interleaved (--format int8: the 0.5B draft's shapes, 24 layers, int8), with the streaming read over the same tensors as the floor. Prints GB/s
 (weight bytes / time; median and best of the rounds) per build and row count.
 
 Why its own modules: CPython keeps one module per extension name, so loading a second build
@@ -33,8 +33,11 @@ import torch
 from benchmarks.harness import cli, machine, report
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))   # [N, K] of a 1.5B layer
-LAYERS = 28
+# [N, K] of one layer's products and the layer count: the 1.5B target's (bf16), the 0.5B
+# draft's (int8, the draft's default format)
+SHAPES = {"bf16": ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)),
+          "int8": ((1152, 896), (896, 896), (9728, 896), (896, 4864))}
+LAYERS = {"bf16": 28, "int8": 24}
 # read here, not in the build threads: sysconfig's first read is not thread-safe
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 INCLUDE = sysconfig.get_paths()["include"]
@@ -46,6 +49,8 @@ def build_parser():
     p.add_argument("--new", default="worktree", help="git revision of build B (default: the "
                    "working tree as it is)")
     p.add_argument("--rows", default="1", help="comma-separated row counts M (default 1)")
+    p.add_argument("--format", default="bf16", choices=sorted(SHAPES),
+                   help="bf16: the 1.5B target's products (default); int8: the 0.5B draft's")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--threads", type=int, default=2, help="kernel threads (default 2)")
     p.add_argument("--allow-different-bits", action="store_true",
@@ -100,10 +105,15 @@ def _load(path: Path, tag: str):
     return mod
 
 
-def _product(mod, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, threads: int) -> None:
+def _product(mod, x: torch.Tensor, w: tuple, out: torch.Tensor, threads: int) -> None:
     M, K = x.shape
+    w, scale = w
     N = w.shape[0]
-    mod.gemv_bf16(x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), False, M, N, K, threads)
+    if scale is None:
+        mod.gemv_bf16(x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), False, M, N, K, threads)
+    else:
+        mod.gemv_int8(x.data_ptr(), False, w.data_ptr(), scale.data_ptr(), 0, out.data_ptr(),
+                      False, M, N, K, threads)
 
 
 def main(argv=None) -> None:
@@ -123,15 +133,21 @@ def main(argv=None) -> None:
         cli.fail("both builds loaded as one module")
 
     g = torch.Generator().manual_seed(0)
-    weights = [torch.randn(n, k, generator=g).bfloat16() for _ in range(LAYERS) for n, k in SHAPES]
-    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    shapes = SHAPES[args.format]
+    if args.format == "bf16":
+        weights = [(torch.randn(n, k, generator=g).bfloat16(), None)
+                   for _ in range(LAYERS["bf16"]) for n, k in shapes]
+    else:
+        weights = [(torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8),
+                    torch.rand(n, generator=g) * 0.01) for _ in range(LAYERS["int8"]) for n, k in shapes]
+    nbytes = sum(w.numel() * w.element_size() for w, _ in weights)
     for m in rows:
-        xs = {k: torch.randn(m, k, generator=g).bfloat16() for k in {k for _, k in SHAPES}}
-        outs = {tag: [torch.empty(m, w.shape[0], dtype=torch.bfloat16) for w in weights]
+        xs = {k: torch.randn(m, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
+        outs = {tag: [torch.empty(m, w.shape[0], dtype=torch.bfloat16) for w, _ in weights]
                 for tag in mods}
         for tag, mod in mods.items():
             for w, o in zip(weights, outs[tag]):
-                _product(mod, xs[w.shape[1]], w, o, args.threads)
+                _product(mod, xs[w[0].shape[1]], w, o, args.threads)
         same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
                    for a, b in zip(outs["A"], outs["B"]))
         if not same and not args.allow_different_bits:
@@ -140,10 +156,10 @@ def main(argv=None) -> None:
 
         def run(tag):
             for w, o in zip(weights, outs[tag]):
-                _product(mods[tag], xs[w.shape[1]], w, o, args.threads)
+                _product(mods[tag], xs[w[0].shape[1]], w, o, args.threads)
 
         def stream():
-            for w in weights:
+            for w, _ in weights:
                 mods["B"].stream_read(w.data_ptr(), w.numel() * w.element_size(), args.threads)
 
         gbps: dict[str, list[float]] = {"A": [], "B": [], "floor": []}
@@ -153,7 +169,7 @@ def main(argv=None) -> None:
                 fn()
                 gbps[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
         med = {k: statistics.median(v) for k, v in gbps.items()}
-        print(f"\nM = {m}, {nbytes / 1e9:.2f} GB of weights, {args.rounds} rounds, bits "
+        print(f"\n{args.format}, M = {m}, {nbytes / 1e9:.2f} GB of weights, {args.rounds} rounds, bits "
               f"{'identical' if same else 'DIFFERENT'}")
         print(report.table(["", "median GB/s", "best GB/s", "of floor"], [
             [f"A {args.base}", f"{med['A']:.1f}", f"{max(gbps['A']):.1f}", f"{med['A'] / med['floor']:.2f}"],

@@ -183,14 +183,16 @@ void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, 
   if (M == 1) return decode_bf16(x, w, N, K, threads, Bf16Store{bias, out, out_f32, N});
   const int64_t K16 = (K + 15) / 16 * 16;
   std::vector<float> xf = widen_rows(x, M, K, K16);
-  gemv_tiled<NB2, MB2, 512>(Rows<float>{xf.data(), K16}, w, M, N, K, threads, block_bf16_table,
-                            Bf16Store{bias, out, out_f32, N}, reduce16_pairwise);
+  gemv_tiled<NB2, MB2, 512, 1, Ahead::next_tile>(Rows<float>{xf.data(), K16}, w, M, N, K, threads,
+                                                block_bf16_table, Bf16Store{bias, out, out_f32, N},
+                                                reduce16_pairwise);
 }
 
 void gemv_f32_avx2(const float* x, const float* w, const float* bias, float* out, int64_t M,
                    int64_t N, int64_t K, int threads) {
-  gemv_tiled<NB2, MB2, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table,
-                            F32Store{bias, out, N}, reduce16_pairwise);
+  gemv_tiled<NB2, MB2, 256, 1, Ahead::next_tile>(Rows<float>{x, K}, w, M, N, K, threads,
+                                                block_f32_table, F32Store{bias, out, N},
+                                                reduce16_pairwise);
 }
 
 }  // namespace specrt

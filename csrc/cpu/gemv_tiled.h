@@ -53,16 +53,41 @@ struct Rows {
 // (143), 17 rows 185 (215), with the prefetch (without).
 // A burst of requests at the start of a block, or requests into L1, stalled on the miss queue
 // and measured no better or worse.
+//
+// Where the next bytes come from (Ahead): the AVX-512 kernels request the next block (the same
+// rows' next k range, or the next tile's first block: NB short runs, one per row); the AVX2
+// kernels request the next tile in memory order (its rows are contiguous, so one linear run of
+// NB * K bytes, shared out over this tile's passes). On the AVX2 development machine (Zen 3)
+// the linear run made the tiled product 1.3x faster at 2 rows and 1.13-1.2x at 5 (over the
+// 1.5B's matrix shapes, benchmarks/RESULTS.md); the AVX-512 kernels keep what was measured
+// for them.
+enum class Ahead { next_block, next_tile };
+
+// A pass's share of the lines to request: `left` lines from p, per_step per k-step, in runs
+// of lines_per_row lines `row_skip` bytes apart.
 struct Prefetch {
-  const char* base = nullptr;   // first byte of the next block's first row
-  int64_t row_stride = 0;       // bytes between its rows
-  int64_t lines_per_row = 1;
-  int64_t line = 0, end = 0;    // this pass's share of the block's cache lines
-  int64_t per_step = 0;
+  const char* p = nullptr;
+  int64_t left = 0, per_step = 0;
+  int64_t col = 0, lines_per_row = 1, row_skip = 0;
+  // lines [first, end) of runs of lines_per_row lines starting row_stride bytes apart at base
+  static Prefetch share(const char* base, int64_t row_stride, int64_t lines_per_row,
+                        int64_t first, int64_t end, int64_t per_step) {
+    Prefetch pf;
+    if (first >= end) return pf;
+    pf.p = base + (first / lines_per_row) * row_stride + (first % lines_per_row) * 64;
+    pf.left = end - first;
+    pf.per_step = per_step;
+    pf.col = first % lines_per_row;
+    pf.lines_per_row = lines_per_row;
+    pf.row_skip = row_stride - lines_per_row * 64;
+    return pf;
+  }
   inline void step() {
-    for (int64_t e = std::min(line + per_step, end); line < e; ++line)
-      __builtin_prefetch(base + (line / lines_per_row) * row_stride + (line % lines_per_row) * 64,
-                         0, 1);
+    for (int64_t n = std::min(per_step, left); n > 0; --n, --left) {
+      __builtin_prefetch(p, 0, 1);
+      p += 64;
+      if (++col == lines_per_row) { col = 0; p += row_skip; }
+    }
   }
 };
 // One k-block [k0, k1) of an NB x MB register tile: x (row view) against NB weight rows,
@@ -104,7 +129,8 @@ struct F32Store {
 };
 
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
-template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, typename X, typename T, typename Store>
+template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, Ahead AHEAD = Ahead::next_block,
+          typename X, typename T, typename Store>
 static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
                        Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store,
                        Reduce reduce = reduce16) {
@@ -128,28 +154,35 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
       std::fill(state.begin(), state.end(), 0.0f);
       for (int64_t k0 = 0; k0 < K; k0 += KB) {
         int64_t k1 = std::min<int64_t>(K, k0 + KB);
-        // The next block: the next k range of these rows, or the next tile's first. Its lines
-        // are shared out over the row tiles' passes through this block, a few per full k-step
-        // (one vector of k is 64 bytes). A block shorter than one vector has no full step and
-        // prefetches nothing; counting at least one step keeps the division defined.
-        Prefetch pf;
-        int64_t share = 0;
-        int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
-        if (nn0 < N) {
-          int64_t nkb = std::min<int64_t>(KB, K - nk0);
-          pf.base = reinterpret_cast<const char*>(w + nn0 * row + nk0 / PACK);
-          pf.row_stride = row * int64_t(sizeof(T));
-          pf.lines_per_row = (nkb / PACK * int64_t(sizeof(T)) + 63) / 64;
-          pf.end = std::min<int64_t>(NB_MAX, N - nn0) * pf.lines_per_row;
-          int64_t steps =
-              m_tiles * std::max<int64_t>(1, (k1 - k0) / PACK * int64_t(sizeof(T)) / 64);
-          pf.per_step = (pf.end + steps - 1) / steps;
-          share = (pf.end + m_tiles - 1) / m_tiles;
+        // This block's passes (one per row tile) share out the lines of what comes next, a
+        // few per full k-step (one vector of k is 64 bytes; a block shorter than one vector
+        // has no full step and counts one, which keeps the division defined). The next block:
+        // the next k range of these rows, or the next tile's first. The next tile: all of it,
+        // over all of this tile's passes.
+        const int64_t steps = std::max<int64_t>(1, (k1 - k0) / PACK * int64_t(sizeof(T)) / 64);
+        const char* base = nullptr;
+        int64_t row_stride = 0, lines_per_row = 1, lines = 0, pass0 = 0, passes = m_tiles;
+        if (AHEAD == Ahead::next_block) {
+          int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
+          if (nn0 < N) {
+            int64_t nkb = std::min<int64_t>(KB, K - nk0);
+            base = reinterpret_cast<const char*>(w + nn0 * row + nk0 / PACK);
+            row_stride = row * int64_t(sizeof(T));
+            lines_per_row = (nkb / PACK * int64_t(sizeof(T)) + 63) / 64;
+            lines = std::min<int64_t>(NB_MAX, N - nn0) * lines_per_row;
+          }
+        } else if (n0 + NB_MAX < N) {
+          base = reinterpret_cast<const char*>(w + (n0 + NB_MAX) * row);
+          lines = std::min<int64_t>(NB_MAX, N - n0 - NB_MAX) * row * int64_t(sizeof(T)) / 64;
+          lines_per_row = std::max<int64_t>(1, lines);
+          pass0 = k0 / KB * m_tiles;
+          passes = (K + KB - 1) / KB * m_tiles;
         }
         for (int64_t mt = 0; mt < m_tiles; ++mt) {
           auto [m0, mb] = row_tiles[mt];
-          Prefetch mine = pf;
-          if (pf.base) { mine.line = mt * share; mine.end = std::min(pf.end, (mt + 1) * share); }
+          const int64_t first = lines * (pass0 + mt) / passes, end = lines * (pass0 + mt + 1) / passes;
+          Prefetch mine = Prefetch::share(base, row_stride, lines_per_row, first, end,
+                                          (end - first + steps - 1) / steps);
           Blocks[nb - 1][mb - 1](x.rows(m0), w + n0 * row, K, k0, k1, &state[m0 * NB_MAX * 16],
                                  mine);
         }
