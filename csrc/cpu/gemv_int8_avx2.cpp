@@ -33,31 +33,66 @@ struct Q16Rows {
   }
 };
 
+// 8 values of x as fp32.
+SPECRT_AVX2 SPECRT_INLINE __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+SPECRT_AVX2 SPECRT_INLINE __m256 load8(const uint16_t* x) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// One row of x (K values, bf16 or fp32): per block its values as int16, its scale and its
+// correction (as Q16Rows holds them). The products round under the default rounding mode (to
+// nearest, ties to even, as the reference's torch.round) and are clamped to -127..127.
+template <typename T>
+SPECRT_AVX2 static void quantize_row16(const T* x, int64_t K, int16_t* q, float* scale,
+                                       int32_t* offset) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  for (int64_t b = 0; b < K / QBLOCK; ++b) {
+    __m256 v[QBLOCK / 8];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < QBLOCK / 8; ++i) {
+      v[i] = load8(x + b * QBLOCK + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, amax);
+    float m = 0.0f;
+    for (float l : lanes) m = std::fmax(m, l);
+    const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < QBLOCK / 8; i += 2) {
+      __m256i r0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+      __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], inv));
+      r0 = _mm256_min_epi32(_mm256_max_epi32(r0, lo), hi);
+      r1 = _mm256_min_epi32(_mm256_max_epi32(r1, lo), hi);
+      sum = _mm256_add_epi32(sum, _mm256_add_epi32(r0, r1));
+      // packs works within 128-bit halves: [r0 0-3, r1 0-3, r0 4-7, r1 4-7] -> value order
+      __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * QBLOCK + 8 * i), packed);
+    }
+    alignas(32) int32_t parts[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(parts), sum);
+    int32_t total = 0;
+    for (int32_t p : parts) total += p;
+    scale[b] = m / 127.0f;
+    offset[b * 8] = -128 * total;
+  }
+}
+
 struct Quantized16 {
   std::vector<int16_t> q;
   std::vector<float> scale;
   std::vector<int32_t> offset;
   Quantized16(const void* x, bool x_f32, int64_t M, int64_t K)
       : q(size_t(M * K)), scale(size_t(M * (K / QBLOCK))), offset(size_t(M * (K / QBLOCK) * 8)) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < K / QBLOCK; ++b) {
-        float v[QBLOCK], amax = 0.0f;
-        for (int i = 0; i < QBLOCK; ++i) {
-          const int64_t k = m * K + b * QBLOCK + i;
-          v[i] = x_f32 ? static_cast<const float*>(x)[k]
-                       : bf16_to_f32(static_cast<const uint16_t*>(x)[k]);
-          amax = std::fmax(amax, std::fabs(v[i]));
-        }
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
-        for (int i = 0; i < QBLOCK; ++i) {       // nearbyint: to nearest even, as torch.round
-          float r = std::fmin(std::fmax(std::nearbyint(v[i] * inv), -127.0f), 127.0f);
-          q[size_t(m * K + b * QBLOCK + i)] = int16_t(r);
-          sum += int32_t(r);
-        }
-        scale[size_t(m * (K / QBLOCK) + b)] = amax / 127.0f;
-        offset[size_t((m * (K / QBLOCK) + b) * 8)] = -128 * sum;
-      }
+    for (int64_t m = 0; m < M; ++m) {
+      int16_t* qm = &q[size_t(m * K)];
+      float* sm = &scale[size_t(m * (K / QBLOCK))];
+      int32_t* om = &offset[size_t(m * (K / QBLOCK) * 8)];
+      if (x_f32) quantize_row16(static_cast<const float*>(x) + m * K, K, qm, sm, om);
+      else quantize_row16(static_cast<const uint16_t*>(x) + m * K, K, qm, sm, om);
+    }
   }
   Q16Rows view(int64_t K) const { return {q.data(), scale.data(), offset.data(), K}; }
 };
