@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import statistics
 import subprocess
 import sys

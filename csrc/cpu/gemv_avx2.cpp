@@ -115,6 +115,22 @@ static Block<Rows<float>, float> block_f32_table[NB2][MB2] = {
 // --- a decode step (M = 1) -------------------------------------------------------------------
 constexpr int NB_DEC = 4;
 
+// One k-step of 16 values (n of them valid) of a decode tile: x widened in registers like the
+// weights, against NB whole weight rows.
+template <int NB, bool FULL>
+SPECRT_AVX2 SPECRT_INLINE void decode_step(const uint16_t* x, const uint16_t* w, int64_t K,
+                                           int64_t k, int64_t n, __m256 (&acc)[NB * 2]) {
+  __m256 xe, xo;
+  widen_bf16<FULL>(x + k, n, xe, xo);
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) {
+    __m256 even, odd;
+    widen_bf16<FULL>(w + i * K + k, n, even, odd);
+    acc[2 * i] = _mm256_fmadd_ps(xe, even, acc[2 * i]);
+    acc[2 * i + 1] = _mm256_fmadd_ps(xo, odd, acc[2 * i + 1]);
+  }
+}
+
 // x [K] bf16 against NB weight rows w [NB, K] (whole rows): each row's 16 lane sums (8 even,
 // then 8 odd, as the driver's state holds them) into sums [NB][16]. Each 16-value step also
 // prefetches (into L2) as many bytes of the next tile, which follows this one in memory.
@@ -128,26 +144,9 @@ SPECRT_AVX2 static void decode_tile(const uint16_t* x, const uint16_t* w, int64_
   for (; k + 16 <= K; k += 16) {
 #pragma GCC unroll 8
     for (int j = 0; j < (NB + 1) / 2; ++j) __builtin_prefetch(next + k * NB * 2 + j * 64, 0, 2);
-    __m256 xe, xo;
-    widen_bf16<true>(x + k, 16, xe, xo);
-#pragma GCC unroll 8
-    for (int i = 0; i < NB; ++i) {
-      __m256 even, odd;
-      widen_bf16<true>(w + i * K + k, 16, even, odd);
-      acc[2 * i] = _mm256_fmadd_ps(xe, even, acc[2 * i]);
-      acc[2 * i + 1] = _mm256_fmadd_ps(xo, odd, acc[2 * i + 1]);
-    }
+    decode_step<NB, true>(x, w, K, k, 16, acc);
   }
-  if (k < K) {                                    // the last K % 16 values, zeros past them
-    __m256 xe, xo;
-    widen_bf16<false>(x + k, K - k, xe, xo);
-    for (int i = 0; i < NB; ++i) {
-      __m256 even, odd;
-      widen_bf16<false>(w + i * K + k, K - k, even, odd);
-      acc[2 * i] = _mm256_fmadd_ps(xe, even, acc[2 * i]);
-      acc[2 * i + 1] = _mm256_fmadd_ps(xo, odd, acc[2 * i + 1]);
-    }
-  }
+  if (k < K) decode_step<NB, false>(x, w, K, k, K - k, acc);   // the last K % 16, zeros past
 #pragma GCC unroll 16
   for (int a = 0; a < NB * 2; ++a) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }

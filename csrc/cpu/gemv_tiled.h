@@ -58,13 +58,13 @@ struct Rows {
 // rows' next k range, or the next tile's first block: NB short runs, one per row); the AVX2
 // kernels request the next tile in memory order (its rows are contiguous, so one linear run of
 // NB * K bytes, shared out over this tile's passes). On the AVX2 development machine (Zen 3)
-// the linear run made the tiled product 1.3x faster at 2 rows and 1.13-1.2x at 5 (over the
-// 1.5B's matrix shapes, benchmarks/RESULTS.md); the AVX-512 kernels keep what was measured
-// for them.
+// the linear run made the tiled product 1.31x faster at 2 rows and 1.07x at 5 (benchmarks/
+// kernel_ab.py over the 1.5B's matrix shapes, benchmarks/RESULTS.md); the AVX-512 kernels
+// keep what was measured for them.
 enum class Ahead { next_block, next_tile };
 
 // A pass's share of the lines to request: `left` lines from p, per_step per k-step, in runs
-// of lines_per_row lines `row_skip` bytes apart.
+// of lines_per_row lines with row_skip bytes skipped between runs.
 struct Prefetch {
   const char* p = nullptr;
   int64_t left = 0, per_step = 0;
