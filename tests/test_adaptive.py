@@ -161,6 +161,26 @@ def test_an_engine_with_graphs_calibrates_its_static_passes(tiny_noeos_dir, tiny
         SpecConfig(method="auto", num_speculative_tokens=3)).costs.verify)
 
 
+def test_calibration_times_every_forward_size_in_each_repeat(llm, tmp_path, monkeypatch):
+    """Each repeat runs every timed T (of both models) in turn, so verify(T) / verify(1), the
+    ratio auto plans from, is not skewed by the machine's speed changing between the time T = 1
+    was timed and the time T = 16 was; every T up to _DENSE_T is timed, not interpolated."""
+    from specrt.spec import calibration
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_cache", {})
+    target, draft = llm.engine.target, llm.engine.draft
+    sizes = []
+    real = target.forward
+    monkeypatch.setattr(target, "forward",
+                        lambda ids, *a, **kw: (sizes.append(ids.shape[1]), real(ids, *a, **kw))[1])
+    CostModel.calibrate(target, draft, 15)                 # max_t = max(16, chunk rows)
+    points = calibration.timed_points(max(16, target.backend.batch_invariant_tokens))
+    assert points[:calibration._DENSE_T] == list(range(1, calibration._DENSE_T + 1))
+    timed = sizes[1:]                                      # after the prefix forward
+    assert timed == points * (calibration._REPEATS + 1)
+
+
 def test_calibration_measures_a_cost_per_t(llm):
     costs = forward_seconds(llm.target, 5)
     assert len(costs) == 5 and all(c > 0 for c in costs)

@@ -2,9 +2,10 @@
 
 `forward_seconds(model, max_t)` times one forward of T = 1..max_t new tokens after a short
 prefix, on a small private cache (the serving caches are untouched); `timed_together(models,
-max_t)` does the same for a draft model and its target, interleaved forward by forward, so both
-are timed on the same machine: memory bandwidth here swings by 1.6x within minutes, and what
-`auto` plans from is the draft's cost relative to the target's. An engine with graphs
+max_t)` does the same for a draft model and its target, interleaved forward by forward (each
+repeat runs every T of both models in turn), so all are timed on the same machine: memory
+bandwidth here swings by 1.6x within minutes, and what `auto` plans from is the draft's cost
+relative to the target's and a wide verify pass's relative to a step. An engine with graphs
 (`static=True`) is timed on the path its rounds take: each forward a static runner
 (`specrt.model.graphs.StaticForward`), captured as a CUDA graph before it is timed on CUDA, so
 the costs `auto` weighs are the graphed ones, not the eager path's launch overheads. Results
@@ -34,6 +35,8 @@ from specrt.model.transformer import Transformer
 
 _PREFIX = 32          # calibration context length
 _REPEATS = 3
+_DENSE_T = 9          # every forward size up to this is timed (K + 1 for auto's default K = 8)
+_SCHEME = "cal2"      # how a calibration times (in its key: another scheme's entries are redone)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
 _cache: dict[str, list[float]] = {}
@@ -47,7 +50,7 @@ def calibration_key(model: Transformer, max_t: int) -> str:
     head = None if model.head_rows is None else len(model.head_rows)
     return "|".join(map(str, (model.source, model.dtype, model.quant, head, model.device,
                               torch.get_num_threads(), max_t, cpu_name(),
-                              model.backend.build_id)))
+                              model.backend.build_id, _SCHEME)))
 
 
 def _key(model: Transformer, max_t: int, graphed: bool) -> str:
@@ -56,9 +59,8 @@ def _key(model: Transformer, max_t: int, graphed: bool) -> str:
 
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
-    (element 0 is T = 1). T = 1, 2, the middle and max_t are timed (median of _REPEATS after a
-    warm-up) and the rest interpolated: a memory-bound forward grows close to linearly in T,
-    except for the step from 1 to 2 rows, where CPU matmuls switch kernels."""
+    (element 0 is T = 1). The T of `timed_points` are timed (median of _REPEATS after a
+    warm-up) and the rest interpolated."""
     return timed_together([model], max_t)[0]
 
 
@@ -94,23 +96,34 @@ def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[
         model.forward(ids[:, :_PREFIX], cache)
         caches.append(cache)
         inputs.append(ids)
-    measured = [{} for _ in models]
-    for t in sorted({1, min(2, max_t), (max_t + 1) // 2, max_t}):
-        times = [[] for _ in models]
-        passes = [_pass(model, cache, ids[:, _PREFIX:_PREFIX + t], graphed)
-                  for model, cache, ids in zip(models, caches, inputs)]
-        for rep in range(_REPEATS + 1):
-            for i, (model, cache, run) in enumerate(zip(models, caches, passes)):
+    points = timed_points(max_t)
+    passes = {t: [_pass(model, cache, ids[:, _PREFIX:_PREFIX + t], graphed)
+                  for model, cache, ids in zip(models, caches, inputs)] for t in points}
+    times = {t: [[] for _ in models] for t in points}
+    # Each repeat times every T of every model in turn: what auto weighs is verify(T) against
+    # verify(1) (and the draft's against the target's), so a change in the machine's speed
+    # during the calibration must hit all of them alike, not whichever T was timed then.
+    for rep in range(_REPEATS + 1):
+        for t in points:
+            for i, (model, cache, run) in enumerate(zip(models, caches, passes[t])):
                 cache.truncate([_PREFIX])
                 _sync(model.device)
                 t0 = time.perf_counter()
                 run()
                 _sync(model.device)
                 if rep:                               # the first is a warm-up
-                    times[i].append(time.perf_counter() - t0)
-        for i in range(len(models)):
-            measured[i][t] = statistics.median(times[i])
-    return [_curve(m, max_t) for m in measured]
+                    times[t][i].append(time.perf_counter() - t0)
+    return [_curve({t: statistics.median(times[t][i]) for t in points}, max_t)
+            for i in range(len(models))]
+
+
+def timed_points(max_t: int) -> list[int]:
+    """The forward sizes a calibration times: every T up to _DENSE_T (the verify passes auto
+    chooses between most, and where a CPU's cost is not linear in T: its matmul kernels work
+    on tiles of rows, so e.g. 5 rows can cost a tile more than 4), then a few to max_t, the
+    rest interpolated (a wide forward grows close to linearly in T)."""
+    wide = {t for t in (12, 16, 24, (max_t + 1) // 2) if _DENSE_T < t < max_t}
+    return sorted(set(range(1, min(_DENSE_T, max_t) + 1)) | wide | {max_t})
 
 
 def _pass(model: Transformer, cache, ids: torch.Tensor, graphed: bool) -> Callable[[], None]:
