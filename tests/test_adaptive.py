@@ -178,7 +178,9 @@ def test_calibration_times_every_forward_size_in_each_repeat(llm, tmp_path, monk
     points = calibration.timed_points(max(16, target.backend.batch_invariant_tokens))
     assert points[:calibration._DENSE_T] == list(range(1, calibration._DENSE_T + 1))
     timed = sizes[1:]                                      # after the prefix forward
-    assert timed == points * (calibration._REPEATS + 1)
+    dense = [t for t in points if t <= calibration._DENSE_T]
+    repeats = calibration._REPEATS + 1
+    assert timed == points * repeats + dense * (calibration._DENSE_REPEATS + 1 - repeats)
 
 
 def test_calibration_measures_a_cost_per_t(llm):

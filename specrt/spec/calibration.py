@@ -34,9 +34,10 @@ from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
 
 _PREFIX = 32          # calibration context length
-_REPEATS = 3
+_REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
+_DENSE_REPEATS = 5    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for auto's default K = 8)
-_SCHEME = "cal2"      # how a calibration times (in its key: another scheme's entries are redone)
+_SCHEME = "cal3"      # how a calibration times (in its key: another scheme's entries are redone)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
 _cache: dict[str, list[float]] = {}
@@ -59,8 +60,8 @@ def _key(model: Transformer, max_t: int, graphed: bool) -> str:
 
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
-    (element 0 is T = 1). The T of `timed_points` are timed (median of _REPEATS after a
-    warm-up) and the rest interpolated."""
+    (element 0 is T = 1). The T of `timed_points` are timed (the median of _DENSE_REPEATS,
+    past _DENSE_T of _REPEATS, after a warm-up) and the rest interpolated."""
     return timed_together([model], max_t)[0]
 
 
@@ -103,8 +104,10 @@ def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[
     # Each repeat times every T of every model in turn: what auto weighs is verify(T) against
     # verify(1) (and the draft's against the target's), so a change in the machine's speed
     # during the calibration must hit all of them alike, not whichever T was timed then.
-    for rep in range(_REPEATS + 1):
+    for rep in range(_DENSE_REPEATS + 1):
         for t in points:
+            if t > _DENSE_T and rep > _REPEATS:
+                continue
             for i, (model, cache, run) in enumerate(zip(models, caches, passes[t])):
                 cache.truncate([_PREFIX])
                 _sync(model.device)
@@ -120,9 +123,9 @@ def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[
 def timed_points(max_t: int) -> list[int]:
     """The forward sizes a calibration times: every T up to _DENSE_T (the verify passes auto
     chooses between most, and where a CPU's cost is not linear in T: its matmul kernels work
-    on tiles of rows, so e.g. 5 rows can cost a tile more than 4), then a few to max_t, the
-    rest interpolated (a wide forward grows close to linearly in T)."""
-    wide = {t for t in (12, 16, 24, (max_t + 1) // 2) if _DENSE_T < t < max_t}
+    on tiles of rows, so e.g. 5 rows can cost a tile more than 4), then the middle and max_t,
+    the rest interpolated (a wide forward grows close to linearly in T)."""
+    wide = {t for t in (16, (max_t + 1) // 2) if _DENSE_T < t < max_t}
     return sorted(set(range(1, min(_DENSE_T, max_t) + 1)) | wide | {max_t})
 
 
