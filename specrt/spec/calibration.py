@@ -125,8 +125,8 @@ def timed_points(max_t: int) -> list[int]:
     chooses between most, and where a CPU's cost is not linear in T: its matmul kernels work
     on tiles of rows, so e.g. 5 rows can cost a tile more than 4), then the middle and max_t,
     the rest interpolated (a wide forward grows close to linearly in T)."""
-    wide = {t for t in (16, (max_t + 1) // 2) if _DENSE_T < t < max_t}
-    return sorted(set(range(1, min(_DENSE_T, max_t) + 1)) | wide | {max_t})
+    middle = {(max_t + 1) // 2} if _DENSE_T < (max_t + 1) // 2 < max_t else set()
+    return sorted(set(range(1, min(_DENSE_T, max_t) + 1)) | middle | {max_t})
 
 
 def _pass(model: Transformer, cache, ids: torch.Tensor, graphed: bool) -> Callable[[], None]:
