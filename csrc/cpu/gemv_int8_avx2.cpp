@@ -15,6 +15,7 @@
 #include "cpu_features.h"
 #include "gemv_quant.h"
 #include "gemv_tiled.h"
+#include "simd.h"
 
 namespace specrt {
 
@@ -36,8 +37,7 @@ struct Q16Rows {
 // 8 values of x as fp32.
 SPECRT_AVX2 SPECRT_INLINE __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
 SPECRT_AVX2 SPECRT_INLINE __m256 load8(const uint16_t* x) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return avx2::widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
 }
 
 // One row of x (K values, bf16 or fp32): per block its values as int16, its scale and its
