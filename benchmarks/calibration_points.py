@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     print(f"scheme             seconds  verify(T) / verify(1), T = 1..{args.k + 1}")
     try:
         for r in range(args.rounds):
-            for name, points in schemes.items():
-                os.environ["SPECRT_CALIBRATION"] = os.path.join(tmp, f"{r}-{len(name)}.json")
+            for s, (name, points) in enumerate(schemes.items()):
+                os.environ["SPECRT_CALIBRATION"] = os.path.join(tmp, f"{r}-{s}.json")
                 calibration._cache.clear()
                 calibration.timed_points = points
                 t0 = time.perf_counter()
