@@ -36,7 +36,8 @@ from specrt.model.transformer import Transformer
 _PREFIX = 32          # calibration context length
 _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
 _DENSE_REPEATS = 5    # ... of the narrow ones auto chooses between (cheap, and the noisier)
-_DENSE_T = 9          # every forward size up to this is timed (K + 1 for auto's default K = 8)
+_DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
+                      # to 16, a long prompt-lookup match, whose wider passes are interpolated)
 _SCHEME = "cal3"      # how a calibration times (in its key: another scheme's entries are redone)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
