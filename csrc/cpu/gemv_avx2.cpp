@@ -29,28 +29,89 @@
 
 namespace specrt {
 
-// 16 register accumulators (2 per output element) + the weight's two halves fit the 16
-// vector registers; x is read from L1 by the FMAs themselves.
-constexpr int NB2 = 4, MB2 = 2;
+// Five or more rows of x (wide verify passes, prefill chunks) keep x in registers and stream
+// the weight through them. Each output element's even and odd lane sums are independent
+// chains, so a k-block runs the even chain over the whole block, then the odd one (the
+// block's weight rows are read from L1 twice, each 16-value vector widened to one half per
+// pass). One half holds NB x MB accumulators, MB vectors of x and the weight vector in use:
+// 3 x 3 fits the 16 vector registers. Every lane sums its products in the same k order as
+// the both-halves kernel below and decode_bf16, so the bits are theirs. The both-halves
+// kernel reads x from L1 in every FMA (one load per FMA, and its 4 x 2 tile spills); this one
+// measured 1.19-1.35x its speed at 9, 17 and 32 rows, 1.03-1.19x at 5, and 0.95-1.0x at 2-4
+// rows, which keep it (benchmarks/kernel_ab.py over the 1.5B's shapes, RESULTS.md; 2x4, 2x5
+// and 4x3 tiles were slower than 3x3).
+constexpr int NB2 = 3, MB2 = 3;
+
+// 16 bf16 weights at w (n of them valid, the rest zero) as 32-bit pairs: a half's fp32 values
+// are this shifted (even) or masked (odd).
+template <bool FULL>
+SPECRT_AVX2 SPECRT_INLINE __m256i load_bf16x16(const uint16_t* w, int64_t n) {
+  if (FULL) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  alignas(32) uint16_t tmp[16] = {};
+  std::memcpy(tmp, w, size_t(n) * 2);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+}
+template <int HALF>   // 0: the even values, 1: the odd ones
+SPECRT_AVX2 SPECRT_INLINE __m256 half_bf16(__m256i v) {
+  return _mm256_castsi256_ps(HALF == 0 ? _mm256_slli_epi32(v, 16)
+                                       : _mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+}
 
 // 16 bf16 weights at w (n of them valid, the rest zero) as fp32 even / odd halves.
 template <bool FULL>
 SPECRT_AVX2 SPECRT_INLINE void widen_bf16(const uint16_t* w, int64_t n, __m256& even, __m256& odd) {
-  __m256i v;
-  if (FULL) {
-    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  } else {
-    alignas(32) uint16_t tmp[16] = {};
-    std::memcpy(tmp, w, size_t(n) * 2);
-    v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
-  }
-  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+  const __m256i v = load_bf16x16<FULL>(w, n);
+  even = half_bf16<0>(v);
+  odd = half_bf16<1>(v);
 }
 
-// One k-step of 16 values: NB weight rows against MB rows of x (fp32, even/odd order).
+// One half's chain over the k-step of 16 values at k: NB weight rows against MB rows of x
+// (fp32, each 16 values as 8 even then 8 odd), x held in registers for the step.
+template <int NB, int MB, int HALF, bool FULL>
+SPECRT_AVX2 SPECRT_INLINE void step_half(const float* x, int64_t XK, const uint16_t* w, int64_t K,
+                                         int64_t k, int64_t n, __m256 (&acc)[NB * MB]) {
+  __m256 xv[MB];
+#pragma GCC unroll 8
+  for (int j = 0; j < MB; ++j) xv[j] = _mm256_loadu_ps(x + j * XK + k + 8 * HALF);
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) {
+    const __m256 wv = half_bf16<HALF>(load_bf16x16<FULL>(w + i * K + k, n));
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) acc[i * MB + j] = _mm256_fmadd_ps(xv[j], wv, acc[i * MB + j]);
+  }
+}
+
+// One half of a k-block: its accumulators (state [NB * MB][16], this half's 8 lanes) loaded,
+// run over [k0, k1), stored.
+template <int NB, int MB, int HALF>
+SPECRT_AVX2 SPECRT_INLINE void half_block(const float* x, int64_t XK, const uint16_t* w, int64_t K,
+                                          int64_t k0, int64_t k1, float* state, Prefetch& pf) {
+  __m256 acc[NB * MB];
+#pragma GCC unroll 16
+  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm256_loadu_ps(state + 16 * a + 8 * HALF);
+  int64_t k = k0;
+  for (; k + 16 <= k1; k += 16) {
+    if (HALF == 0) pf.step();
+    step_half<NB, MB, HALF, true>(x, XK, w, K, k, 16, acc);
+  }
+  if (k < k1) step_half<NB, MB, HALF, false>(x, XK, w, K, k, k1 - k, acc);
+#pragma GCC unroll 16
+  for (int a = 0; a < NB * MB; ++a) _mm256_storeu_ps(state + 16 * a + 8 * HALF, acc[a]);
+}
+
+template <int NB, int MB>
+SPECRT_AVX2 static void block_bf16(Rows<float> x, const uint16_t* w, int64_t K, int64_t k0,
+                                   int64_t k1, float* state /*[NB * MB][16]*/, Prefetch pf) {
+  half_block<NB, MB, 0>(x.p, x.K, w, K, k0, k1, state, pf);
+  half_block<NB, MB, 1>(x.p, x.K, w, K, k0, k1, state, pf);
+}
+
+// Up to 4 rows of x keep both halves' chains in one pass over the block: 4 weight rows x 2
+// rows of x, x read by the FMAs from L1.
+constexpr int NB_PAIR = 4, MB_PAIR = 2, M_PAIR = 4;
+
 template <int NB, int MB, bool FULL>
-SPECRT_AVX2 SPECRT_INLINE void step_bf16(const float* x, int64_t XK, const uint16_t* w, int64_t K,
+SPECRT_AVX2 SPECRT_INLINE void step_pair(const float* x, int64_t XK, const uint16_t* w, int64_t K,
                                          int64_t k, int64_t n, __m256 (&acc)[NB * MB * 2]) {
 #pragma GCC unroll 8
   for (int i = 0; i < NB; ++i) {
@@ -67,14 +128,14 @@ SPECRT_AVX2 SPECRT_INLINE void step_bf16(const float* x, int64_t XK, const uint1
 }
 
 template <int NB, int MB>
-SPECRT_AVX2 static void block_bf16(Rows<float> x, const uint16_t* w, int64_t K, int64_t k0,
-                                   int64_t k1, float* state /*[NB * MB][16]*/, Prefetch pf) {
+SPECRT_AVX2 static void block_bf16_pair(Rows<float> x, const uint16_t* w, int64_t K, int64_t k0,
+                                        int64_t k1, float* state /*[NB * MB][16]*/, Prefetch pf) {
   __m256 acc[NB * MB * 2];
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB * 2; ++a) acc[a] = _mm256_loadu_ps(state + 8 * a);
   int64_t k = k0;
-  for (; k + 16 <= k1; k += 16) { pf.step(); step_bf16<NB, MB, true>(x.p, x.K, w, K, k, 16, acc); }
-  if (k < k1) step_bf16<NB, MB, false>(x.p, x.K, w, K, k, k1 - k, acc);
+  for (; k + 16 <= k1; k += 16) { pf.step(); step_pair<NB, MB, true>(x.p, x.K, w, K, k, 16, acc); }
+  if (k < k1) step_pair<NB, MB, false>(x.p, x.K, w, K, k, k1 - k, acc);
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(state + 8 * a, acc[a]);
 }
@@ -106,10 +167,16 @@ SPECRT_AVX2 static void block_f32(Rows<float> x, const float* w, int64_t K, int6
   for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(state + 8 * a, acc[a]);
 }
 
-#define SPECRT_ROW2(fn, NB) fn<NB, 1>, fn<NB, 2>
+#define SPECRT_ROW3(fn, NB) fn<NB, 1>, fn<NB, 2>, fn<NB, 3>
 static Block<Rows<float>, uint16_t> block_bf16_table[NB2][MB2] = {
-    {SPECRT_ROW2(block_bf16, 1)}, {SPECRT_ROW2(block_bf16, 2)}, {SPECRT_ROW2(block_bf16, 3)}, {SPECRT_ROW2(block_bf16, 4)}};
-static Block<Rows<float>, float> block_f32_table[NB2][MB2] = {
+    {SPECRT_ROW3(block_bf16, 1)}, {SPECRT_ROW3(block_bf16, 2)}, {SPECRT_ROW3(block_bf16, 3)}};
+#define SPECRT_ROW2(fn, NB) fn<NB, 1>, fn<NB, 2>
+static Block<Rows<float>, uint16_t> block_bf16_pair_table[NB_PAIR][MB_PAIR] = {
+    {SPECRT_ROW2(block_bf16_pair, 1)}, {SPECRT_ROW2(block_bf16_pair, 2)},
+    {SPECRT_ROW2(block_bf16_pair, 3)}, {SPECRT_ROW2(block_bf16_pair, 4)}};
+// fp32 weights (tiny test models, fp32 runs): 4 x 2 tiles, both halves at once.
+constexpr int NBF = 4, MBF = 2;
+static Block<Rows<float>, float> block_f32_table[NBF][MBF] = {
     {SPECRT_ROW2(block_f32, 1)}, {SPECRT_ROW2(block_f32, 2)}, {SPECRT_ROW2(block_f32, 3)}, {SPECRT_ROW2(block_f32, 4)}};
 
 // --- a decode step (M = 1) -------------------------------------------------------------------
@@ -182,14 +249,18 @@ void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, 
   if (M == 1) return decode_bf16(x, w, N, K, threads, Bf16Store{bias, out, out_f32, N});
   const int64_t K16 = (K + 15) / 16 * 16;
   std::vector<float> xf = widen_rows(x, M, K, K16);
-  gemv_tiled<NB2, MB2, 512, 1, Ahead::next_tile>(Rows<float>{xf.data(), K16}, w, M, N, K, threads,
-                                                block_bf16_table, Bf16Store{bias, out, out_f32, N},
+  const Rows<float> xr{xf.data(), K16};
+  const Bf16Store store{bias, out, out_f32, N};
+  if (M <= M_PAIR)
+    return gemv_tiled<NB_PAIR, MB_PAIR, 512, 1, Ahead::next_tile>(
+        xr, w, M, N, K, threads, block_bf16_pair_table, store, reduce16_pairwise);
+  gemv_tiled<NB2, MB2, 512, 1, Ahead::next_tile>(xr, w, M, N, K, threads, block_bf16_table, store,
                                                 reduce16_pairwise);
 }
 
 void gemv_f32_avx2(const float* x, const float* w, const float* bias, float* out, int64_t M,
                    int64_t N, int64_t K, int threads) {
-  gemv_tiled<NB2, MB2, 256, 1, Ahead::next_tile>(Rows<float>{x, K}, w, M, N, K, threads,
+  gemv_tiled<NBF, MBF, 256, 1, Ahead::next_tile>(Rows<float>{x, K}, w, M, N, K, threads,
                                                 block_f32_table, F32Store{bias, out, N},
                                                 reduce16_pairwise);
 }
