@@ -37,10 +37,11 @@ def test_matches_f_linear(dtype, tol, m, n, k):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [2, 9, 17, 32])
+@pytest.mark.parametrize("m", [2, 9, 17, 32, 101])
 @pytest.mark.parametrize("k", [1536, 1000])     # 1000: a masked tail inside the last k-block
 def test_each_row_is_independent_of_how_many_rows(dtype, m, k):
-    """A verify pass (M = K + 1) and a decode step (M = 1) give bit-identical rows."""
+    """A verify pass (M = K + 1) and a decode step (M = 1) give bit-identical rows; so do the
+    chunks a prefill's many rows are cut into (101 rows: three passes on AVX2)."""
     g = torch.Generator().manual_seed(m + k)
     x = torch.randn(m, k, generator=g).to(dtype)
     w = (torch.randn(501, k, generator=g) * 0.02).to(dtype)     # 501: a partial weight tile

@@ -64,12 +64,13 @@ def test_kernel_matches_reference(kernel, dtype, M):
 @needs_kernel
 @KERNELS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_kernel_rows_do_not_depend_on_their_neighbours(kernel, dtype):
+@pytest.mark.parametrize("M", [9, 101])       # 101: a catch-up cut into passes of <= 48 rows
+def test_kernel_rows_do_not_depend_on_their_neighbours(kernel, dtype, M):
     # K = 2304: whole k-blocks of both kernels (1024 / 2048 values) and a part of one
-    x, qw, b = _quantized(kernel, dtype, 9, 130, 2304, seed=1)
+    x, qw, b = _quantized(kernel, dtype, M, 130, 2304, seed=1)
     together = kernel.kernel_linear(x, qw, b, torch.float32)
     alone = torch.cat([kernel.kernel_linear(x[m:m + 1], qw, b, torch.float32)
-                       for m in range(9)])
+                       for m in range(M)])
     assert torch.equal(together, alone)
 
 
