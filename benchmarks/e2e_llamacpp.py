@@ -3,16 +3,27 @@ decode-only tokens/s per task x method of both systems, and per task specrt best
 best and specrt plain / llama.cpp plain; its text table, RESULTS.md section and JSON.
 
 Decode-only = tokens made after the prompt's pass / the time after it: llama.cpp's own timing
-lines (benchmarks/llamacpp/parse.py), specrt's result time less its prefill. A task's speed is
-its total decode tokens / total decode seconds over the task's prompts (medians over the
+lines (benchmarks/llamacpp/parse.py), specrt's result time less its prefill. The two phases are
+not cut alike where a draft model runs: llama-speculative-simple feeds the prompt to its draft
+model before its decode clock starts (`common_speculative_process`, in its "encoded" time), while
+specrt's draft catches up on the prompt in its first round, after the first token, inside the
+decode phase. So every task also gets the whole request (prompt pass + decode, model loading
+excluded in both): generated tokens / wall time, the comparison both systems' timings cut alike.
+A task's speed is its total tokens / total seconds over the task's prompts (medians over the
 repeats). Derives and renders only: it measures nothing.
+
+Run: python -m benchmarks.e2e_llamacpp OUT/e2e.json   (a saved run's tables, rendered again)
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.e2e_records import E2EResult, Measurement, Method
-from benchmarks.harness import compare, report
+from benchmarks.harness import cli, compare, report
 from benchmarks.llamacpp.commands import NGRAM_N
 
 SECTION = "## specrt vs llama.cpp (benchmarks/e2e.py --llamacpp)"
@@ -32,6 +43,7 @@ class Row:
     tokens: int
     seconds: float
     tok_s: float
+    whole_tok_s: float           # the whole request: (decode tokens + the first) / wall time
     vs_own_plain: float          # this tok/s / its own system's plain tok/s
     accept: float | None         # accepted / drafted tokens; None for plain
     mismatches: int              # prompts whose tokens differ from its own system's plain
@@ -48,6 +60,11 @@ class TaskLine:
     llamacpp_best: str
     llamacpp_best_tok_s: float
     best_ratio: float            # specrt best / llama.cpp best
+    specrt_best_whole: str       # ... by the whole request's tokens/s
+    specrt_best_whole_tok_s: float
+    llamacpp_best_whole: str
+    llamacpp_best_whole_tok_s: float
+    best_whole_ratio: float
 
 
 @dataclass(frozen=True)
@@ -86,26 +103,32 @@ def _rows(task: str, records: list[Measurement], order: tuple[Method, ...]) -> l
     by = {m: rs for m, rs in by.items() if rs}
     speed = {m: _ratio(sum(r.decode_tokens for r in rs), sum(r.decode_seconds for r in rs))
              for m, rs in by.items()}
+    whole = {m: _ratio(sum(r.decode_tokens + 1 for r in rs), sum(r.wall for r in rs))
+             for m, rs in by.items()}
     return [Row(task=task, method=m.label, engine=m.engine,
                 tokens=sum(r.decode_tokens for r in rs),
-                seconds=sum(r.decode_seconds for r in rs), tok_s=speed[m],
+                seconds=sum(r.decode_seconds for r in rs), tok_s=speed[m], whole_tok_s=whole[m],
                 vs_own_plain=_ratio(speed[m], speed.get(Method(m.engine, "plain"), NAN)),
                 accept=_accept(rs), mismatches=sum(r.first_diff is not None for r in rs))
             for m, rs in by.items()]
 
 
 def _task_line(task: str, rows: list[Row]) -> TaskLine:
-    def best(engine):
-        return max((r for r in rows if r.engine == engine), key=lambda r: r.tok_s)
+    def best(engine, key=lambda r: r.tok_s):
+        return max((r for r in rows if r.engine == engine), key=key)
 
     def plain(engine):
         return next(r.tok_s for r in rows if r.engine == engine and r.method.endswith("plain"))
 
     sb, lb = best("specrt"), best("llamacpp")
+    wb, wl = (best(e, lambda r: r.whole_tok_s) for e in ("specrt", "llamacpp"))
     sp, lp = plain("specrt"), plain("llamacpp")
     return TaskLine(task=task, specrt_plain=sp, llamacpp_plain=lp, plain_ratio=_ratio(sp, lp),
                     specrt_best=sb.method, specrt_best_tok_s=sb.tok_s, llamacpp_best=lb.method,
-                    llamacpp_best_tok_s=lb.tok_s, best_ratio=_ratio(sb.tok_s, lb.tok_s))
+                    llamacpp_best_tok_s=lb.tok_s, best_ratio=_ratio(sb.tok_s, lb.tok_s),
+                    specrt_best_whole=wb.method, specrt_best_whole_tok_s=wb.whole_tok_s,
+                    llamacpp_best_whole=wl.method, llamacpp_best_whole_tok_s=wl.whole_tok_s,
+                    best_whole_ratio=_ratio(wb.whole_tok_s, wl.whole_tok_s))
 
 
 def side_by_side(result: E2EResult) -> SideBySide:
@@ -123,15 +146,19 @@ def side_by_side(result: E2EResult) -> SideBySide:
 
 
 # --- rendering -------------------------------------------------------------------------------
-ROW_HEADERS = ["task", "system", "method", "decode tok/s", "vs own plain", "accept",
-               "mismatch"]
+ROW_HEADERS = ["task", "system", "method", "decode tok/s", "vs own plain", "whole request tok/s",
+               "accept", "mismatch"]
 TASK_HEADERS = ["task", "specrt plain", "llama.cpp plain", "specrt/llama.cpp plain",
-                "specrt best", "tok/s", "llama.cpp best", "tok/s", "specrt/llama.cpp best"]
+                "specrt best", "tok/s", "llama.cpp best", "tok/s", "specrt/llama.cpp best",
+                "whole request: specrt best", "llama.cpp best", "specrt/llama.cpp"]
+TASK_ALIGN = "lrrrlrlrrllr"
+ROW_ALIGN = "lll" + "r" * 5
 
 
 def row_cells(side: SideBySide) -> list[list]:
     return [[r.task, "specrt" if r.engine == "specrt" else "llama.cpp",
              r.method.removeprefix("llamacpp:"), f"{r.tok_s:.2f}", f"{r.vs_own_plain:.2f}x",
+             f"{r.whole_tok_s:.2f}",
              "-" if r.accept is None else ("none drafted" if r.accept != r.accept
                                            else f"{r.accept:.0%}"),
              "(ref)" if r.method.endswith("plain") else str(r.mismatches)] for r in side.rows]
@@ -140,7 +167,10 @@ def row_cells(side: SideBySide) -> list[list]:
 def task_cells(side: SideBySide) -> list[list]:
     return [[t.task, f"{t.specrt_plain:.2f}", f"{t.llamacpp_plain:.2f}", f"{t.plain_ratio:.2f}x",
              t.specrt_best, f"{t.specrt_best_tok_s:.2f}", t.llamacpp_best.removeprefix(
-                 "llamacpp:"), f"{t.llamacpp_best_tok_s:.2f}", f"{t.best_ratio:.2f}x"]
+                 "llamacpp:"), f"{t.llamacpp_best_tok_s:.2f}", f"{t.best_ratio:.2f}x",
+             f"{t.specrt_best_whole} {t.specrt_best_whole_tok_s:.2f}",
+             f"{t.llamacpp_best_whole.removeprefix('llamacpp:')} {t.llamacpp_best_whole_tok_s:.2f}",
+             f"{t.best_whole_ratio:.2f}x"]
             for t in side.tasks]
 
 
@@ -161,10 +191,12 @@ def print_report(side: SideBySide) -> None:
     print("specrt vs llama.cpp, decode-only tokens/s (after the prompt's pass); vs own plain "
           "= speedup over the same system's plain; mismatch = prompts whose tokens differ "
           "from the same system's plain (llama.cpp: its text re-encoded)")
-    print(report.table(ROW_HEADERS, row_cells(side), "lll" + "r" * 4))
+    print(report.table(ROW_HEADERS, row_cells(side), ROW_ALIGN))
     print()
-    print("per task: specrt vs llama.cpp, decode-only tokens/s")
-    print(report.table(TASK_HEADERS, task_cells(side), "lrrrlrlrr"))
+    print("per task: specrt vs llama.cpp, decode-only tokens/s; then the whole request (prompt "
+          "pass + decode: llama.cpp's draft reads the prompt before its decode clock starts, "
+          "specrt's after the first token)")
+    print(report.table(TASK_HEADERS, task_cells(side), TASK_ALIGN))
     print()
     for line in facts(side):
         print(line)
@@ -180,7 +212,10 @@ def markdown(result: E2EResult, side: SideBySide, note: str | None) -> str:
         f"{c.dtype}, llama.cpp bf16 GGUF from its own converter; {c.max_new_tokens} new "
         f"tokens, greedy, chat template; {side.prompts} prompt(s), {c.repeats} repeat(s) "
         "(median), specrt's and llama.cpp's methods alternating within each prompt's sweep. "
-        f"Decode-only tokens/s. {result.elapsed / 60:.1f} min in all.",
+        "Decode-only tokens/s, and the whole request's (prompt pass + decode, loading excluded): "
+        "llama-speculative-simple feeds its draft model the prompt before its decode clock "
+        "starts, specrt's draft catches up in its first round, inside the decode phase. "
+        f"{result.elapsed / 60:.1f} min in all.",
         "",
         "llama.cpp: the vendored tree of the `llama-cpp-python==0.3.36` sdist, built by `make "
         "bench-llamacpp` (Release, `GGML_NATIVE=ON`, CPU); plain = `llama-completion`, "
@@ -189,12 +224,55 @@ def markdown(result: E2EResult, side: SideBySide, note: str | None) -> str:
         f"`ngram-map-k` with a lookup n-gram of {NGRAM_N} and a draft m-gram of K; greedy "
         "(`--temp 0 --top-k 1`).",
         "",
-        report.markdown_table(TASK_HEADERS, task_cells(side), "lrrrlrlrr"),
+        report.markdown_table(TASK_HEADERS, task_cells(side), TASK_ALIGN),
         "",
         "<details><summary>Every task x method</summary>",
         "",
-        report.markdown_table(ROW_HEADERS, row_cells(side), "lll" + "r" * 4),
+        report.markdown_table(ROW_HEADERS, row_cells(side), ROW_ALIGN),
         "",
         "</details>",
         "",
     ] + [f"- {line}." for line in facts(side)])
+
+
+# --- a saved run, rendered again ---------------------------------------------------------------
+def from_saved(payload: dict) -> SideBySide:
+    """The side-by-side of a run saved by benchmarks.e2e (its e2e.json): the records hold every
+    timing; the token ids do not travel, so the plain-vs-plain comparison is the saved one."""
+    if not payload.get("llamacpp") or "records" not in payload:
+        raise ValueError("not an `e2e.py --llamacpp` run's JSON (no llamacpp section or records)")
+    recs = [Measurement(
+        task=r["task"], prompt=r["prompt"], method=Method(r["engine"], r["kind"], r["k"]),
+        prompt_tokens=r["prompt_tokens"], ids=(), wall=r["wall"], walls=tuple(r["walls"]),
+        first_diff=r["first_diff"], a=NAN if r["a"] is None else r["a"],
+        drafted_rounds=r["drafted_rounds"], rejections=r["rejections"], stats=r.get("stats"),
+        decode_tokens=r.get("decode_tokens"), decode_seconds=r.get("decode_seconds"),
+        drafted_accepted=(r["drafted"], r["accepted"]) if "drafted" in r else None)
+        for r in payload["records"]]
+    by_label = {m.method.label: m.method for m in recs}
+    config = SimpleNamespace(tasks=tuple(payload["config"]["tasks"]),
+                             methods=tuple(by_label[m] for m in payload["config"]["methods"]
+                                           if m in by_label),
+                             threads=payload["llamacpp"]["threads"])
+    side = side_by_side(SimpleNamespace(config=config, measurements=recs))
+    return replace(side, plain_vs_plain=payload["llamacpp"][
+        "llamacpp_plain_vs_specrt_plain_first_diff"])
+
+
+def main(argv=None) -> int:
+    p = cli.parser("benchmarks.e2e_llamacpp", "Render the specrt vs llama.cpp tables of a saved "
+                   "`python -m benchmarks.e2e --llamacpp` run again (its e2e.json), e.g. after "
+                   "this module learnt a new column.")
+    p.add_argument("run", help="the run's e2e.json (in its --out folder)")
+    args = p.parse_args(argv)
+    try:
+        side = from_saved(json.loads(Path(args.run).read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        cli.fail(f"{args.run}: {e}")
+    print_report(side)
+    report.emit_json(side.json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

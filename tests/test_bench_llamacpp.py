@@ -169,3 +169,43 @@ def test_llamacpp_methods_alternate_with_specrts_and_keep_their_plain():
     with pytest.raises(SystemExit) as e:
         _plan("--methods", "llamacpp:plain")      # llama.cpp methods need --llamacpp
     assert e.value.code == 2
+
+
+def test_side_by_side_ranks_each_system_by_decode_and_by_the_whole_request():
+    """llama.cpp's draft reads the prompt before its decode clock starts, specrt's inside its
+    decode phase: the task line ranks both systems by decode-only speed and, separately, by
+    the whole request (tokens / wall time), where the two cut their timings alike."""
+    from types import SimpleNamespace
+
+    from benchmarks.e2e_llamacpp import side_by_side
+    from benchmarks.e2e_records import Measurement, Method
+
+    def run(method, decode_s, wall, ids=(1, 2, 3)):
+        return Measurement(task="code", prompt="p", method=method, prompt_tokens=50, ids=ids,
+                           wall=wall, walls=(wall,), first_diff=None, a=float("nan"),
+                           drafted_rounds=0, rejections=0, stats=None,
+                           decode_tokens=9, decode_seconds=decode_s)
+
+    methods = (Method("specrt", "plain"), Method("llamacpp", "plain"),
+               Method("specrt", "draft_model", 3), Method("llamacpp", "draft", 4))
+    records = [run(methods[0], 3.0, 4.0), run(methods[1], 3.0, 4.0),
+               run(methods[2], 1.5, 2.5),      # its draft's prompt pass inside the 1.5 s
+               run(methods[3], 1.0, 4.5)]      # ... and llama.cpp's only in the wall
+    config = SimpleNamespace(tasks=("code",), methods=methods, threads=2)
+    side = side_by_side(SimpleNamespace(config=config, measurements=records))
+    (line,) = side.tasks
+    assert (line.specrt_best, line.llamacpp_best) == ("draft_model:3", "llamacpp:draft:4")
+    assert line.best_ratio == pytest.approx((9 / 1.5) / (9 / 1.0))
+    assert (line.specrt_best_whole, line.llamacpp_best_whole) == ("draft_model:3",
+                                                                  "llamacpp:plain")
+    assert line.best_whole_ratio == pytest.approx((10 / 2.5) / (10 / 4.0))
+    assert [r.whole_tok_s for r in side.rows] == pytest.approx([2.5, 2.5, 4.0, 10 / 4.5])
+    # a saved run (e2e.json) renders the same lines again
+    from benchmarks.e2e_llamacpp import from_saved
+    payload = {"config": {"tasks": ["code"], "methods": [m.label for m in methods]},
+               "records": [r.json() for r in records],
+               "llamacpp": side.json()}
+    again = from_saved(payload)
+    assert again.tasks == side.tasks and again.plain_vs_plain == side.plain_vs_plain
+    with pytest.raises(ValueError, match="llamacpp"):
+        from_saved({"records": []})
