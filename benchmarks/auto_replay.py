@@ -82,10 +82,10 @@ class TraceDraft:
         return [len(ctx.histories[0]) - self.fed]
 
 
-def replay(trace: dict, method: str, costs) -> tuple[float, dict, int]:
+def replay(trace: dict, method: str, costs, planner_cls=None) -> tuple[float, dict, int]:
     """(decode-only tokens/s, {plan label: rounds}, drafts accepted) of greedy decoding
     `trace` with `method` ("plain", "draft_model:K", "ngram:K" or "auto:K"), one request,
-    priced by `costs`."""
+    priced by `costs`; "auto" plans with `planner_cls` (default AdaptivePlanner)."""
     from specrt.spec.config import SpecConfig
     from specrt.spec.drafters.base import LONG_CATCH_UP, DraftContext
     from specrt.spec.drafters.ngram import NgramDrafter
@@ -100,7 +100,8 @@ def replay(trace: dict, method: str, costs) -> tuple[float, dict, int]:
     draft = TraceDraft()
     planner = None
     if name == "auto":
-        planner = AdaptivePlanner(k_fixed, costs, draft_model=draft, ngram=ngram)
+        planner = (planner_cls or AdaptivePlanner)(k_fixed, costs, draft_model=draft,
+                                                   ngram=ngram)
         planner.new_batch()
         planner.reset([0])
     budget = trace.get("max_new_tokens", len(out))

@@ -128,6 +128,8 @@ class AdaptivePlanner:
     """method "auto": built from explicit parts, the calibrated costs and the drafters it may
     use (a draft model, a prompt-lookup drafter, or both)."""
 
+    priors = PRIORS               # acceptance before a request's first round, per state
+
     def __init__(self, max_k: int, costs: CostModel, draft_model: CatchUpDrafter | None = None,
                  ngram: MatchingDrafter | None = None):
         self.max_k = max_k
@@ -151,7 +153,7 @@ class AdaptivePlanner:
                                                                           lengths))]
             self.states = {name: DrafterState(name, drafter, []) for name, drafter in names}
         for state in self.states.values():
-            prior = PRIORS.get(state.name, PRIORS[state.drafter])
+            prior = self.priors.get(state.name, self.priors[state.drafter])
             while len(state.alphas) <= max(rows, default=-1):
                 state.alphas.append([prior] * self.max_k)
             for r in rows:
@@ -226,13 +228,17 @@ class AdaptivePlanner:
         lags = self.draft_model.lags(ctx)
         lump = sum(self.costs.draft_pass([n - 1]) for n in lags if n > LONG_CATCH_UP)
         first = max([n for n in lags if n <= LONG_CATCH_UP] + [1])
-        remaining = ctx.remaining or [HORIZON] * len(ctx.active)
-        generated = ctx.generated or [HORIZON] * len(ctx.active)
-        horizon = max(1.0, _mean(min(remaining[b], max(generated[b], MIN_HORIZON), HORIZON)
-                                 for b in rows))
         return _DraftCosts(step=self.costs.draft_pass([1] * len(rows)),
                            first=self.costs.draft_pass([first] * len(rows)), lump=lump,
-                           horizon=horizon)
+                           horizon=self._horizon(ctx, rows))
+
+    def _horizon(self, ctx: DraftContext, rows: list[int]) -> float:
+        """Tokens the rows are expected to still commit, on average: as many as they have
+        committed so far, within MIN_HORIZON..HORIZON and their budgets (see _catch_up)."""
+        remaining = ctx.remaining or [HORIZON] * len(ctx.active)
+        generated = ctx.generated or [HORIZON] * len(ctx.active)
+        return max(1.0, _mean(min(remaining[b], max(generated[b], MIN_HORIZON), HORIZON)
+                              for b in rows))
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
               batch: int) -> Plan:

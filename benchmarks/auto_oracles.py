@@ -1,0 +1,129 @@
+"""Benchmark: what `auto` would gain from knowing what it cannot know, replayed on the traces.
+
+Run: python -m benchmarks.auto_replay record     (once: the traces)
+     python -m benchmarks.auto_oracles [--budgets 64,128,512]
+
+`auto` plans from two guesses about a request it has just started: how often the draft model's
+guesses will be accepted (a prior, then what the request's own rounds show) and how many more
+tokens the answer will run (as many as it has run so far, within MIN_HORIZON..HORIZON and the
+budget), which decides whether the draft model's read of the prompt will be repaid. Each
+replay below (benchmarks/auto_replay.py: the real planners, every round priced by this
+machine's calibration) answers one of them with the truth, or with another rule:
+
+  auto              as shipped;
+  oracle accept     the draft model's prior = the trace's own agreement rate (the share of
+                    output tokens its teacher-forced guess got right);
+  oracle length     the horizon = the tokens the answer really has left;
+  both oracles      the two together;
+  budget length     the horizon = what is left of max_new_tokens (answers assumed to fill
+                    their budget): the rule a horizon oracle suggests, without the oracle.
+
+Traces are cut at each budget (an answer longer than the budget stops there; one that ended
+sooner keeps its end). Prints per prompt set and rule: the mean and lowest `auto` / best fixed
+setting, and the lowest `auto` / plain. Measures nothing on the clock.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+from benchmarks.auto_replay import FIXED, TRACES, _load_traces, replay
+from benchmarks.harness import cli, report
+from benchmarks.harness.model_dirs import resolve_models
+
+
+def build_parser():
+    p = cli.parser("benchmarks.auto_oracles", __doc__)
+    cli.add_common_args(p, out=False)
+    p.add_argument("--traces", default=str(TRACES))
+    p.add_argument("--budgets", default="64,128,512",
+                   help="max_new_tokens values to replay at (default 64,128,512)")
+    p.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
+    return p
+
+
+def planners(trace: dict) -> dict:
+    """rule -> the planner class `auto` replays this trace with (None: as shipped)."""
+    from specrt.spec.planners.adaptive import HORIZON, PRIORS, AdaptivePlanner
+
+    out, guess = trace["output"], trace["draft"]
+    agree = sum(a == b for a, b in zip(guess, out)) / len(out)
+
+    class OracleAccept(AdaptivePlanner):
+        priors = PRIORS | {"draft_model": agree}
+
+    class OracleLength(AdaptivePlanner):
+        def _horizon(self, ctx, rows):
+            return max(1.0, min(len(out) - ctx.generated[0], HORIZON))
+
+    class BothOracles(OracleLength):
+        priors = OracleAccept.priors
+
+    class BudgetLength(AdaptivePlanner):
+        def _horizon(self, ctx, rows):
+            return max(1.0, min(ctx.remaining[0], HORIZON))
+
+    return {"auto": None, "oracle accept": OracleAccept, "oracle length": OracleLength,
+            "both oracles": BothOracles, "budget length": BudgetLength}
+
+
+def replay_budget(traces: dict, budget: int, fixed: list[str], auto: str, costs) -> list[dict]:
+    rows = []
+    for key, full in traces.items():
+        trace = dict(full, output=full["output"][:budget], draft=full["draft"][:budget],
+                     max_new_tokens=budget)
+        best = max(replay(trace, m, costs)[0] for m in fixed)
+        plain = replay(trace, "plain", costs)[0]
+        speeds = {rule: replay(trace, auto, costs, cls)[0]
+                  for rule, cls in planners(trace).items()}
+        rows.append({"trace": key, "set": trace["set"], "budget": budget, "best": best,
+                     "plain": plain, "auto": speeds})
+    return rows
+
+
+def summary(rows: list[dict]) -> list[list]:
+    cells = []
+    for budget in dict.fromkeys(r["budget"] for r in rows):
+        for s in dict.fromkeys(r["set"] for r in rows):
+            rs = [r for r in rows if r["budget"] == budget and r["set"] == s]
+            line = [budget, s]
+            for rule in rs[0]["auto"]:
+                vs_best = [r["auto"][rule] / r["best"] for r in rs]
+                vs_plain = [r["auto"][rule] / r["plain"] for r in rs]
+                line.append(f"{statistics.mean(vs_best):.1%} / {min(vs_best):.1%} / "
+                            f"{min(vs_plain):.2f}x")
+            cells.append(line)
+    return cells
+
+
+def main(argv=None) -> int:
+    import specrt
+    from specrt.spec.costs import CostModel
+
+    args = build_parser().parse_args(argv)
+    try:
+        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError:
+        cli.fail(f"--budgets: expected comma-separated integers, got {args.budgets!r}")
+    if not budgets or min(budgets) < 2:
+        cli.fail("--budgets: give at least one budget of 2 tokens or more")
+    data = _load_traces(args.traces)
+    target_dir, draft_dir = resolve_models(args)
+    llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
+    costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.auto_k)
+    step = costs.verify_pass([1])
+    print(f"costs: target step {step * 1e3:.1f} ms; verify(T) / step for T = 2..9: "
+          + " ".join(f"{costs.verify_pass([t]) / step:.2f}" for t in range(2, 10))
+          + f"; the draft's catch-up on 90 tokens: {costs.draft_pass([90]) / step:.2f} steps")
+    fixed = [m.strip() for m in FIXED.split(",")]
+    rows = [r for b in budgets
+            for r in replay_budget(data["traces"], b, fixed, f"auto:{args.auto_k}", costs)]
+    print("auto / best fixed setting, mean / lowest, and the lowest auto / plain, per rule:")
+    print(report.table(["budget", "set", *planners(next(iter(data["traces"].values())))],
+                       summary(rows), "rl" + "r" * 5))
+    report.emit_json({"rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
