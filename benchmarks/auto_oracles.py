@@ -119,8 +119,7 @@ def main(argv=None) -> int:
     rows = [r for b in budgets
             for r in replay_budget(data["traces"], b, fixed, f"auto:{args.auto_k}", costs)]
     print("auto / best fixed setting, mean / lowest, and the lowest auto / plain, per rule:")
-    print(report.table(["budget", "set", *planners(next(iter(data["traces"].values())))],
-                       summary(rows), "rl" + "r" * 5))
+    print(report.table(["budget", "set", *rows[0]["auto"]], summary(rows), "rl" + "r" * 5))
     report.emit_json({"rows": rows})
     return 0
 

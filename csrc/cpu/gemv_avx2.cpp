@@ -244,26 +244,13 @@ static std::vector<float> widen_rows(const uint16_t* x, int64_t M, int64_t K, in
   return out;
 }
 
-// Rows of x one pass over the weight serves at most: a prefill's hundreds of rows are cut into
-// near-equal chunks, each a pass of its own. In one pass every weight tile re-reads all of x
-// (M rows of a k-block, 2 KB each) from L2 or beyond; 32-64 rows keep that in L2 for the cost of
-// streaming the weight once more per chunk: a 252-token prompt's products (the 1.5B's shapes)
-// took 41-42 ms a token in chunks of 32-64 rows, 44 in 96, 65 in one pass; kernel_ab: 1.28x at
-// 252 rows, 1.04x at 96 (RESULTS.md). Each row is computed on its own, so its bits do not depend
-// on the chunking.
-constexpr int64_t M_CHUNK = 48;
-
 void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out,
                     bool out_f32, int64_t M, int64_t N, int64_t K, int threads) {
-  if (M > M_CHUNK) {
-    const int64_t chunks = (M + M_CHUNK - 1) / M_CHUNK;
+  if (M > M_CHUNK) {      // in chunks, a pass each (gemv_tiled.h)
     const size_t out_row = size_t(N) * (out_f32 ? 4 : 2);
-    for (int64_t c = 0, m0 = 0; c < chunks; ++c) {
-      const int64_t mc = (M - m0) / (chunks - c);
+    for (auto [m0, mc] : near_equal_parts(M, M_CHUNK))
       gemv_bf16_avx2(x + m0 * K, w, bias, static_cast<char*>(out) + m0 * out_row, out_f32, mc, N,
                      K, threads);
-      m0 += mc;
-    }
     return;
   }
   if (M == 1) return decode_bf16(x, w, N, K, threads, Bf16Store{bias, out, out_f32, N});

@@ -140,23 +140,14 @@ Block<Q16Rows, uint8_t> block_table[NB][MB] = {
 
 }  // namespace
 
-// At most this many rows of x per pass over the weight (a catch-up on a prompt is cut into
-// near-equal chunks, as gemv_avx2.cpp's M_CHUNK: every weight tile re-reads the pass's x; kernel_ab
-// --format int8: 1.09x at 96 rows, 1.00x at 32).
-constexpr int64_t M_CHUNK = 48;
-
 void gemv_int8_avx2(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                     const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                     int threads) {
-  if (M > M_CHUNK) {
-    const int64_t chunks = (M + M_CHUNK - 1) / M_CHUNK;
+  if (M > M_CHUNK) {      // in chunks, a pass each (gemv_tiled.h)
     const size_t x_row = size_t(K) * (x_f32 ? 4 : 2), out_row = size_t(N) * (out_f32 ? 4 : 2);
-    for (int64_t c = 0, m0 = 0; c < chunks; ++c) {
-      const int64_t mc = (M - m0) / (chunks - c);
+    for (auto [m0, mc] : near_equal_parts(M, M_CHUNK))
       gemv_int8_avx2(static_cast<const char*>(x) + m0 * x_row, x_f32, w, w_scale, bias,
                      static_cast<char*>(out) + m0 * out_row, out_f32, mc, N, K, threads);
-      m0 += mc;
-    }
     return;
   }
   const Quantized16 qx(x, x_f32, M, K);

@@ -128,6 +128,28 @@ struct F32Store {
   void operator()(int64_t m, int64_t n, float v) const { out[m * N + n] = bias ? v + bias[n] : v; }
 };
 
+// M cut into near-equal parts of at most `most` as (first, count): 17 by 3 = 2 + 3 + 3 + 3 + 3
+// + 3, so no part is left much smaller than the others (the row tiles of x below, and the
+// chunks of M_CHUNK rows).
+static inline std::vector<std::pair<int64_t, int64_t>> near_equal_parts(int64_t M, int64_t most) {
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  for (int64_t m0 = 0, left = (M + most - 1) / most; m0 < M; --left) {
+    const int64_t n = (M - m0) / left;
+    parts.emplace_back(m0, n);
+    m0 += n;
+  }
+  return parts;
+}
+
+// The most rows of x one pass of the AVX2 products serves (gemv_avx2.cpp, gemv_int8_avx2.cpp):
+// a prefill's hundreds of rows run in near-equal chunks, a pass each. In one pass every weight
+// tile re-reads all of x (M rows of a k-block) from L2 or beyond; 32-64 rows keep that in L2 for
+// the cost of streaming the weight once more per chunk: a 252-token prompt's bf16 products (the
+// 1.5B's shapes) took 41-42 ms a token in chunks of 32-64 rows, 44 in 96, 65 in one pass;
+// kernel_ab: bf16 1.28x at 252 rows, 1.04x at 96, int8 1.09x at 96, 1.00x at 32 (RESULTS.md).
+// Each row is computed on its own, so its bits do not depend on the chunking.
+constexpr int64_t M_CHUNK = 48;
+
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
 template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, Ahead AHEAD = Ahead::next_block,
           typename X, typename T, typename Store>
@@ -136,13 +158,7 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
                        Reduce reduce = reduce16) {
   int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
   const int64_t row = K / PACK;                             // weight elements per row
-  // Row tiles of x as (first row, rows): M cut into near-equal parts of at most MB_MAX.
-  std::vector<std::pair<int64_t, int>> row_tiles;
-  for (int64_t m0 = 0, left = (M + MB_MAX - 1) / MB_MAX; m0 < M; --left) {
-    int mb = int((M - m0) / left);
-    row_tiles.emplace_back(m0, mb);
-    m0 += mb;
-  }
+  const std::vector<std::pair<int64_t, int64_t>> row_tiles = near_equal_parts(M, MB_MAX);
   const int64_t m_tiles = int64_t(row_tiles.size());
   #pragma omp parallel num_threads(threads)
   {
