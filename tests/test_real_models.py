@@ -1,4 +1,7 @@
-"""The default real pair (Qwen2.5-Coder-1.5B/0.5B-Instruct) through specrt, in fp32 on CPU."""
+"""The default real pair (Qwen2.5-Coder-1.5B/0.5B-Instruct) through specrt on CPU: the draft
+against Hugging Face in fp32, and speculative decoding with the shipped defaults (the dtype
+"auto" picks, the draft in int8 where the CPU's int8 kernel runs, its shortlisted vocabulary)
+against plain decoding."""
 import pytest
 import torch
 
@@ -45,7 +48,7 @@ def test_real_draft_matches_transformers(draft_dir):
 
 @pytest.fixture(scope="module")
 def pair(target_dir, draft_dir):
-    return specrt.LLM(target_dir, draft=draft_dir, dtype="float32", max_seq_len=512)
+    return specrt.LLM(target_dir, draft=draft_dir, max_seq_len=512)     # the defaults
 
 
 @pytest.fixture(scope="module")
