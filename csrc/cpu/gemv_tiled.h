@@ -150,17 +150,19 @@ static inline std::vector<std::pair<int64_t, int64_t>> near_equal_parts(int64_t 
 // Each row is computed on its own, so its bits do not depend on the chunking.
 constexpr int64_t M_CHUNK = 48;
 
-// How a product's weight tiles are shared among the threads: passes of M_DYNAMIC rows or more
-// (prompt chunks, long catch-ups) hand out DYNAMIC_TILES tiles at a time to whichever thread is
-// free; narrower passes split the tiles evenly up front. On the 2-core development machine
-// the second core's speed comes and goes with other tenants (kernel_ab's contention probe: a
-// 1 MB parallel op 1.1-1.5x faster on 2 threads than on 1; the bf16 products at 9-48 rows
-// 1.3x), and a compute-bound pass split evenly waits for the slower core. `kernel_ab --rows
-// 48`, bf16: 1.17x, 1.03x, 1.03x, 1.06x, 1.05x in five runs, 1.07x at 96 rows; int8 0.98x at
-// 48, 1.08x at 96 (benchmarks/RESULTS.md). A decode step (memory-bound: 1.00x) and short
-// verify passes keep the even split and its prefetch of each thread's next tile in memory
-// order.
-constexpr int64_t M_DYNAMIC = 24, DYNAMIC_TILES = 8;
+// How a product's weight tiles are shared among the threads: a share at a time to whichever
+// thread is free, DYNAMIC_TILES tiles for passes of M_DYNAMIC rows or more (prompt chunks, long
+// catch-ups), VERIFY_TILES for narrower multi-row passes (verify passes), half the tiles each
+// for one row. On the 2-core development machine the second core's speed comes and goes with
+// other tenants (kernel_ab's contention probe: a 1 MB parallel op 1.1-1.6x faster on 2
+// threads than on 1; the bf16 products at 9-48 rows 1.3x), and a pass split evenly up front
+// waits for the slower core. `kernel_ab`, bf16, against the even split: 48 rows 1.17x, 1.03x,
+// 1.03x, 1.06x, 1.05x in five runs, 96 rows 1.07x; int8 0.98x at 48, 1.08x at 96; with
+// shares of 32 tiles: 2 rows 1.10x, 3 1.02x, 5 1.11x and 1.02x, 9 0.99x and 0.98x, 17 1.02x
+// (benchmarks/RESULTS.md). One row keeps the even split: a decode step is memory-bound
+// (1.00x), and each thread prefetches its next tile in memory order, which a share of 32
+// keeps but for the tile after a share.
+constexpr int64_t M_DYNAMIC = 24, DYNAMIC_TILES = 8, VERIFY_TILES = 32;
 
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
 template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, Ahead AHEAD = Ahead::next_block,
@@ -173,8 +175,8 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
   const std::vector<std::pair<int64_t, int64_t>> row_tiles = near_equal_parts(M, MB_MAX);
   const int64_t m_tiles = int64_t(row_tiles.size());
   // tiles a thread takes at a time (each tile is computed on its own, so which thread takes
-  // it leaves the bits alone): an even share each, or DYNAMIC_TILES at a time for wide passes
-  const int64_t share = M >= M_DYNAMIC ? DYNAMIC_TILES
+  // it leaves the bits alone)
+  const int64_t share = M >= M_DYNAMIC ? DYNAMIC_TILES : M >= 2 ? VERIFY_TILES
                                        : std::max<int64_t>(1, (n_tiles + threads - 1) / threads);
   #pragma omp parallel num_threads(threads)
   {
