@@ -152,16 +152,16 @@ constexpr int64_t M_CHUNK = 48;
 
 // How a product's weight tiles are shared among the threads: a share at a time to whichever
 // thread is free, DYNAMIC_TILES tiles for passes of M_DYNAMIC rows or more (prompt chunks, long
-// catch-ups), VERIFY_TILES for narrower multi-row passes (verify passes), half the tiles each
-// for one row. On the 2-core development machine the second core's speed comes and goes with
+// catch-ups), VERIFY_TILES for narrower multi-row passes (verify passes), an even share per
+// thread for one row. On the 2-core development machine the second core's speed comes and goes with
 // other tenants (kernel_ab's contention probe: a 1 MB parallel op 1.1-1.6x faster on 2
 // threads than on 1; the bf16 products at 9-48 rows 1.3x), and a pass split evenly up front
 // waits for the slower core. `kernel_ab`, bf16, against the even split: 48 rows 1.17x, 1.03x,
 // 1.03x, 1.06x, 1.05x in five runs, 96 rows 1.07x; int8 0.98x at 48, 1.08x at 96; with
 // shares of 32 tiles: 2 rows 1.10x, 3 1.02x, 5 1.11x and 1.02x, 9 0.99x and 0.98x, 17 1.02x
-// (benchmarks/RESULTS.md). One row keeps the even split: a decode step is memory-bound
-// (1.00x), and each thread prefetches its next tile in memory order, which a share of 32
-// keeps but for the tile after a share.
+// (benchmarks/RESULTS.md; the AVX-512 kernels share this driver and were not measured). One
+// row keeps the even split: a decode step is memory-bound (1.00x). Each AVX2 pass prefetches
+// the tile after its own in memory order, which shares keep but for a share's last tile.
 constexpr int64_t M_DYNAMIC = 24, DYNAMIC_TILES = 8, VERIFY_TILES = 32;
 
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
