@@ -169,7 +169,6 @@ def plain_counts(small_pair):
                                        ("auto", 4)])
 def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts, method, k):
     target, _ = small_pair
-    params = SAMPLING
     llm = _llm(small_pair)
     if method == "auto":
         # auto plans for the whole batch of 1000 and, with its measured costs, would (rightly)
@@ -181,9 +180,9 @@ def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts,
 
         planner = llm.engine.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
         planner.costs = CostModel(verify=[1.0 + 1e-5 * t for t in range(40)], draft=[0.0] * 40)
-    spec_counts, drafted = _samples(llm, params, {"method": method, "num_speculative_tokens": k})
+    spec_counts, drafted = _samples(llm, SAMPLING, {"method": method, "num_speculative_tokens": k})
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
-    exact = _exact_joint(target, params)
+    exact = _exact_joint(target, SAMPLING)
     (s, p), e = _binned(exact, spec_counts, plain_counts)
     e = e / e.sum()     # fp32 probabilities sum to 1 only within ~1e-7; scipy checks to 1.5e-8
     n = s.sum()

@@ -153,9 +153,9 @@ constexpr int64_t M_CHUNK = 48;
 // How a product's weight tiles are shared among the threads: a share at a time to whichever
 // thread is free, DYNAMIC_TILES tiles for passes of M_DYNAMIC rows or more (prompt chunks, long
 // catch-ups), VERIFY_TILES for narrower multi-row passes (verify passes), an even share per
-// thread for one row. On the 2-core development machine the second core's speed comes and goes with
-// other tenants (kernel_ab's contention probe: a 1 MB parallel op 1.1-1.6x faster on 2
-// threads than on 1; the bf16 products at 9-48 rows 1.3x), and a pass split evenly up front
+// thread for one row. On the 2-core development machine the second core's speed comes and
+// goes with other tenants (kernel_ab's contention probe: a 1 MB parallel op 1.1-1.6x faster on
+// 2 threads than on 1; the bf16 products at 9-48 rows 1.3x), and a pass split evenly up front
 // waits for the slower core. `kernel_ab`, bf16, against the even split: 48 rows 1.17x, 1.03x,
 // 1.03x, 1.06x, 1.05x in five runs, 96 rows 1.07x; int8 0.98x at 48, 1.08x at 96; with
 // shares of 32 tiles: 2 rows 1.10x, 3 1.02x, 5 1.11x and 1.02x, 9 0.99x and 0.98x, 17 1.02x
