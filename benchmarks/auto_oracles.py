@@ -1,7 +1,8 @@
 """Benchmark: what `auto` would gain from knowing what it cannot know, replayed on the traces.
 
 Run: python -m benchmarks.auto_replay record     (once: the traces)
-     python -m benchmarks.auto_oracles [--budgets 64,128,512]
+     python -m benchmarks.auto_oracles [--budgets 64,128,512] [--draft-priors 0.6,0.7]
+                                       [--sets held-out,verify]
 
 `auto` plans from two guesses about a request it has just started: how often the draft model's
 guesses will be accepted (a prior, then what the request's own rounds show) and how many more
@@ -16,7 +17,9 @@ machine's calibration) answers one of them with the truth, or with another rule:
   oracle length     the horizon = the tokens the answer really has left;
   both oracles      the two together;
   budget length     the horizon = what is left of max_new_tokens (answers assumed to fill
-                    their budget): the rule a horizon oracle suggests, without the oracle.
+                    their budget): the rule a horizon oracle suggests, without the oracle;
+  prior P           (--draft-priors) the draft model's prior = P for every request: the
+                    constant `auto` ships with, tried at other values.
 
 Traces are cut at each budget (an answer longer than the budget stops there; one that ended
 sooner keeps its end). Prints per prompt set and rule: the mean and lowest `auto` / best fixed
@@ -39,10 +42,13 @@ def build_parser():
     p.add_argument("--budgets", default="64,128,512",
                    help="max_new_tokens values to replay at (default 64,128,512)")
     p.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
+    p.add_argument("--draft-priors", default="",
+                   help="also replay auto with these draft-model priors, e.g. 0.6,0.7")
+    p.add_argument("--sets", default="", help="only these prompt sets (default: every set)")
     return p
 
 
-def planners(trace: dict) -> dict:
+def planners(trace: dict, draft_priors=()) -> dict:
     """rule -> the planner class `auto` replays this trace with (None: as shipped)."""
     from specrt.spec.planners.adaptive import HORIZON, PRIORS, AdaptivePlanner
 
@@ -63,11 +69,16 @@ def planners(trace: dict) -> dict:
         def _horizon(self, ctx, rows):
             return max(1.0, min(ctx.remaining[0], HORIZON))
 
-    return {"auto": None, "oracle accept": OracleAccept, "oracle length": OracleLength,
-            "both oracles": BothOracles, "budget length": BudgetLength}
+    rules = {"auto": None, "oracle accept": OracleAccept, "oracle length": OracleLength,
+             "both oracles": BothOracles, "budget length": BudgetLength}
+    for prior in draft_priors:
+        rules[f"prior {prior:g}"] = type("Prior", (AdaptivePlanner,),
+                                         {"priors": PRIORS | {"draft_model": prior}})
+    return rules
 
 
-def replay_budget(traces: dict, budget: int, fixed: list[str], auto: str, costs) -> list[dict]:
+def replay_budget(traces: dict, budget: int, fixed: list[str], auto: str, costs,
+                  draft_priors=()) -> list[dict]:
     rows = []
     for key, full in traces.items():
         trace = dict(full, output=full["output"][:budget], draft=full["draft"][:budget],
@@ -75,7 +86,7 @@ def replay_budget(traces: dict, budget: int, fixed: list[str], auto: str, costs)
         best = max(replay(trace, m, costs)[0] for m in fixed)
         plain = replay(trace, "plain", costs)[0]
         speeds = {rule: replay(trace, auto, costs, cls)[0]
-                  for rule, cls in planners(trace).items()}
+                  for rule, cls in planners(trace, draft_priors).items()}
         rows.append({"trace": key, "set": trace["set"], "budget": budget, "best": best,
                      "plain": plain, "auto": speeds})
     return rows
@@ -107,7 +118,20 @@ def main(argv=None) -> int:
         cli.fail(f"--budgets: expected comma-separated integers, got {args.budgets!r}")
     if not budgets or min(budgets) < 2:
         cli.fail("--budgets: give at least one budget of 2 tokens or more")
+    try:
+        priors = [float(p) for p in args.draft_priors.split(",") if p.strip()]
+    except ValueError:
+        cli.fail(f"--draft-priors: expected comma-separated numbers, got {args.draft_priors!r}")
+    if any(not 0.0 < p < 1.0 for p in priors):
+        cli.fail("--draft-priors: each prior is an acceptance probability, strictly between 0 "
+                 "and 1")
     data = _load_traces(args.traces)
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    known = sorted({t["set"] for t in data["traces"].values()})
+    if unknown := [s for s in sets if s not in known]:
+        cli.fail(f"--sets: no traces of {', '.join(unknown)} in {args.traces}; recorded sets: "
+                 f"{', '.join(known)}")
+    traces = {k: t for k, t in data["traces"].items() if not sets or t["set"] in sets}
     target_dir, draft_dir = resolve_models(args)
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
     costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.auto_k)
@@ -117,9 +141,10 @@ def main(argv=None) -> int:
           + f"; the draft's catch-up on 90 tokens: {costs.draft_pass([90]) / step:.2f} steps")
     fixed = [m.strip() for m in FIXED.split(",")]
     rows = [r for b in budgets
-            for r in replay_budget(data["traces"], b, fixed, f"auto:{args.auto_k}", costs)]
+            for r in replay_budget(traces, b, fixed, f"auto:{args.auto_k}", costs, priors)]
     print("auto / best fixed setting, mean / lowest, and the lowest auto / plain, per rule:")
-    print(report.table(["budget", "set", *rows[0]["auto"]], summary(rows), "rl" + "r" * 5))
+    print(report.table(["budget", "set", *rows[0]["auto"]], summary(rows),
+                       "rl" + "r" * len(rows[0]["auto"])))
     report.emit_json({"rows": rows})
     return 0
 

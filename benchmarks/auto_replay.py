@@ -8,12 +8,13 @@ prompt per task; a replay decides nothing by the clock, so planner changes can b
 every prompt of every set, exactly.
 
 record: for each prompt of benchmarks/prompts.json (the tuning set),
-benchmarks/prompts_unseen.json (the held-out set), benchmarks/prompts_fresh.json and
-benchmarks/prompts_check.json (written after the held-out set had been used to design planner
-changes, to check them on text nobody tuned on), chat template: the target's plain greedy output (--max-new-tokens) and the draft
-model's greedy guess at every output position given the true text before it (one
-teacher-forced forward of the draft, as `LLM` loads it). `--sets` records some sets only,
-keeping the traces of the others.
+benchmarks/prompts_unseen.json (the held-out set), benchmarks/prompts_fresh.json,
+benchmarks/prompts_check.json and benchmarks/prompts_verify.json (each written after the sets
+before it had been used to design planner changes, to check them on text nobody tuned on),
+chat template: the target's plain greedy output (--max-new-tokens) and the draft model's
+greedy guess at every output position given the true text before it (one teacher-forced
+forward of the draft, as `LLM` loads it). `--sets` records some sets only, keeping the traces
+of the others.
 
 replay: greedy speculative decoding of each trace, round by round, with the real planners
 (`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace
@@ -44,7 +45,8 @@ from benchmarks.harness.model_dirs import resolve_models
 SECTION = "## auto replayed on recorded traces (benchmarks/auto_replay.py)"
 HERE = Path(__file__).parent
 PROMPT_SETS = {"tuning": HERE / "prompts.json", "held-out": HERE / "prompts_unseen.json",
-               "fresh": HERE / "prompts_fresh.json", "check": HERE / "prompts_check.json"}
+               "fresh": HERE / "prompts_fresh.json", "check": HERE / "prompts_check.json",
+               "verify": HERE / "prompts_verify.json"}
 TRACES = HERE / "results" / "auto_traces.json"
 FIXED = ("draft_model:1,draft_model:2,draft_model:3,draft_model:4,draft_model:5,draft_model:6,"
          "ngram:2,ngram:4,ngram:8,ngram:16")

@@ -78,3 +78,36 @@ def test_replay_runs_the_rounds_the_engine_runs(llm, traces, method):
     if method == "auto:8":
         labels = {m for mix in mixes for m in mix}
         assert any(m.startswith("draft_model") for m in labels) and len(labels) >= 3, labels
+
+
+def test_oracles_replay_auto_with_each_draft_prior_asked(traces):
+    """`auto_oracles --draft-priors`: a rule per prior, each planning from its own prior. With a
+    cheap verify pass the draft model pays at a 0.95 prior and not at 0.05, so the first drafts
+    it for more rounds (the second only once a probe shows the draft is better than feared)."""
+    from benchmarks import auto_oracles
+
+    trace = traces["tuning:code:a"]
+    rules = auto_oracles.planners(trace, (0.05, 0.95))
+    assert {"auto", "prior 0.05", "prior 0.95"} <= set(rules)
+    costs = CostModel(verify=[1.0 + 0.05 * t for t in range(1, 33)],
+                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
+    rounds = {}
+    for rule in ("prior 0.05", "prior 0.95"):
+        _, mix, _ = auto_replay.replay(trace, "auto:4", costs, rules[rule])
+        rounds[rule] = sum(n for m, n in mix.items() if m.startswith("draft_model"))
+    assert rounds["prior 0.95"] > rounds["prior 0.05"], rounds
+
+
+@pytest.mark.parametrize("argv, needle", [(["--draft-priors", "1.5"], "--draft-priors"),
+                                          (["--draft-priors", "x"], "--draft-priors"),
+                                          (["--sets", "nosuch"], "--sets")])
+def test_oracles_reject_bad_options_with_a_clear_error(argv, needle, capsys, tmp_path):
+    from benchmarks import auto_oracles
+
+    path = tmp_path / "traces.json"
+    path.write_text('{"target": "t", "draft": "d", "traces": {"tuning:code:a": '
+                    '{"set": "tuning", "prompt": [1], "output": [2], "draft": [2]}}}')
+    with pytest.raises(SystemExit) as err:
+        auto_oracles.main([*argv, "--traces", str(path)])
+    assert err.value.code == 2
+    assert needle in capsys.readouterr().err
