@@ -44,7 +44,8 @@ def build_parser():
     p.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
     p.add_argument("--draft-priors", default="",
                    help="also replay auto with these draft-model priors, e.g. 0.6,0.7")
-    p.add_argument("--sets", default="", help="only these prompt sets (default: every set)")
+    p.add_argument("--sets", default="",
+                   help="comma-separated prompt sets to replay (default: every recorded set)")
     return p
 
 
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
     if not budgets or min(budgets) < 2:
         cli.fail("--budgets: give at least one budget of 2 tokens or more")
     try:
-        priors = [float(p) for p in args.draft_priors.split(",") if p.strip()]
+        priors = list(dict.fromkeys(float(p) for p in args.draft_priors.split(",") if p.strip()))
     except ValueError:
         cli.fail(f"--draft-priors: expected comma-separated numbers, got {args.draft_priors!r}")
     if any(not 0.0 < p < 1.0 for p in priors):

@@ -10,11 +10,11 @@ every prompt of every set, exactly.
 record: for each prompt of benchmarks/prompts.json (the tuning set),
 benchmarks/prompts_unseen.json (the held-out set), benchmarks/prompts_fresh.json,
 benchmarks/prompts_check.json and benchmarks/prompts_verify.json (each written after the sets
-before it had been used to design planner changes, to check them on text nobody tuned on),
-chat template: the target's plain greedy output (--max-new-tokens) and the draft model's
-greedy guess at every output position given the true text before it (one teacher-forced
-forward of the draft, as `LLM` loads it). `--sets` records some sets only, keeping the traces
-of the others.
+before it had been used to design planner changes, to check a change once on text it was not
+chosen on; later changes were chosen on them too), in the chat template, it records the
+target's plain greedy output (--max-new-tokens) and the draft model's greedy guess at every
+output position given the true text before it (one teacher-forced forward of the draft, as
+`LLM` loads it). `--sets` records some sets only, keeping the traces of the others.
 
 replay: greedy speculative decoding of each trace, round by round, with the real planners
 (`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace

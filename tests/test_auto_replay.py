@@ -98,9 +98,10 @@ def test_oracles_replay_auto_with_each_draft_prior_asked(traces):
     assert rounds["prior 0.95"] > rounds["prior 0.05"], rounds
 
 
-@pytest.mark.parametrize("argv, needle", [(["--draft-priors", "1.5"], "--draft-priors"),
-                                          (["--draft-priors", "x"], "--draft-priors"),
-                                          (["--sets", "nosuch"], "--sets")])
+@pytest.mark.parametrize("argv, needle", [
+    (["--draft-priors", "1.5"], "--draft-priors: each prior is an acceptance probability"),
+    (["--draft-priors", "x"], "--draft-priors: expected comma-separated numbers"),
+    (["--sets", "nosuch"], "--sets: no traces of nosuch")])
 def test_oracles_reject_bad_options_with_a_clear_error(argv, needle, capsys, tmp_path):
     from benchmarks import auto_oracles
 

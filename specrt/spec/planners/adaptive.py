@@ -57,13 +57,15 @@ from specrt.spec.drafters.ngram import COPYING
 from specrt.spec.planners.base import PLAIN, Plan
 
 COPY_STATE = "ngram/copy"
+# Acceptance before a request's first round, per state. The draft model's: its per-prompt
+# agreement with the target is 0.58-1.0 on the recorded traces (mean 0.83). Replayed on four
+# calibrations of one build, 0.65 raised auto's mean share of the best fixed setting over 0.6 on
+# each of five prompt sets (+0.3 to +1.8 points; its lowest prompt fell on one set, a 4-token
+# answer: 0.53x -> 0.51x plain); 0.7 bought the draft's read of a 132-token prompt before a
+# 10-token answer on one calibration (0.68x plain) (benchmarks/RESULTS.md, "The draft model's
+# prior").
 PRIORS = {"draft_model": 0.65, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # "ngram": n >= 3
           COPY_STATE: 0.8}
-# The draft model's prior: its per-prompt agreement with the target is 0.58-1.0 on the recorded
-# traces (mean 0.83). Replayed on four calibrations of the same build, 0.65 raised auto's mean
-# share of the best fixed setting on each of five prompt sets over 0.6 (+0.3 to +1.8 points),
-# where 0.7 bought the draft's read of the prompt before answers of ~10 tokens and fell below
-# plain on them (benchmarks/RESULTS.md, "The draft model's prior").
 # EWMA weight of the newest observation of a position: an average over ~12 rounds. At 0.3
 # (~6 rounds) a draft model accepted 63% of the time read below its break-even after two
 # rejections in a row, sat out, and was only probed back later; summed calibrated costs over
