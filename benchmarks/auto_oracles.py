@@ -56,25 +56,22 @@ def planners(trace: dict, draft_priors=()) -> dict:
     out, guess = trace["output"], trace["draft"]
     agree = sum(a == b for a, b in zip(guess, out)) / len(out)
 
-    class OracleAccept(AdaptivePlanner):
-        priors = PRIORS | {"draft_model": agree}
+    def with_draft_prior(prior: float, base=AdaptivePlanner):
+        """`base`, starting every request with the draft model's prior = prior."""
+        return type(base.__name__, (base,), {"priors": PRIORS | {"draft_model": prior}})
 
     class OracleLength(AdaptivePlanner):
         def _horizon(self, ctx, rows):
             return max(1.0, min(len(out) - ctx.generated[0], HORIZON))
 
-    class BothOracles(OracleLength):
-        priors = OracleAccept.priors
-
     class BudgetLength(AdaptivePlanner):
         def _horizon(self, ctx, rows):
             return max(1.0, min(ctx.remaining[0], HORIZON))
 
-    rules = {"auto": None, "oracle accept": OracleAccept, "oracle length": OracleLength,
-             "both oracles": BothOracles, "budget length": BudgetLength}
-    for prior in draft_priors:
-        rules[f"prior {prior:g}"] = type("Prior", (AdaptivePlanner,),
-                                         {"priors": PRIORS | {"draft_model": prior}})
+    rules = {"auto": None, "oracle accept": with_draft_prior(agree),
+             "oracle length": OracleLength, "both oracles": with_draft_prior(agree, OracleLength),
+             "budget length": BudgetLength}
+    rules.update((f"prior {p:g}", with_draft_prior(p)) for p in draft_priors)
     return rules
 
 
