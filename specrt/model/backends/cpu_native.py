@@ -14,11 +14,12 @@ reference.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import torch
 
-from specrt.kernels.cpu import gemv, ops
+from specrt.kernels.cpu import gemv, huge_pages, ops
 from specrt.kernels.cpu import layers as layer_stack
 from specrt.model.backends.base import Pass, chunks
 from specrt.model.backends.quantized import Int4Linear, Int8Linear
@@ -45,8 +46,11 @@ class CpuNative(TorchReference):
     batch_invariant_tokens = ops.MAX_ROWS    # every row computed on its own, in chunks
     fused_loop = True                        # bf16 layers through specrt._cpu_layers when built
 
-    def __init__(self):
+    def __init__(self, huge: bool | None = None):
+        """huge: keep the projections' weights in transparent huge pages (None: where the
+        kernel gives them and SPECRT_HUGE_PAGES is not 0; `specrt.kernels.cpu.huge_pages`)."""
         self._stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> Stack
+        self._arena = huge_pages.Arena() if (huge_pages.enabled() if huge is None else huge) else None
 
     @property
     def build_id(self) -> str:
@@ -56,8 +60,16 @@ class CpuNative(TorchReference):
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                quant: str | None = None):
         if quant is not None:
-            return super().linear(weight, bias, quant)
-        return GemvLinear(weight, bias)
+            lin = super().linear(weight, bias, quant)
+            w = lin.weight                     # Int8Weight / Int4Weight: data and scales
+            lin.weight = dataclasses.replace(w, **{f.name: self._place(getattr(w, f.name))
+                                                   for f in dataclasses.fields(w)})
+            return lin
+        return GemvLinear(self._place(weight), bias)
+
+    def _place(self, t: torch.Tensor) -> torch.Tensor:
+        """Where a weight every decode step streams is kept: a copy in huge pages, or t."""
+        return self._arena.copy(t) if self._arena is not None else t
 
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
