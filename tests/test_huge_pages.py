@@ -103,3 +103,11 @@ def test_a_model_in_huge_pages_gives_the_same_bits(request, monkeypatch, fixture
     if moved.cfg.tie_word_embeddings and quant is None:
         assert moved.embed.data_ptr() == moved.lm_head.weight.data_ptr()
         assert moved.embed.untyped_storage().nbytes() % huge_pages.PAGE == 0
+
+
+@needs_native
+def test_the_placement_is_part_of_the_build_id():
+    """Calibrated costs measured with the weights in 4 KiB pages are not reused in huge ones."""
+    from specrt.model.backends.cpu_native import CpuNative
+
+    assert CpuNative(huge=True).build_id != CpuNative(huge=False).build_id

@@ -55,7 +55,8 @@ class CpuNative(TorchReference):
     @property
     def build_id(self) -> str:
         return (f"{super().build_id}|gemv-{gemv.build_id()}|ops-{ops.build_id()}"
-                f"|layers-{layer_stack.build_id() if self.fused_loop else 'off'}")
+                f"|layers-{layer_stack.build_id() if self.fused_loop else 'off'}"
+                f"|pages-{'huge' if self._arena is not None else '4k'}")   # steps cost less in huge
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                quant: str | None = None):
