@@ -5,9 +5,10 @@ page, and a TLB miss, every 4 KiB of the stream. Linux hands out 2 MiB pages to 
 anonymous mapping advised MADV_HUGEPAGE (`/sys/kernel/mm/transparent_hugepage/enabled` is
 "always" or "madvise"; the common default "madvise" needs the advice). `Arena.copy` puts a
 tensor in such a mapping; the CPU backend copies every projection's weight there at load.
-Measured on the development machine (Zen 3, 2 cores): a 1.5B bf16 decode step 1.05x and 1.11x
-faster in two runs of interleaved steps, the same model loaded twice in one process
-(benchmarks/RESULTS.md, "Weights in huge pages").
+Measured on the development machine (Zen 3, 2 cores; `python -m benchmarks.huge_pages`, each
+model loaded both ways in one process, steps interleaved): a 1.5B bf16 decode step 1.20x and
+1.09x faster, the 0.5B int8 draft's 1.01x and 1.10x, in two runs (benchmarks/RESULTS.md,
+"Weights in huge pages").
 
 Where the kernel does not honour the advice the mapping is an ordinary one: the same bytes, no
 faster, no slower. `SPECRT_HUGE_PAGES=0` keeps weights where the loader put them.
