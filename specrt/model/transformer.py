@@ -64,9 +64,10 @@ class Transformer:
                                           device=self.device)                 # [N]
             head = head[self.head_rows]
         self.lm_head = linear(head)
-        if (head is self.embed and isinstance(self.lm_head.weight, torch.Tensor)
-                and self.lm_head.weight.shape == head.shape and self.lm_head.weight.dtype == head.dtype):
-            self.embed = self.lm_head.weight   # tied: one copy, wherever the backend keeps the head
+        kept = getattr(self.lm_head, "weight", None)
+        if (head is self.embed and isinstance(kept, torch.Tensor) and kept.shape == head.shape
+                and kept.dtype == head.dtype):
+            self.embed = kept      # tied: one copy, wherever the backend keeps the head's weight
         self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
         self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
         # Memory hook: refuse a max_seq_len whose one-row KV cache cannot fit before the rope

@@ -59,8 +59,12 @@ class Arena:
 
     def _mapping(self, nbytes: int) -> torch.Tensor:
         size = -(-nbytes // PAGE) * PAGE
+        # private: a shared anonymous mapping (mmap's default) got no huge pages
         m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        m.madvise(mmap.MADV_HUGEPAGE)
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):        # no THP here: an ordinary mapping, no slower
+            pass
         return torch.frombuffer(m, dtype=torch.uint8)                     # [size]
 
     def _bytes(self, nbytes: int) -> torch.Tensor:
