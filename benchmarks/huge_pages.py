@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     from specrt.api.tokenizer import Tokenizer
     from specrt.kernels.cpu import bandwidth, huge_pages
     from specrt.model.backends.cpu_native import CpuNative
+    from specrt.model.config import ModelConfig
     from specrt.model.transformer import Transformer
     from specrt.spec.drafters.draft_model import shortlist
 
@@ -63,34 +64,34 @@ def main(argv=None) -> int:
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("decode steps: weights in huge pages vs 4 KiB pages", info,
                         {"order": args.order, "THP mode": huge_pages.thp_mode()})
-    ids = set(Tokenizer(target_dir).special_ids())
+    # the draft's output head as `LLM` loads it: the shortlist plus the special and EOS ids
+    cfg = ModelConfig.from_dir(draft_dir)
+    head = shortlist(cfg.vocab_size, set(Tokenizer(target_dir).special_ids()) | set(cfg.eos_token_ids))
     before = anon_huge_mb()
     models = {}
-    for name, model_dir, kw in (("target bf16", target_dir, {}),
-                                ("draft int8 + shortlist", draft_dir, {"quant": "int8"})):
-        if "draft" in name:
-            kw["head_rows"] = shortlist(models[("target bf16", True)].cfg.vocab_size,
-                                        ids | set(models[("target bf16", True)].cfg.eos_token_ids))
+    loads = {"target bf16": (target_dir, {}),
+             "draft int8 + shortlist": (draft_dir, {"quant": "int8", "head_rows": head})}
+    x = torch.arange(100, 140)[None]
+    for name, (model_dir, kw) in loads.items():
         for huge in ((True, False) if args.order == "huge-first" else (False, True)):
             models[(name, huge)] = Transformer.from_dir(model_dir, "bfloat16", "cpu", 512,
                                                         backend=CpuNative(huge=huge), **kw)
-        x = torch.arange(100, 140)[None]
         a, b = (models[(name, h)] for h in (True, False))
         if not torch.equal(a.forward(x, a.new_cache(1, 64)), b.forward(x, b.new_cache(1, 64))):
             cli.fail(f"{name}: the two placements give different logits")
     huge_mb = (anon_huge_mb() or 0) - (before or 0)
-    names = ("target bf16", "draft int8 + shortlist")
+    weights = {k: bandwidth.weight_tensors(m) for k, m in models.items()}
     step = {k: [] for k in models}
     floor = {k: [] for k in models}
     for r in range(args.rounds):
-        for name in names:
+        for name in loads:
             for huge in ((True, False) if r % 2 == 0 else (False, True)):
-                m = models[(name, huge)]
-                step[(name, huge)].append(step_seconds(m, True) * 1e3)
-                t = bandwidth.weight_tensors(m)
-                floor[(name, huge)].append(sum(x.nbytes for x in t) / bandwidth.read_seconds(t) / 1e9)
+                k = (name, huge)
+                step[k].append(step_seconds(models[k], True) * 1e3)
+                floor[k].append(sum(t.nbytes for t in weights[k])
+                                / bandwidth.read_seconds(weights[k]) / 1e9)
     rows, out = [], {}
-    for name in names:
+    for name in loads:
         h, s = step[(name, True)], step[(name, False)]
         ratio = statistics.median(b / a for a, b in zip(h, s))
         fr = statistics.median(b / a for a, b in zip(floor[(name, False)], floor[(name, True)]))
