@@ -70,14 +70,14 @@ def steps(args, target_dir, draft_dir) -> tuple[str, dict]:
 
     from specrt.api.tokenizer import Tokenizer
     from specrt.model.transformer import Transformer
-    from specrt.spec.drafters.draft_model import shortlist
+    from specrt.model.config import ModelConfig
+    from specrt.spec.drafters.draft_model import draft_head_rows
 
-    ids = set(Tokenizer(target_dir).special_ids())
     load = Transformer.from_dir
     models = {"target fp32, torch_ref (old default)": load(target_dir, "float32", "cpu", 512, backend="torch_ref"),
               "target bf16, torch_ref": load(target_dir, "bfloat16", "cpu", 512, backend="torch_ref"),
               "target bf16, AVX2 kernels (new default)": load(target_dir, "bfloat16", "cpu", 512)}
-    head = shortlist(models["target bf16, torch_ref"].cfg.vocab_size, ids)
+    head = draft_head_rows(ModelConfig.from_dir(draft_dir), Tokenizer(target_dir))
     models |= {"draft fp32, torch_ref (old default)": load(draft_dir, "float32", "cpu", 512, backend="torch_ref", head_rows=head),
                "draft bf16, AVX2 kernels": load(draft_dir, "bfloat16", "cpu", 512, head_rows=head),
                "draft int8, AVX2 kernels (new default)": load(draft_dir, "bfloat16", "cpu", 512, quant="int8", head_rows=head)}

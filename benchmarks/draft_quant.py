@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     from specrt.engine.request import Request
     from specrt.model.transformer import Transformer
     from specrt.spec.config import SpecConfig
-    from specrt.spec.drafters.draft_model import shortlist
+    from specrt.model.config import ModelConfig
+    from specrt.spec.drafters.draft_model import draft_head_rows
 
     cli.setup_torch(args.threads, args.device)
     target_dir, draft_dir = resolve_models(args)
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     tok = Tokenizer(target_dir)
     # as LLM loads them: unquantized = draft_dtype/draft_vocab of the model, quantized = the
     # default shortlist
-    rows = shortlist(target.cfg.vocab_size, set(tok.special_ids()) | set(target.cfg.eos_token_ids))
+    rows = draft_head_rows(ModelConfig.from_dir(draft_dir), tok)
     forms = [None if f == args.dtype else f for f in args.drafts.split(",")]
     drafts = {}
     for q in forms:

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from specrt.model.backends.cpu_native import CpuNative
     from specrt.model.config import ModelConfig
     from specrt.model.transformer import Transformer
-    from specrt.spec.drafters.draft_model import shortlist
+    from specrt.spec.drafters.draft_model import draft_head_rows
 
     cli.setup_torch(args.threads, "cpu")
     if not huge_pages.enabled():
@@ -64,9 +64,7 @@ def main(argv=None) -> int:
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("decode steps: weights in huge pages vs 4 KiB pages", info,
                         {"order": args.order, "THP mode": huge_pages.thp_mode()})
-    # the draft's output head as `LLM` loads it: the shortlist plus the special and EOS ids
-    cfg = ModelConfig.from_dir(draft_dir)
-    head = shortlist(cfg.vocab_size, set(Tokenizer(target_dir).special_ids()) | set(cfg.eos_token_ids))
+    head = draft_head_rows(ModelConfig.from_dir(draft_dir), Tokenizer(target_dir))
     before = anon_huge_mb()
     models = {}
     loads = {"target bf16": (target_dir, {}),

@@ -51,17 +51,18 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from specrt.api.tokenizer import Tokenizer
     from specrt.model.transformer import Transformer
-    from specrt.spec.drafters.draft_model import shortlist
+    from specrt.model.config import ModelConfig
+    from specrt.spec.drafters.draft_model import draft_head_rows
 
     cli.setup_torch(args.threads, "cpu")
     target_dir, draft_dir = resolve_models(args)
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("C++ layer loop vs per-op loop", info)
     target = Transformer.from_dir(target_dir, "bfloat16", "cpu", 512)
-    ids = set(Tokenizer(target_dir).special_ids()) | set(target.cfg.eos_token_ids)
+    head = draft_head_rows(ModelConfig.from_dir(draft_dir), Tokenizer(target_dir))
     drafts = {f"draft {q or 'bf16'} + shortlist": Transformer.from_dir(
                   draft_dir, "bfloat16", "cpu", 512, quant=q,
-                  head_rows=shortlist(target.cfg.vocab_size, ids))
+                  head_rows=head)
               for q in ("int8", "int4", None)}
     models = {"target bf16": target, **drafts}
     times = {(name, fused): [] for name in models for fused in (False, True)}

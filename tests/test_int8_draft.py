@@ -153,6 +153,22 @@ def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir
         llm.close()
 
 
+def test_draft_head_rows_keep_eos_and_special_ids_past_the_shortlist():
+    """The rows a draft scores (as LLM and the benchmarks load it): the first n ids, its EOS
+    ids and the tokenizer's special ids, sorted; every id under "auto" for a small vocabulary."""
+    from types import SimpleNamespace
+
+    from specrt.spec.drafters.draft_model import SHORTLIST, draft_head_rows
+
+    tok = SimpleNamespace(special_ids=lambda: [150_000, 151_643, 10**9])   # one out of range
+    big = SimpleNamespace(vocab_size=151_936, eos_token_ids=[151_645])
+    rows = draft_head_rows(big, tok)
+    assert rows == sorted(set(range(SHORTLIST)) | {150_000, 151_643, 151_645})
+    assert draft_head_rows(big, None, n=10) == [*range(10), 151_645]
+    assert draft_head_rows(big, tok, n=None) is None
+    assert draft_head_rows(SimpleNamespace(vocab_size=320, eos_token_ids=[3]), tok) is None
+
+
 def test_draft_vocab_auto_keeps_small_vocabularies_whole(pair):
     assert pair["int8"].engine.draft.head_rows is None      # 320 tokens: nothing to cut
 

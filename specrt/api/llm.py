@@ -35,7 +35,7 @@ from specrt.model.backends.quantized import auto_draft_format
 from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
-from specrt.spec.drafters.draft_model import shortlist
+from specrt.spec.drafters.draft_model import draft_head_rows
 from specrt.spec.sampling import SamplingParams
 
 __all__ = ["LLM", "GenerationResult", "StreamChunk"]
@@ -88,12 +88,9 @@ class LLM:
         quant = self.draft_dtype
         if quant == "auto":
             quant = auto_draft_format(cfg, self.device)
-        specials = set(cfg.eos_token_ids)
-        if self.tokenizer is not None:
-            specials |= set(self.tokenizer.special_ids())
         draft_model = Transformer.from_dir(
             draft_dir, self.dtype, self.device, self.max_seq_len, quant=quant,
-            head_rows=shortlist(cfg.vocab_size, specials, self.draft_vocab))
+            head_rows=draft_head_rows(cfg, self.tokenizer, self.draft_vocab))
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
         check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Proposal,
                                       right_pad)
@@ -42,6 +43,17 @@ def shortlist(vocab_size: int, special_ids, n="auto") -> list[int] | None:
     if n is None or n >= vocab_size:
         return None
     return sorted(set(range(n)) | {t for t in special_ids if 0 <= t < vocab_size})
+
+
+def draft_head_rows(cfg: ModelConfig, tokenizer=None, n="auto") -> list[int] | None:
+    """The rows a draft model with config `cfg` scores, as `LLM` loads it: the shortlist of n
+    ids plus its EOS ids and the special ids of `tokenizer` (the target's, when it has one),
+    so a draft can always propose a chat marker or the end of an answer. Benchmarks that load
+    a draft themselves call this too, so they measure the model `LLM` runs."""
+    specials = set(cfg.eos_token_ids)
+    if tokenizer is not None:
+        specials |= set(tokenizer.special_ids())
+    return shortlist(cfg.vocab_size, specials, n)
 
 
 class DraftModelDrafter:
