@@ -50,6 +50,7 @@ def test_streams_text_and_traces_rounds(tiny_noeos_dir, tiny_draft_dir):
     (["--speculative-config", '{"num_speculative_tokens": 0}'], "num_speculative_tokens"),
     (["--prompt-ids", "1,x"], "--prompt-ids must be comma-separated integers"),
     (["--max-seq-len", "8", "--prompt-ids", "1,2,3"], "exceeds max_seq_len"),
+    (["--no-spec", "--speculative-config", '{"method": "ngram"}'], "contradict each other"),
 ])
 def test_bad_input_is_one_clear_line(tiny_noeos_dir, args, message):
     proc = run_cli("--model", tiny_noeos_dir, "--dtype", "float32", *args, check=False)
@@ -93,3 +94,16 @@ def test_prompt_file_conflicts_and_unreadable_file_are_one_line(tmp_path, tiny_d
     missing = run_cli("--model", tiny_dir, "--prompt-file", tmp_path / "nope.txt", check=False)
     assert missing.returncode == 2 and "--prompt-file" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_speculative_config_none_is_plain_decoding(tiny_noeos_dir, tiny_draft_dir):
+    """`--speculative-config none` means what it means for `specrt.serve`: no speculation."""
+    common = ("--model", tiny_noeos_dir, "--draft", tiny_draft_dir, "--prompt-ids", "5,6,7",
+              "--max-new-tokens", 10, "--dtype", "float32", "--json")
+    none = json.loads(run_cli(*common, "--speculative-config", "none").stdout)
+    plain = json.loads(run_cli(*common, "--no-spec").stdout)
+    spec = json.loads(run_cli(*common, "--speculative-config",
+                              '{"method": "draft_model", "num_speculative_tokens": 3}').stdout)
+    assert none["token_ids"] == plain["token_ids"] == spec["token_ids"]
+    assert none["stats"]["num_drafts"] == plain["stats"]["num_drafts"] == 0
+    assert spec["stats"]["num_drafts"] > 0

@@ -429,7 +429,11 @@ def test_backend_for_default_and_override(monkeypatch):
 
 
 def test_backend_override_rejects_unknown_values(monkeypatch):
+    from specrt.errors import ArgumentError
+
     monkeypatch.setenv("SPECRT_KERNELS", "cuda")
+    with pytest.raises(ArgumentError, match="SPECRT_KERNELS"):        # a clear error, exit 2
+        kernels.backend_for(torch.zeros(1))
     with pytest.raises(ValueError, match="triton.*reference"):
         kernels.backend_for(torch.zeros(1))
     with pytest.raises(ValueError, match="SPECRT_KERNELS"):

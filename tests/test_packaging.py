@@ -36,7 +36,7 @@ EXTENSIONS = ("_ngram", "_gemv", "_cpu_ops", "_cpu_layers")
 SCRIPTS = {"specrt": "specrt.api.cli:main", "specrt-models": "specrt.hub.cli:main",
            "specrt-serve": "specrt.serve.cli:main"}
 RUNTIME_DEPS = {"torch", "numpy", "safetensors", "tokenizers", "transformers", "huggingface-hub",
-                "jinja2", "tqdm"}
+                "jinja2", "tqdm", "gguf"}   # gguf: fetching the default pair converts GGUF files
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.so", "*.egg-info",
                                     "__pycache__", ".pytest_cache", "benchmarks", ".whl", ".gl")
 

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--speculative-config", default=None,
                    help="JSON with vLLM's keys: method (draft_model | ngram | auto), model, "
-                        "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max")
+                        "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max; "
+                        "'none' for plain decoding")
     p.add_argument("--no-spec", action="store_true", help="plain decoding (no speculation)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -129,7 +130,15 @@ def check_flags(args) -> _Request:
             raise ArgumentError("--prompt is empty; give some text")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed)
-    spec = None if args.no_spec else SpecConfig.parse(args.speculative_config) or "default"
+    plain_words = ("none", "null", "off")          # as `specrt.serve --speculative-config`
+    flag = args.speculative_config
+    if args.no_spec and flag is not None and flag.strip().lower() not in plain_words:
+        raise ArgumentError("--no-spec and --speculative-config contradict each other; "
+                            "give one of them")
+    if args.no_spec or (flag is not None and flag.strip().lower() in plain_words):
+        spec = None
+    else:
+        spec = SpecConfig.parse(flag) or "default"
     return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
                     check_stop(args.stop), spec)
 

@@ -29,7 +29,9 @@ def backend_for(tensor: torch.Tensor) -> str:
     forced = os.environ.get(ENV_VAR, "").strip()
     if forced:
         if forced not in BACKENDS:
-            raise ValueError(f"{ENV_VAR} must be one of {BACKENDS} (or unset), got {forced!r}")
+            from specrt.errors import ArgumentError
+            raise ArgumentError(f"environment variable {ENV_VAR} must be one of "
+                                f"{', '.join(BACKENDS)} (or unset), got {forced!r}")
         return forced
     return "triton" if tensor.is_cuda else "reference"
 
