@@ -98,9 +98,69 @@ SPECRT_AVX512 static void block_f32(Rows<float> x, const float* w, int64_t K, in
 SPECRT_TILES(block_bf16, uint16_t)
 SPECRT_TILES(block_f32, float)
 
+// --- a decode step (M = 1) -------------------------------------------------------------------
+// One row of x takes whole weight rows, NB_DEC at a time, with the accumulators in registers
+// for the whole of K and the next tile (which follows this one in memory) prefetched as this
+// one is consumed: the AVX2 kernels' decode design (gemv_avx2.cpp). Each lane sums its pairs
+// in the same k order as block_bf16 above (32-value steps, the last K % 32 masked), and the
+// 16 lanes are reduced by the same reduce16, so the bits are the tiled driver's. On a Zen 5
+// EPYC (2 threads, AVX-512 BF16) the tiled driver's decode step read the weights at 1.2-1.55x
+// the streaming read's time, where the AVX2 decode path read at 1.02-1.2x
+// (benchmarks/RESULTS.md, "AVX-512 on Zen 5").
+constexpr int NB_DEC = 4;
+
+template <int NB>
+SPECRT_AVX512 SPECRT_INLINE void decode_step(const uint16_t* x, const uint16_t* w, int64_t K,
+                                             int64_t k, __mmask32 mask, __m512 (&acc)[NB]) {
+  const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + k);
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) {
+    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i * K + k);
+    acc[i] = _mm512_dpbf16_ps(acc[i], xv, wv);
+  }
+}
+
+// x [K] bf16 against NB whole weight rows w [NB, K]: each row's 16 lane sums into sums [NB][16].
+// Each 32-value step reads 64 bytes of each row and prefetches (into L2) as many bytes of the
+// next tile.
+template <int NB>
+SPECRT_AVX512 static void decode_tile(const uint16_t* x, const uint16_t* w, int64_t K,
+                                      float* sums) {
+  __m512 acc[NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) acc[i] = _mm512_setzero_ps();
+  const char* next = reinterpret_cast<const char*>(w + NB * K);
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) __builtin_prefetch(next + k * NB * 2 + j * 64, 0, 2);
+    decode_step<NB>(x, w, K, k, 0xffffffffu, acc);
+  }
+  if (k < K) decode_step<NB>(x, w, K, k, (1u << (K - k)) - 1, acc);
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) _mm512_storeu_ps(sums + 16 * i, acc[i]);
+}
+
+// x [1, K] bf16 @ w [N, K].T: tiles of NB_DEC rows split evenly over the threads (a partial
+// last tile row by row).
+static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t K, int threads,
+                        Bf16Store store) {
+  const int64_t tiles = (N + NB_DEC - 1) / NB_DEC;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    alignas(64) float sums[NB_DEC * 16];
+    const int64_t n0 = t * NB_DEC;
+    const int nb = int(std::min<int64_t>(NB_DEC, N - n0));
+    if (nb == NB_DEC) decode_tile<NB_DEC>(x, w + n0 * K, K, sums);
+    else for (int i = 0; i < nb; ++i) decode_tile<1>(x, w + (n0 + i) * K, K, sums + 16 * i);
+    for (int i = 0; i < nb; ++i) store(0, n0 + i, reduce16(sums + 16 * i));
+  }
+}
+
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
   if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
+  if (M == 1) return decode_bf16(x, w, N, K, threads, Bf16Store{bias, out, out_f32, N});
   gemv_tiled<NB_MAX, MB_MAX, 512>(Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table,
                                    Bf16Store{bias, out, out_f32, N});
 }
