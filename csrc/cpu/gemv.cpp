@@ -6,9 +6,10 @@
 // depends on M. These kernels stream W once per call in tiles of 8 weight rows (each dotted
 // with up to 3 rows of x at a time from registers), split N across threads, and accumulate every
 // output element in the same k order whatever M is: a verify pass and a decode step give
-// bit-identical values for the same row. Plain C++17 + AVX-512 intrinsics, selected at run time
-// (cpu_avx512); CPUs with AVX2 only take gemv_avx2.cpp, and callers fall back to the library
-// path elsewhere (cpu_supported).
+// bit-identical values for the same row (a decode step, M = 1, takes its own path over whole
+// weight rows, decode_bf16 below, with the same bits). Plain C++17 + AVX-512 intrinsics,
+// selected at run time (cpu_avx512); CPUs with AVX2 only take gemv_avx2.cpp, and callers fall
+// back to the library path elsewhere (cpu_supported).
 #include "gemv.h"
 
 #include <immintrin.h>
