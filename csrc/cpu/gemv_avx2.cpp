@@ -218,20 +218,12 @@ SPECRT_AVX2 static void decode_tile(const uint16_t* x, const uint16_t* w, int64_
   for (int a = 0; a < NB * 2; ++a) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
 
-// x [1, K] bf16 @ w [N, K].T: tiles of NB_DEC rows split evenly over the threads (a partial
-// last tile row by row).
+// x [1, K] bf16 @ w [N, K].T (decode_rows: tiles split evenly over the threads).
 static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t K, int threads,
                         Bf16Store store) {
-  const int64_t tiles = (N + NB_DEC - 1) / NB_DEC;
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    alignas(32) float sums[NB_DEC * 16];
-    const int64_t n0 = t * NB_DEC;
-    const int nb = int(std::min<int64_t>(NB_DEC, N - n0));
-    if (nb == NB_DEC) decode_tile<NB_DEC>(x, w + n0 * K, K, sums);
-    else for (int i = 0; i < nb; ++i) decode_tile<1>(x, w + (n0 + i) * K, K, sums + 16 * i);
-    for (int i = 0; i < nb; ++i) store(0, n0 + i, reduce16_pairwise(sums + 16 * i));
-  }
+  decode_rows<NB_DEC, reduce16_pairwise>(
+      N, threads, [&](int64_t n0, float* sums) { decode_tile<NB_DEC>(x, w + n0 * K, K, sums); },
+      [&](int64_t n, float* sums) { decode_tile<1>(x, w + n * K, K, sums); }, store);
 }
 
 // x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then

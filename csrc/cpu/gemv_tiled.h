@@ -128,6 +128,24 @@ struct F32Store {
   void operator()(int64_t m, int64_t n, float v) const { out[m * N + n] = bias ? v + bias[n] : v; }
 };
 
+// A decode step (one row of x) over whole weight rows (gemv_avx2.cpp, gemv.cpp): tiles of NB
+// rows split evenly over the threads. tile(n0, sums) writes the 16 lane sums of weight rows
+// n0 .. n0 + NB - 1 into sums [NB][16], one(n, sums) those of row n alone (a partial last
+// tile goes row by row); the template argument reduce turns each row's 16 sums into its output.
+template <int NB, Reduce reduce, typename Tile, typename One, typename Store>
+static void decode_rows(int64_t N, int threads, Tile tile, One one, Store store) {
+  const int64_t tiles = (N + NB - 1) / NB;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    alignas(64) float sums[NB * 16];
+    const int64_t n0 = t * NB;
+    const int nb = int(std::min<int64_t>(NB, N - n0));
+    if (nb == NB) tile(n0, sums);
+    else for (int i = 0; i < nb; ++i) one(n0 + i, sums + 16 * i);
+    for (int i = 0; i < nb; ++i) store(0, n0 + i, reduce(sums + 16 * i));
+  }
+}
+
 // M cut into near-equal parts of at most `most` as (first, count): 17 by 3 = 2 + 3 + 3 + 3 + 3
 // + 3, so no part is left much smaller than the others (the row tiles of x below, and the
 // chunks of M_CHUNK rows).
