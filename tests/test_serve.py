@@ -460,3 +460,18 @@ def test_finish_reasons_map_to_openais():
 
     assert (FINISH_REASONS["eos"], FINISH_REASONS["stop"], FINISH_REASONS["length"]) == \
         ("stop", "stop", "length")
+
+
+def test_server_speculative_flag_none_means_plain_as_the_generate_cli():
+    from specrt.api.cli import default_speculative
+    from specrt.errors import ArgumentError
+    from specrt.serve.cli import speculative_from_flag
+
+    for word in ("none", " OFF ", "null"):
+        assert speculative_from_flag(word, has_draft=True) is None
+    assert speculative_from_flag(None, has_draft=True) == default_speculative(True)
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    assert speculative_from_flag(spec, has_draft=False) == {"method": "ngram",
+                                                             "num_speculative_tokens": 3}
+    with pytest.raises(ArgumentError):
+        speculative_from_flag("nope", has_draft=True)

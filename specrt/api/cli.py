@@ -97,7 +97,7 @@ def check_flags(args) -> _Request:
     from specrt.api.args import LLMArgs, check_max_new_tokens, check_stop, check_text
     from specrt.errors import ArgumentError
     from specrt.checks import check_int, show
-    from specrt.spec.config import SpecConfig
+    from specrt.spec.config import SpecConfig, means_plain
     from specrt.spec.sampling import SamplingParams
 
     llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
@@ -130,15 +130,12 @@ def check_flags(args) -> _Request:
             raise ArgumentError("--prompt is empty; give some text")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed)
-    plain_words = ("none", "null", "off")          # as `specrt.serve --speculative-config`
     flag = args.speculative_config
-    if args.no_spec and flag is not None and flag.strip().lower() not in plain_words:
+    plain = flag is not None and means_plain(flag)
+    if args.no_spec and flag is not None and not plain:
         raise ArgumentError("--no-spec and --speculative-config contradict each other; "
                             "give one of them")
-    if args.no_spec or (flag is not None and flag.strip().lower() in plain_words):
-        spec = None
-    else:
-        spec = SpecConfig.parse(flag) or "default"
+    spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
     return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
                     check_stop(args.stop), spec)
 

@@ -52,11 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 def speculative_from_flag(value: str | None, has_draft: bool) -> dict | None:
     """The server-wide speculative config: the flag's JSON, 'none', or the CLI default."""
     from specrt.api.cli import default_speculative
-    from specrt.spec.config import SpecConfig
+    from specrt.spec.config import SpecConfig, means_plain
 
     if value is None:
         return default_speculative(has_draft)
-    if value.strip().lower() in ("none", "null", "off"):
+    if means_plain(value):
         return None
     SpecConfig.parse(value)                      # a bad config fails now, not per request
     return json.loads(value)

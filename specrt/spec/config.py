@@ -19,6 +19,11 @@ MAX_SPECULATIVE_TOKENS = 16
 MAX_PROMPT_LOOKUP = 64      # n-gram lengths; longer ones never match and cost a scan each
 
 
+def means_plain(flag: str) -> bool:
+    """Whether a `--speculative-config` value asks for plain decoding (both CLIs' flag)."""
+    return flag.strip().lower() in ("none", "null", "off")
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding settings, with vLLM's `--speculative-config` keys and meanings.
