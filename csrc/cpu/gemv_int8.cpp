@@ -71,6 +71,28 @@ Block<QRows, uint8_t> block_i8_table[NB_I8][MB_I8] = {
     {SPECRT_I8_ROW(1)}, {SPECRT_I8_ROW(2)}, {SPECRT_I8_ROW(3)}, {SPECRT_I8_ROW(4)},
     {SPECRT_I8_ROW(5)}, {SPECRT_I8_ROW(6)}, {SPECRT_I8_ROW(7)}, {SPECRT_I8_ROW(8)}};
 
+// A decode step (M = 1) takes whole weight rows, NB_DEC at a time, with the accumulators in
+// registers for all of K and the next tile (it follows this one in memory) prefetched as this
+// one is read, as the bf16 decode step does (gemv.cpp). Each lane sums its blocks in step_i8's
+// order and goes through the same reduce16, so every output has the tiled driver's bits.
+constexpr int NB_DEC = 4;
+
+template <int NB>
+SPECRT_AVX512_VNNI static void decode_tile_i8(const QRows& x, const uint8_t* w, int64_t K,
+                                              float* sums) {
+  __m512 acc[NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) acc[i] = _mm512_setzero_ps();
+  const char* next = reinterpret_cast<const char*>(w + NB * K);
+  for (int64_t k = 0; k < K; k += QBLOCK) {                // 64 bytes of each row per step
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) __builtin_prefetch(next + k * NB + j * 64, 0, 2);
+    step_i8<NB, 1>(x, w, K, k, acc);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NB; ++i) _mm512_storeu_ps(sums + 16 * i, acc[i]);
+}
+
 }  // namespace
 
 bool cpu_supports_int8() { return cpu_avx512_vnni() || cpu_avx2(); }
@@ -83,6 +105,11 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
   const QuantizedX qx(x, x_f32, M, K, 128);
   const QuantStore put{bias, x_f32, out, out_f32, N};
   auto store = [&](int64_t m, int64_t n, float v) { put(m, n, v * w_scale[n]); };
+  if (M == 1)
+    return decode_rows<NB_DEC, reduce16>(
+        N, threads,
+        [&](int64_t n0, float* sums) { decode_tile_i8<NB_DEC>(qx.view, w + n0 * K, K, sums); },
+        [&](int64_t n, float* sums) { decode_tile_i8<1>(qx.view, w + n * K, K, sums); }, store);
   gemv_tiled<NB_I8, MB_I8, 1024>(qx.view, w, M, N, K,
                                  threads, block_i8_table, store);
 }
