@@ -218,12 +218,14 @@ SPECRT_AVX2 static void decode_tile(const uint16_t* x, const uint16_t* w, int64_
   for (int a = 0; a < NB * 2; ++a) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
 
-// x [1, K] bf16 @ w [N, K].T (decode_rows: tiles split evenly over the threads).
+// x [1, K] bf16 @ w [N, K].T (few_rows with one row: tiles split evenly over the threads).
 static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t K, int threads,
                         Bf16Store store) {
-  decode_rows<NB_DEC, reduce16_pairwise>(
-      N, threads, [&](int64_t n0, float* sums) { decode_tile<NB_DEC>(x, w + n0 * K, K, sums); },
-      [&](int64_t n, float* sums) { decode_tile<1>(x, w + n * K, K, sums); }, store);
+  few_rows<NB_DEC, 1, reduce16_pairwise>(
+      1, N, threads,
+      [&](int64_t n0, int64_t, int, int, int, float* sums) { decode_tile<NB_DEC>(x, w + n0 * K, K, sums); },
+      [&](int64_t n, int64_t, int, int, int, float* sums) { decode_tile<1>(x, w + n * K, K, sums); },
+      store);
 }
 
 // x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then

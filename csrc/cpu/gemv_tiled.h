@@ -128,24 +128,6 @@ struct F32Store {
   void operator()(int64_t m, int64_t n, float v) const { out[m * N + n] = bias ? v + bias[n] : v; }
 };
 
-// A decode step (one row of x) over whole weight rows (gemv_avx2.cpp, gemv.cpp): tiles of NB
-// rows split evenly over the threads. tile(n0, sums) writes the 16 lane sums of weight rows
-// n0 .. n0 + NB - 1 into sums [NB][16], one(n, sums) those of row n alone (a partial last
-// tile goes row by row); the template argument reduce turns each row's 16 sums into its output.
-template <int NB, Reduce reduce, typename Tile, typename One, typename Store>
-static void decode_rows(int64_t N, int threads, Tile tile, One one, Store store) {
-  const int64_t tiles = (N + NB - 1) / NB;
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    alignas(64) float sums[NB * 16];
-    const int64_t n0 = t * NB;
-    const int nb = int(std::min<int64_t>(NB, N - n0));
-    if (nb == NB) tile(n0, sums);
-    else for (int i = 0; i < nb; ++i) one(n0 + i, sums + 16 * i);
-    for (int i = 0; i < nb; ++i) store(0, n0 + i, reduce(sums + 16 * i));
-  }
-}
-
 // M cut into near-equal parts of at most `most` as (first, count): 17 by 3 = 2 + 3 + 3 + 3 + 3
 // + 3, so no part is left much smaller than the others (the row tiles of x below, and the
 // chunks of M_CHUNK rows).
@@ -157,6 +139,33 @@ static inline std::vector<std::pair<int64_t, int64_t>> near_equal_parts(int64_t 
     m0 += n;
   }
   return parts;
+}
+
+// A decode step or a pass of a few rows of x over whole weight rows (gemv.cpp, gemv_avx2.cpp,
+// gemv_int8.cpp): tiles of NB weight rows split evenly over the threads, and for each tile the
+// row parts of x (near_equal_parts of at most MB) one after the other, the tile read from
+// memory by the first and from cache by the rest. tile(n0, m0, mb, part, parts, sums) writes
+// the lane sums of weight rows n0 .. n0 + NB - 1 against x rows m0 .. m0 + mb - 1 (row part
+// `part` of `parts`) into sums [NB][mb][16], one(n, m0, mb, part, parts, sums) those of weight
+// row n alone (a partial last tile goes row by row); the template argument reduce turns each
+// output's 16 lane sums into its value.
+template <int NB, int MB, Reduce reduce, typename Tile, typename One, typename Store>
+static void few_rows(int64_t M, int64_t N, int threads, Tile tile, One one, Store store) {
+  const auto parts = near_equal_parts(M, MB);
+  const int64_t tiles = (N + NB - 1) / NB;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    alignas(64) float sums[NB * MB * 16];
+    const int64_t n0 = t * NB;
+    const int nb = int(std::min<int64_t>(NB, N - n0));
+    for (int p = 0; p < int(parts.size()); ++p) {
+      const auto [m0, mb] = parts[p];
+      if (nb == NB) tile(n0, m0, int(mb), p, int(parts.size()), sums);
+      else for (int i = 0; i < nb; ++i) one(n0 + i, m0, int(mb), p, int(parts.size()), sums + 16 * mb * i);
+      for (int i = 0; i < nb; ++i)
+        for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce(sums + 16 * (i * mb + j)));
+    }
+  }
 }
 
 // The most rows of x one pass of the AVX2 products serves (gemv_avx2.cpp, gemv_int8_avx2.cpp):
