@@ -6,10 +6,10 @@
 // depends on M. These kernels stream W once per call in tiles of 8 weight rows (each dotted
 // with up to 3 rows of x at a time from registers), split N across threads, and accumulate every
 // output element in the same k order whatever M is: a verify pass and a decode step give
-// bit-identical values for the same row (a decode step, M = 1, takes its own path over whole
-// weight rows, decode_bf16 below, with the same bits). Plain C++17 + AVX-512 intrinsics,
-// selected at run time (cpu_avx512); CPUs with AVX2 only take gemv_avx2.cpp, and callers fall
-// back to the library path elsewhere (cpu_supported).
+// bit-identical values for the same row (a decode step and passes of up to 6 rows take their
+// own path over whole weight rows, few_bf16 below, with the same bits). Plain C++17 + AVX-512
+// intrinsics, selected at run time (cpu_avx512); CPUs with AVX2 only take gemv_avx2.cpp, and
+// callers fall back to the library path elsewhere (cpu_supported).
 #include "gemv.h"
 
 #include <immintrin.h>
@@ -99,31 +99,34 @@ SPECRT_AVX512 static void block_f32(Rows<float> x, const float* w, int64_t K, in
 SPECRT_TILES(block_bf16, uint16_t)
 SPECRT_TILES(block_f32, float)
 
-// --- decode steps and verify passes (M <= FEW_MAX) -------------------------------------------
-// A few rows of x take whole weight rows, NB_DEC at a time, in row parts of at most MB_FEW
-// (few_rows, gemv_tiled.h), with the accumulators in registers for the whole of K and the next
-// tile (which follows this one in memory) prefetched in equal shares by the row parts: the
-// AVX2 kernels' decode design (gemv_avx2.cpp) widened to verify passes. Each lane sums its
-// pairs in the same k order as block_bf16 above (32-value steps, the last K % 32 masked), and
-// the 16 lanes are reduced by the same reduce16, so the bits are the tiled driver's. On a Zen 5
-// EPYC (2 threads, AVX-512 BF16) the tiled driver's decode step read the weights at 1.2-1.55x
-// the streaming read's time, where the AVX2 decode path read at 1.02-1.2x; whole rows read
-// 2-17-row products 1.03-1.19x faster than the tiled driver, 24 rows 0.94x (kernel_ab;
-// benchmarks/RESULTS.md, "AVX-512 on Zen 5").
-constexpr int NB_DEC = 4, MB_FEW = 6, FEW_MAX = 17;   // 24 accumulators + 6 x + 1 weight vector
+// --- decode steps and narrow verify passes (M <= MB_FEW) ------------------------------------
+// A few rows of x take whole weight rows, NB_DEC at a time (few_rows, gemv_tiled.h), with the
+// accumulators in registers for the whole of K and the next tile (which follows this one in
+// memory) prefetched as this one is consumed: the AVX2 kernels' decode design (gemv_avx2.cpp).
+// Each lane sums its pairs in the same k order as block_bf16 above (32-value steps, the last
+// K % 32 masked), and the 16 lanes are reduced by the same reduce16, so the bits are the tiled
+// driver's. On a Zen 5 EPYC (2 threads, AVX-512 BF16) the tiled driver's decode step read the
+// weights at 1.2-1.55x the streaming read's time, where the AVX2 decode path read at
+// 1.02-1.2x; whole rows read 2-6-row products 1.07-1.22x faster than the tiled driver.
+// Wider passes stay tiled: whole rows in two or three row parts read 7-17 rows at 0.93-1.06x,
+// 24 rows 0.94x, and 2 weight rows x 9 rows of x at 0.75-0.93x (benchmarks/RESULTS.md,
+// "AVX-512 on Zen 5").
+constexpr int NB_DEC = 4, MB_FEW = 6;   // 24 accumulators + 6 x + 1 weight vector
 
 // x rows [MB, K] bf16 against NB whole weight rows w [NB, K]: the lane sums of each (weight
 // row i, x row j) into sums [NB][MB][16]. Each 32-value step reads 64 bytes of each weight row
-// and prefetches (into L2) per_step lines of [pf, pf_end), a share of the next tile.
+// and prefetches (into L2) as many bytes of the next tile.
 template <int NB, int MB>
-SPECRT_AVX512 static void rows_tile(const uint16_t* x, const uint16_t* w, int64_t K, float* sums,
-                                    const char* pf, const char* pf_end, int per_step) {
+SPECRT_AVX512 static void rows_tile(const uint16_t* x, const uint16_t* w, int64_t K,
+                                    float* sums) {
   __m512 acc[NB * MB];
 #pragma GCC unroll 32
   for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
+  const char* next = reinterpret_cast<const char*>(w + NB * K);
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
-    for (int j = 0; j < per_step && pf < pf_end; ++j, pf += 64) __builtin_prefetch(pf, 0, 2);
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) __builtin_prefetch(next + k * NB * 2 + j * 64, 0, 2);
     step_bf16<NB, MB>(x, w, K, k, 0xffffffffu, acc);
   }
   if (k < K) step_bf16<NB, MB>(x, w, K, k, (1u << (K - k)) - 1, acc);
@@ -131,36 +134,24 @@ SPECRT_AVX512 static void rows_tile(const uint16_t* x, const uint16_t* w, int64_
   for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(sums + 16 * a, acc[a]);
 }
 
-using RowsTile = void (*)(const uint16_t*, const uint16_t*, int64_t, float*, const char*,
-                          const char*, int);
-#define SPECRT_ROWS(NB) \
+using RowsTile = void (*)(const uint16_t*, const uint16_t*, int64_t, float*);
+#define SPECRT_ROWS(NB)                                                                      \
   {rows_tile<NB, 1>, rows_tile<NB, 2>, rows_tile<NB, 3>, rows_tile<NB, 4>, rows_tile<NB, 5>, \
    rows_tile<NB, 6>}
-static const RowsTile rows_one[MB_FEW] = SPECRT_ROWS(1), rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC);
+static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] = SPECRT_ROWS(1);
 
-// x [M, K] bf16 @ w [N, K].T for a few rows (few_rows: tiles split evenly over the threads).
+// x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads).
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                      int threads, Bf16Store store) {
-  const int64_t tile_bytes = NB_DEC * K * 2, steps = (K + 31) / 32;
   few_rows<NB_DEC, MB_FEW, reduce16>(
-      M, N, threads,
-      [&](int64_t n0, int64_t m0, int mb, int part, int parts, float* sums) {
-        // the next tile, prefetched in equal shares by this tile's row parts
-        const char* next = reinterpret_cast<const char*>(w + (n0 + NB_DEC) * K);
-        const int64_t lines = (tile_bytes / 64 + parts - 1) / parts;
-        rows_full[mb - 1](x + m0 * K, w + n0 * K, K, sums, next + part * lines * 64,
-                             next + std::min(tile_bytes, (part + 1) * lines * 64),
-                             int((lines + steps - 1) / steps));
-      },
-      [&](int64_t n, int64_t m0, int mb, int, int, float* sums) {
-        rows_one[mb - 1](x + m0 * K, w + n * K, K, sums, nullptr, nullptr, 0);
-      }, store);
+      M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
+      [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); }, store);
 }
 
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
   if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
-  if (M <= FEW_MAX) return few_bf16(x, w, M, N, K, threads, Bf16Store{bias, out, out_f32, N});
+  if (M <= MB_FEW) return few_bf16(x, w, M, N, K, threads, Bf16Store{bias, out, out_f32, N});
   gemv_tiled<NB_MAX, MB_MAX, 512>(Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table,
                                    Bf16Store{bias, out, out_f32, N});
 }

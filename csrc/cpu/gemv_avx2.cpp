@@ -223,8 +223,8 @@ static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t
                         Bf16Store store) {
   few_rows<NB_DEC, 1, reduce16_pairwise>(
       1, N, threads,
-      [&](int64_t n0, int64_t, int, int, int, float* sums) { decode_tile<NB_DEC>(x, w + n0 * K, K, sums); },
-      [&](int64_t n, int64_t, int, int, int, float* sums) { decode_tile<1>(x, w + n * K, K, sums); },
+      [&](int64_t n0, float* sums) { decode_tile<NB_DEC>(x, w + n0 * K, K, sums); },
+      [&](int64_t n, float* sums) { decode_tile<1>(x, w + n * K, K, sums); },
       store);
 }
 

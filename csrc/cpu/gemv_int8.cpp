@@ -108,12 +108,8 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
   if (M == 1)
     return few_rows<NB_DEC, 1, reduce16>(
         1, N, threads,
-        [&](int64_t n0, int64_t, int, int, int, float* sums) {
-          decode_tile_i8<NB_DEC>(qx.view, w + n0 * K, K, sums);
-        },
-        [&](int64_t n, int64_t, int, int, int, float* sums) {
-          decode_tile_i8<1>(qx.view, w + n * K, K, sums);
-        }, store);
+        [&](int64_t n0, float* sums) { decode_tile_i8<NB_DEC>(qx.view, w + n0 * K, K, sums); },
+        [&](int64_t n, float* sums) { decode_tile_i8<1>(qx.view, w + n * K, K, sums); }, store);
   gemv_tiled<NB_I8, MB_I8, 1024>(qx.view, w, M, N, K,
                                  threads, block_i8_table, store);
 }

@@ -141,30 +141,23 @@ static inline std::vector<std::pair<int64_t, int64_t>> near_equal_parts(int64_t 
   return parts;
 }
 
-// A decode step or a pass of a few rows of x over whole weight rows (gemv.cpp, gemv_avx2.cpp,
-// gemv_int8.cpp): tiles of NB weight rows split evenly over the threads, and for each tile the
-// row parts of x (near_equal_parts of at most MB) one after the other, the tile read from
-// memory by the first and from cache by the rest. tile(n0, m0, mb, part, parts, sums) writes
-// the lane sums of weight rows n0 .. n0 + NB - 1 against x rows m0 .. m0 + mb - 1 (row part
-// `part` of `parts`) into sums [NB][mb][16], one(n, m0, mb, part, parts, sums) those of weight
-// row n alone (a partial last tile goes row by row); the template argument reduce turns each
-// output's 16 lane sums into its value.
+// A decode step or a pass of at most MB rows of x over whole weight rows (gemv.cpp,
+// gemv_avx2.cpp, gemv_int8.cpp): tiles of NB weight rows split evenly over the threads.
+// tile(n0, sums) writes the lane sums of weight rows n0 .. n0 + NB - 1 against the M rows of x
+// into sums [NB][M][16], one(n, sums) those of weight row n alone (a partial last tile goes
+// row by row); the template argument reduce turns each output's 16 lane sums into its value.
 template <int NB, int MB, Reduce reduce, typename Tile, typename One, typename Store>
 static void few_rows(int64_t M, int64_t N, int threads, Tile tile, One one, Store store) {
-  const auto parts = near_equal_parts(M, MB);
   const int64_t tiles = (N + NB - 1) / NB;
   #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < tiles; ++t) {
     alignas(64) float sums[NB * MB * 16];
     const int64_t n0 = t * NB;
     const int nb = int(std::min<int64_t>(NB, N - n0));
-    for (int p = 0; p < int(parts.size()); ++p) {
-      const auto [m0, mb] = parts[p];
-      if (nb == NB) tile(n0, m0, int(mb), p, int(parts.size()), sums);
-      else for (int i = 0; i < nb; ++i) one(n0 + i, m0, int(mb), p, int(parts.size()), sums + 16 * mb * i);
-      for (int i = 0; i < nb; ++i)
-        for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce(sums + 16 * (i * mb + j)));
-    }
+    if (nb == NB) tile(n0, sums);
+    else for (int i = 0; i < nb; ++i) one(n0 + i, sums + 16 * M * i);
+    for (int i = 0; i < nb; ++i)
+      for (int64_t j = 0; j < M; ++j) store(j, n0 + i, reduce(sums + 16 * (i * M + j)));
   }
 }
 
