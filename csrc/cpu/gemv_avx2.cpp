@@ -224,8 +224,7 @@ static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t
   few_rows<NB_DEC, 1, reduce16_pairwise>(
       1, N, threads,
       [&](int64_t n0, float* sums) { decode_tile<NB_DEC>(x, w + n0 * K, K, sums); },
-      [&](int64_t n, float* sums) { decode_tile<1>(x, w + n * K, K, sums); },
-      store);
+      [&](int64_t n, float* sums) { decode_tile<1>(x, w + n * K, K, sums); }, store);
 }
 
 // x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then

@@ -128,19 +128,6 @@ struct F32Store {
   void operator()(int64_t m, int64_t n, float v) const { out[m * N + n] = bias ? v + bias[n] : v; }
 };
 
-// M cut into near-equal parts of at most `most` as (first, count): 17 by 3 = 2 + 3 + 3 + 3 + 3
-// + 3, so no part is left much smaller than the others (the row tiles of x below, and the
-// chunks of M_CHUNK rows).
-static inline std::vector<std::pair<int64_t, int64_t>> near_equal_parts(int64_t M, int64_t most) {
-  std::vector<std::pair<int64_t, int64_t>> parts;
-  for (int64_t m0 = 0, left = (M + most - 1) / most; m0 < M; --left) {
-    const int64_t n = (M - m0) / left;
-    parts.emplace_back(m0, n);
-    m0 += n;
-  }
-  return parts;
-}
-
 // A decode step or a pass of at most MB rows of x over whole weight rows (gemv.cpp,
 // gemv_avx2.cpp, gemv_int8.cpp): tiles of NB weight rows split evenly over the threads.
 // tile(n0, sums) writes the lane sums of weight rows n0 .. n0 + NB - 1 against the M rows of x
@@ -159,6 +146,19 @@ static void few_rows(int64_t M, int64_t N, int threads, Tile tile, One one, Stor
     for (int i = 0; i < nb; ++i)
       for (int64_t j = 0; j < M; ++j) store(j, n0 + i, reduce(sums + 16 * (i * M + j)));
   }
+}
+
+// M cut into near-equal parts of at most `most` as (first, count): 17 by 3 = 2 + 3 + 3 + 3 + 3
+// + 3, so no part is left much smaller than the others (the row tiles of x below, and the
+// chunks of M_CHUNK rows).
+static inline std::vector<std::pair<int64_t, int64_t>> near_equal_parts(int64_t M, int64_t most) {
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  for (int64_t m0 = 0, left = (M + most - 1) / most; m0 < M; --left) {
+    const int64_t n = (M - m0) / left;
+    parts.emplace_back(m0, n);
+    m0 += n;
+  }
+  return parts;
 }
 
 // The most rows of x one pass of the AVX2 products serves (gemv_avx2.cpp, gemv_int8_avx2.cpp):
