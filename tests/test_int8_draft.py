@@ -64,7 +64,9 @@ def test_kernel_matches_reference(kernel, dtype, M):
 @needs_kernel
 @KERNELS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("M", [9, 101])       # 101: a catch-up cut into passes of <= 48 rows
+# 2: the draft's first forward of a round (whole rows on AVX-512); 101: a catch-up cut into
+# passes of <= 48 rows
+@pytest.mark.parametrize("M", [2, 9, 101])
 def test_kernel_rows_do_not_depend_on_their_neighbours(kernel, dtype, M):
     # K = 2304: whole k-blocks of both kernels (1024 / 2048 values) and a part of one
     x, qw, b = _quantized(kernel, dtype, M, 130, 2304, seed=1)

@@ -71,27 +71,32 @@ Block<QRows, uint8_t> block_i8_table[NB_I8][MB_I8] = {
     {SPECRT_I8_ROW(1)}, {SPECRT_I8_ROW(2)}, {SPECRT_I8_ROW(3)}, {SPECRT_I8_ROW(4)},
     {SPECRT_I8_ROW(5)}, {SPECRT_I8_ROW(6)}, {SPECRT_I8_ROW(7)}, {SPECRT_I8_ROW(8)}};
 
-// A decode step (M = 1) takes whole weight rows, NB_DEC at a time, with the accumulators in
-// registers for all of K and the next tile (it follows this one in memory) prefetched as this
-// one is read, as the bf16 decode step does (gemv.cpp). Each lane sums its blocks in step_i8's
-// order and goes through the same reduce16, so every output has the tiled driver's bits.
-constexpr int NB_DEC = 4;
+// A decode step, or the draft's first forward of a round over its one or two new tokens
+// (M <= MB_DEC), takes whole weight rows, NB_DEC at a time, with the accumulators in registers
+// for all of K and the next tile (it follows this one in memory) prefetched as this one is
+// read, as the bf16 decode step does (gemv.cpp). Each lane sums its blocks in step_i8's order
+// and goes through the same reduce16, so every output has the tiled driver's bits.
+constexpr int NB_DEC = 4, MB_DEC = 2;
 
-template <int NB>
+template <int NB, int MB>
 SPECRT_AVX512_VNNI static void decode_tile_i8(const QRows& x, const uint8_t* w, int64_t K,
-                                              float* sums) {
-  __m512 acc[NB];
+                                              float* sums /*[NB][MB][16]*/) {
+  __m512 acc[NB * MB];
 #pragma GCC unroll 8
-  for (int i = 0; i < NB; ++i) acc[i] = _mm512_setzero_ps();
+  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
   const char* next = reinterpret_cast<const char*>(w + NB * K);
   for (int64_t k = 0; k < K; k += QBLOCK) {                // 64 bytes of each row per step
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) __builtin_prefetch(next + k * NB + j * 64, 0, 2);
-    step_i8<NB, 1>(x, w, K, k, acc);
+    step_i8<NB, MB>(x, w, K, k, acc);
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < NB; ++i) _mm512_storeu_ps(sums + 16 * i, acc[i]);
+  for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(sums + 16 * a, acc[a]);
 }
+
+using DecodeTile = void (*)(const QRows&, const uint8_t*, int64_t, float*);
+static const DecodeTile decode_full[MB_DEC] = {decode_tile_i8<NB_DEC, 1>, decode_tile_i8<NB_DEC, 2>},
+                        decode_one[MB_DEC] = {decode_tile_i8<1, 1>, decode_tile_i8<1, 2>};
 
 }  // namespace
 
@@ -105,11 +110,11 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
   const QuantizedX qx(x, x_f32, M, K, 128);
   const QuantStore put{bias, x_f32, out, out_f32, N};
   auto store = [&](int64_t m, int64_t n, float v) { put(m, n, v * w_scale[n]); };
-  if (M == 1)
-    return few_rows<NB_DEC, 1, reduce16>(
-        1, N, threads,
-        [&](int64_t n0, float* sums) { decode_tile_i8<NB_DEC>(qx.view, w + n0 * K, K, sums); },
-        [&](int64_t n, float* sums) { decode_tile_i8<1>(qx.view, w + n * K, K, sums); }, store);
+  if (M <= MB_DEC)
+    return few_rows<NB_DEC, MB_DEC, reduce16>(
+        M, N, threads,
+        [&](int64_t n0, float* sums) { decode_full[M - 1](qx.view, w + n0 * K, K, sums); },
+        [&](int64_t n, float* sums) { decode_one[M - 1](qx.view, w + n * K, K, sums); }, store);
   gemv_tiled<NB_I8, MB_I8, 1024>(qx.view, w, M, N, K,
                                  threads, block_i8_table, store);
 }
