@@ -107,10 +107,11 @@ SPECRT_TILES(block_f32, float)
 // K % 32 masked), and the 16 lanes are reduced by the same reduce16, so the bits are the tiled
 // driver's. On a Zen 5 EPYC (2 threads, AVX-512 BF16) the tiled driver's decode step read the
 // weights at 1.2-1.55x the streaming read's time, where the AVX2 decode path read at
-// 1.02-1.2x; whole rows read 2-6-row products 1.07-1.22x faster than the tiled driver.
-// Wider passes stay tiled: whole rows in two or three row parts read 7-17 rows at 0.93-1.06x,
-// 24 rows 0.94x, and 2 weight rows x 9 rows of x at 0.75-0.93x (benchmarks/RESULTS.md,
-// "AVX-512 on Zen 5").
+// 1.02-1.2x; whole rows read 2-6-row products 1.17-1.22x faster than the tiled driver on
+// the committed code (0.94-1.22x over nine runs of the variants). Wider passes stay tiled:
+// whole rows in two or three row parts read 7-17 rows at 0.86-1.11x, 24 rows 0.94x, and 2
+// weight rows x 7-17 rows of x at 0.75-0.93x (benchmarks/RESULTS.md, "AVX-512 on Zen 5" and
+// "Zen 5: the int8 draft's decode step and narrow verify passes").
 constexpr int NB_DEC = 4, MB_FEW = 6;   // 24 accumulators + 6 x + 1 weight vector
 
 // x rows [MB, K] bf16 against NB whole weight rows w [NB, K]: the lane sums of each (weight
