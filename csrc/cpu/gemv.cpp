@@ -144,7 +144,7 @@ static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] 
 // x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads).
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                      int threads, Bf16Store store) {
-  few_rows<NB_DEC, MB_FEW, reduce16>(
+  few_rows<NB_DEC, MB_FEW, reduce16_all>(
       M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
       [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); }, store);
 }

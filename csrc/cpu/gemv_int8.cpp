@@ -111,7 +111,7 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
   const QuantStore put{bias, x_f32, out, out_f32, N};
   auto store = [&](int64_t m, int64_t n, float v) { put(m, n, v * w_scale[n]); };
   if (M <= MB_DEC)
-    return few_rows<NB_DEC, MB_DEC, reduce16>(
+    return few_rows<NB_DEC, MB_DEC, reduce16_all>(
         M, N, threads,
         [&](int64_t n0, float* sums) { decode_full[M - 1](qx.view, w + n0 * K, K, sums); },
         [&](int64_t n, float* sums) { decode_one[M - 1](qx.view, w + n * K, K, sums); }, store);

@@ -95,18 +95,57 @@ struct Prefetch {
 template <typename X, typename W>
 using Block = void (*)(X x, const W* w, int64_t K, int64_t k0, int64_t k1, float* state, Prefetch pf);
 
+// An output element's 16 lane sums -> its value, halving: s_i = v_i + v_(i+8), t_i = s_i +
+// s_(i+4), u_i = t_i + t_(i+2), u_0 + u_1 (the tree of _mm512_reduce_add_ps).
 SPECRT_AVX512 static inline float reduce16(const float* v) {
   return _mm512_reduce_add_ps(_mm512_loadu_ps(v));
 }
-// The AVX2 blocks' partial sums (16 floats an output element, as two 8-lane halves) in a fixed
-// pairwise order.
-static inline float reduce16_pairwise(const float* v) {
-  float a[8];
-  for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
-  for (int i = 0; i < 4; ++i) a[i] += a[i + 4];
-  return (a[0] + a[2]) + (a[1] + a[3]);
+
+// count output elements' lane sums v [count][16] -> out [count], each with reduce16's bits: 16
+// at a time, the same pairs added at each level of the tree, 16 outputs a vector (8 + 4 + 2 + 1
+// additions and twice as many shuffles for 16 outputs, where one at a time takes 4 additions
+// and 4 extracts or shuffles each). A tile's outputs are reduced once all of K is summed; at 17
+// rows of x that was ~1/5 of a product's time on L2-resident weights (RESULTS.md).
+SPECRT_AVX512 static inline void reduce16_all(const float* v, int64_t count, float* out) {
+  int64_t c = 0;
+  for (; c + 16 <= count; c += 16) {
+    // Slot 4g + k takes output 4k + g: the tree below leaves slot s's value in lane 4(s % 4) +
+    // s / 4, so output o lands in lane o.
+    __m512 r[8];
+    for (int p = 0; p < 8; ++p) {                       // s_i: slots 2p | 2p + 1, 8 lanes each
+      const int a = 2 * p, b = a + 1;
+      const __m512 va = _mm512_loadu_ps(v + 16 * (c + 4 * (a % 4) + a / 4));
+      const __m512 vb = _mm512_loadu_ps(v + 16 * (c + 4 * (b % 4) + b / 4));
+      r[p] = _mm512_add_ps(_mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    __m512 t[4];
+    for (int q = 0; q < 4; ++q)                         // t_i: slots 4q + 0..3 by 128-bit chunk
+      t[q] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * q], r[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(r[2 * q], r[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 u[2];
+    for (int o = 0; o < 2; ++o)                         // u_i: per chunk k, slots 8o + k, 8o + 4 + k
+      u[o] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * o], t[2 * o + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(t[2 * o], t[2 * o + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm512_storeu_ps(out + c,                           // u_0 + u_1: chunk k, slots k, 4 + k, 8 + k, 12 + k
+                     _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1))));
+  }
+  for (; c < count; ++c) out[c] = reduce16(v + 16 * c);
 }
-using Reduce = float (*)(const float*);
+
+// The AVX2 blocks' partial sums (16 floats an output element, as two 8-lane halves) in a fixed
+// pairwise order, one output at a time.
+static inline void reduce16_pairwise(const float* v, int64_t count, float* out) {
+  for (int64_t c = 0; c < count; ++c, v += 16) {
+    float a[8];
+    for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; ++i) a[i] += a[i + 4];
+    out[c] = (a[0] + a[2]) + (a[1] + a[3]);
+  }
+}
+// Lane sums [count][16] -> values [count].
+using Reduce = void (*)(const float* v, int64_t count, float* out);
 
 // The stores of the unquantized products (gemv.cpp, gemv_avx2.cpp): + bias[n] and the output
 // element at out[m, n]; bf16 weights store fp32 or bf16 (rounded to nearest even).
@@ -138,13 +177,14 @@ static void few_rows(int64_t M, int64_t N, int threads, Tile tile, One one, Stor
   const int64_t tiles = (N + NB - 1) / NB;
   #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < tiles; ++t) {
-    alignas(64) float sums[NB * MB * 16];
+    alignas(64) float sums[NB * MB * 16], vals[NB * MB];
     const int64_t n0 = t * NB;
     const int nb = int(std::min<int64_t>(NB, N - n0));
     if (nb == NB) tile(n0, sums);
     else for (int i = 0; i < nb; ++i) one(n0 + i, sums + 16 * M * i);
+    reduce(sums, nb * M, vals);
     for (int i = 0; i < nb; ++i)
-      for (int64_t j = 0; j < M; ++j) store(j, n0 + i, reduce(sums + 16 * (i * M + j)));
+      for (int64_t j = 0; j < M; ++j) store(j, n0 + i, vals[i * M + j]);
   }
 }
 
@@ -189,7 +229,7 @@ template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, Ahead AHEAD = Ahead::nex
           typename X, typename T, typename Store>
 static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
                        Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store,
-                       Reduce reduce = reduce16) {
+                       Reduce reduce = reduce16_all) {
   int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
   const int64_t row = K / PACK;                             // weight elements per row
   const std::vector<std::pair<int64_t, int64_t>> row_tiles = near_equal_parts(M, MB_MAX);
@@ -201,6 +241,7 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
   #pragma omp parallel num_threads(threads)
   {
     std::vector<float> state(size_t(M) * NB_MAX * 16);    // [M][NB][16] partial sums
+    std::vector<float> vals(size_t(M) * NB_MAX);            // [M][NB] their values
     #pragma omp for schedule(dynamic, share)
     for (int64_t t = 0; t < n_tiles; ++t) {
       int64_t n0 = t * NB_MAX;
@@ -241,10 +282,12 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
                                  mine);
         }
       }
+      // every row tile's outputs at once (a partial tile's unused sums are zeros)
+      reduce(state.data(), M * NB_MAX, vals.data());
       for (auto [m0, mb] : row_tiles) {
-        const float* s = &state[m0 * NB_MAX * 16];      // [NB][MB][16] for this row tile
+        const float* s = &vals[m0 * NB_MAX];            // [NB][MB] for this row tile
         for (int i = 0; i < nb; ++i)
-          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, reduce(s + 16 * (i * mb + j)));
+          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, s[i * mb + j]);
       }
     }
   }
