@@ -143,7 +143,7 @@ static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] 
 
 // x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads).
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
-                     int threads, Bf16Store store) {
+                     int threads, Vector512<Bf16Store> store) {
   few_rows<NB_DEC, MB_FEW, reduce16_all>(
       M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
       [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); }, store);
@@ -152,9 +152,10 @@ static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N,
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
   if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
-  if (M <= MB_FEW) return few_bf16(x, w, M, N, K, threads, Bf16Store{bias, out, out_f32, N});
+  const Vector512<Bf16Store> store{{bias, out, out_f32, N}};
+  if (M <= MB_FEW) return few_bf16(x, w, M, N, K, threads, store);
   gemv_tiled<NB_MAX, MB_MAX, 512>(Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table,
-                                   Bf16Store{bias, out, out_f32, N});
+                                   store);
 }
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,

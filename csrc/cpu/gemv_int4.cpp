@@ -96,7 +96,7 @@ void gemv_int4(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
   const QuantizedX qx(x, x_f32, M, K, 8);
-  const QuantStore store{bias, x_f32, out, out_f32, N};   // the scales are in the blocks
+  const Vector512<QuantStore> store{{nullptr, bias, x_f32, out, out_f32, N}};  // scales: in the blocks
   // Blocks of 2048 values: 1 KiB of each weight row, as int8's 1024.
   gemv_tiled<NB_I4, MB_I4, 2048, 2>(QRows4{qx.view, w, w_scale}, w, M, N, K, threads,
                                     block_i4_table, store);

@@ -108,8 +108,7 @@ void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale
   if (!cpu_avx512_vnni())
     return gemv_int8_avx2(x, x_f32, w, w_scale, bias, out, out_f32, M, N, K, threads);
   const QuantizedX qx(x, x_f32, M, K, 128);
-  const QuantStore put{bias, x_f32, out, out_f32, N};
-  auto store = [&](int64_t m, int64_t n, float v) { put(m, n, v * w_scale[n]); };
+  const Vector512<QuantStore> store{{w_scale, bias, x_f32, out, out_f32, N}};
   if (M <= MB_DEC)
     return few_rows<NB_DEC, MB_DEC, reduce16_all>(
         M, N, threads,

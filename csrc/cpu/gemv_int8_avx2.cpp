@@ -151,8 +151,7 @@ void gemv_int8_avx2(const void* x, bool x_f32, const uint8_t* w, const float* w_
     return;
   }
   const Quantized16 qx(x, x_f32, M, K);
-  const QuantStore put{bias, x_f32, out, out_f32, N};
-  auto store = [&](int64_t m, int64_t n, float v) { put(m, n, v * w_scale[n]); };
+  const QuantStore store{w_scale, bias, x_f32, out, out_f32, N};
   gemv_tiled<NB, MB, 1024, 1, Ahead::next_tile>(qx.view(K), w, M, N, K, threads, block_table,
                                                store, reduce16_pairwise);
 }

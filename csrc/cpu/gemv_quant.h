@@ -94,20 +94,40 @@ struct QuantizedX {
   }
 };
 
-// An output element of a quantized product, scaled: + bias[n] (x's dtype) and stored as fp32
+// An output element of a quantized product: x w_scale[n] where the weight has one scale a row
+// (int8; int4's group scales are applied in its blocks), + bias[n] (x's dtype), stored as fp32
 // or bf16 (rounded to nearest even) at out[m, n].
 struct QuantStore {
+  const float* w_scale;              // [N] or null
   const void* bias;                  // [N] or null
   bool x_f32;
   void* out;                         // [M, N]
   bool out_f32;
   int64_t N;
   void operator()(int64_t m, int64_t n, float v) const {
+    if (w_scale) v *= w_scale[n];
     if (bias) v += x_f32 ? static_cast<const float*>(bias)[n]
                          : bf16_to_f32(static_cast<const uint16_t*>(bias)[n]);
     if (out_f32) static_cast<float*>(out)[m * N + n] = v;
     else static_cast<uint16_t*>(out)[m * N + n] = f32_to_bf16(v);
   }
 };
+
+// The same, a tile at a time (store_tile, gemv_tiled.h), for the AVX-512 kernels.
+SPECRT_AVX512 inline void store_tile(const Vector512<QuantStore>& s, int64_t m0, int64_t mb,
+                                     int64_t n0, int nb, const float* vals) {
+  const __mmask16 lanes = __mmask16((1u << nb) - 1);
+  const __m512 scale = s.w_scale ? _mm512_maskz_loadu_ps(lanes, s.w_scale + n0) : __m512();
+  __m512 bias = _mm512_setzero_ps();
+  if (s.bias)
+    bias = s.x_f32 ? _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(s.bias) + n0)
+                   : load_bf16(static_cast<const uint16_t*>(s.bias) + n0, nb);
+  for (int64_t j = 0; j < mb; ++j) {
+    __m512 v = tile_column(vals, mb, j, nb);
+    if (s.w_scale) v = _mm512_mul_ps(v, scale);
+    if (s.bias) v = _mm512_add_ps(v, bias);
+    put_row(v, nb, s.out, s.out_f32, (m0 + j) * s.N + n0);
+  }
+}
 
 }  // namespace specrt

@@ -167,6 +167,59 @@ struct F32Store {
   void operator()(int64_t m, int64_t n, float v) const { out[m * N + n] = bias ? v + bias[n] : v; }
 };
 
+// The drivers below hand a store a tile's values at once: vals [nb][mb] (weight row i, x row j)
+// are the outputs (m0 + j, n0 + i). By default one at a time through store(m, n, v); a store
+// wrapped in Vector512 (the AVX-512 kernels) writes each x row's nb outputs with one vector
+// store, the same arithmetic lane by lane (store_tile overloads beside each store: gemv.cpp,
+// gemv_quant.h). One at a time the stores took ~1/6 of a 48-row product's time.
+template <typename Store>
+static inline void store_tile(const Store& store, int64_t m0, int64_t mb, int64_t n0, int nb,
+                              const float* vals) {
+  for (int i = 0; i < nb; ++i)
+    for (int64_t j = 0; j < mb; ++j) store(m0 + j, n0 + i, vals[i * mb + j]);
+}
+template <typename Store>
+struct Vector512 : Store {};
+
+// fp32 -> bf16, 16 lanes: f32_to_bf16's integer arithmetic (round to nearest even, NaN quieted).
+SPECRT_AVX512 static inline __m256i f32x16_to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                   _mm512_and_si512(high, _mm512_set1_epi32(1))));
+  r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan,
+                            _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+// Column j of vals [nb][mb] (nb <= 16): lane i = vals[i * mb + j], lanes past nb zero.
+SPECRT_AVX512 static inline __m512 tile_column(const float* vals, int64_t mb, int64_t j, int nb) {
+  const __m512i idx = _mm512_add_epi32(
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(int(mb))), _mm512_set1_epi32(int(j)));
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), __mmask16((1u << nb) - 1), idx, vals, 4);
+}
+// Lanes [0, nb) of v -> out[at .. at + nb) as fp32 or bf16.
+SPECRT_AVX512 static inline void put_row(__m512 v, int nb, void* out, bool out_f32, int64_t at) {
+  const __mmask16 mask = __mmask16((1u << nb) - 1);
+  if (out_f32) _mm512_mask_storeu_ps(static_cast<float*>(out) + at, mask, v);
+  else _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + at, mask, f32x16_to_bf16(v));
+}
+SPECRT_AVX512 static inline __m512 load_bf16(const uint16_t* p, int nb) {
+  const __m256i h = _mm256_maskz_loadu_epi16(__mmask16((1u << nb) - 1), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+SPECRT_AVX512 inline void store_tile(const Vector512<Bf16Store>& s, int64_t m0, int64_t mb,
+                                     int64_t n0, int nb, const float* vals) {
+  const __m512 bias = s.bias ? load_bf16(s.bias + n0, nb) : _mm512_setzero_ps();
+  for (int64_t j = 0; j < mb; ++j) {
+    __m512 v = tile_column(vals, mb, j, nb);
+    if (s.bias) v = _mm512_add_ps(v, bias);
+    put_row(v, nb, s.out, s.out_f32, (m0 + j) * s.N + n0);
+  }
+}
+
 // A decode step or a pass of at most MB rows of x over whole weight rows (gemv.cpp,
 // gemv_avx2.cpp, gemv_int8.cpp): tiles of NB weight rows split evenly over the threads.
 // tile(n0, sums) writes the lane sums of weight rows n0 .. n0 + NB - 1 against the M rows of x
@@ -183,8 +236,7 @@ static void few_rows(int64_t M, int64_t N, int threads, Tile tile, One one, Stor
     if (nb == NB) tile(n0, sums);
     else for (int i = 0; i < nb; ++i) one(n0 + i, sums + 16 * M * i);
     reduce(sums, nb * M, vals);
-    for (int i = 0; i < nb; ++i)
-      for (int64_t j = 0; j < M; ++j) store(j, n0 + i, vals[i * M + j]);
+    store_tile(store, 0, M, n0, nb, vals);
   }
 }
 
@@ -284,11 +336,7 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
       }
       // every row tile's outputs at once (a partial tile's unused sums are zeros)
       reduce(state.data(), M * NB_MAX, vals.data());
-      for (auto [m0, mb] : row_tiles) {
-        const float* s = &vals[m0 * NB_MAX];            // [NB][MB] for this row tile
-        for (int i = 0; i < nb; ++i)
-          for (int j = 0; j < mb; ++j) store(m0 + j, n0 + i, s[i * mb + j]);
-      }
+      for (auto [m0, mb] : row_tiles) store_tile(store, m0, mb, n0, nb, &vals[m0 * NB_MAX]);
     }
   }
 }
