@@ -3,9 +3,8 @@
 // tiles of NB weight rows and blocks of KB k-values, runs every row tile of x over each block
 // while the block sits in L1, keeps partial sums in memory between blocks (so every output
 // element sums k in the same order whatever M is) and prefetches the next block while the
-// current one is multiplied. The
-// per-format kernels supply the block function (one k-block of an NB x MB register tile) and the
-// store (partial sum -> output element).
+// current one is multiplied. The per-format kernels supply the block function (one k-block of
+// an NB x MB register tile) and the store (a tile's values -> output elements, store_tile).
 #pragma once
 
 #include <immintrin.h>
@@ -104,8 +103,9 @@ SPECRT_AVX512 static inline float reduce16(const float* v) {
 // count output elements' lane sums v [count][16] -> out [count], each with reduce16's bits: 16
 // at a time, the same pairs added at each level of the tree, 16 outputs a vector (8 + 4 + 2 + 1
 // additions and twice as many shuffles for 16 outputs, where one at a time takes 4 additions
-// and 4 extracts or shuffles each). A tile's outputs are reduced once all of K is summed; at 17
-// rows of x that was ~1/5 of a product's time on L2-resident weights (RESULTS.md).
+// and 4 extracts or shuffles each). A tile's outputs are reduced once all of K is summed;
+// reduced and stored one at a time they took about a quarter of a 17-row product's time on
+// L2-resident weights (RESULTS.md, "Zen 5: where a wide pass's time goes").
 SPECRT_AVX512 static inline void reduce16_all(const float* v, int64_t count, float* out) {
   int64_t c = 0;
   for (; c + 16 <= count; c += 16) {
@@ -170,7 +170,7 @@ struct F32Store {
 // The drivers below hand a store a tile's values at once: vals [nb][mb] (weight row i, x row j)
 // are the outputs (m0 + j, n0 + i). By default one at a time through store(m, n, v); a store
 // wrapped in Vector512 (the AVX-512 kernels) writes each x row's nb outputs with one vector
-// store, the same arithmetic lane by lane (store_tile overloads beside each store: gemv.cpp,
+// store, the same arithmetic lane by lane (Bf16Store's overload below, QuantStore's in
 // gemv_quant.h). One at a time the stores took ~1/6 of a 48-row product's time.
 template <typename Store>
 static inline void store_tile(const Store& store, int64_t m0, int64_t mb, int64_t n0, int nb,
@@ -224,7 +224,8 @@ SPECRT_AVX512 inline void store_tile(const Vector512<Bf16Store>& s, int64_t m0, 
 // gemv_avx2.cpp, gemv_int8.cpp): tiles of NB weight rows split evenly over the threads.
 // tile(n0, sums) writes the lane sums of weight rows n0 .. n0 + NB - 1 against the M rows of x
 // into sums [NB][M][16], one(n, sums) those of weight row n alone (a partial last tile goes
-// row by row); the template argument reduce turns each output's 16 lane sums into its value.
+// row by row); the template argument reduce turns the tile's lane sums into values, which
+// store_tile writes.
 template <int NB, int MB, Reduce reduce, typename Tile, typename One, typename Store>
 static void few_rows(int64_t M, int64_t N, int threads, Tile tile, One one, Store store) {
   const int64_t tiles = (N + NB - 1) / NB;
