@@ -36,6 +36,27 @@ def test_matches_f_linear(dtype, tol, m, n, k):
 
 
 @needs_kernel
+@pytest.mark.parametrize("m", [1, 3, 6, 17, 48])
+def test_bf16_outputs_are_the_fp32_outputs_rounded_to_nearest_even(m):
+    """The stores round (+ bias) to bf16 as torch does, every lane of a tile (vector stores on
+    AVX-512, one at a time on AVX2), and keep inf and NaN."""
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 300, generator=g).bfloat16()
+    w = (torch.randn(45, 300, generator=g) * 0.05).bfloat16()   # 45: a partial weight tile
+    w[3, 7] = 0.0
+    b = torch.randn(45, generator=g).bfloat16()
+    for bias in (b, None):
+        got = cpu_gemv.kernel_linear(x, w, bias)
+        assert torch.equal(got, cpu_gemv.kernel_linear(x, w, bias, out_dtype=torch.float32).bfloat16())
+    x[-1, 7] = float("inf")                              # the last row: inf, and inf * 0 = NaN
+    got = cpu_gemv.kernel_linear(x, w, b)
+    want = cpu_gemv.kernel_linear(x, w, b, out_dtype=torch.float32).bfloat16()
+    assert got[-1, 3].isnan() and got[-1].isinf().any()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # 2, 3, 6: the AVX-512 whole-row path (up to 6 rows) against the one-row call; 7 on: the tiled
 # driver against it

@@ -46,6 +46,18 @@ def _quantized(kernel, dtype, M, N, K, seed=0):
 
 @needs_kernel
 @KERNELS
+@pytest.mark.parametrize("M", [1, 2, 17, 48])
+def test_bf16_outputs_are_the_fp32_outputs_rounded_to_nearest_even(kernel, M):
+    """The stores scale, add the bias and round to bf16 as torch rounds the fp32 output."""
+    x, qw, b = _quantized(kernel, torch.bfloat16, M, 75, 384, seed=M)
+    for bias in (b, None):
+        got = kernel.kernel_linear(x, qw, bias)
+        want = kernel.kernel_linear(x, qw, bias, torch.float32).bfloat16()
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+@needs_kernel
+@KERNELS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("M", [1, 2, 3, 7, 17, 40])
 def test_kernel_matches_reference(kernel, dtype, M):
