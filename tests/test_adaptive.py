@@ -183,6 +183,25 @@ def test_calibration_times_every_forward_size_in_each_repeat(llm, tmp_path, monk
     assert timed == points * repeats + dense * (calibration._DENSE_REPEATS + 1 - repeats)
 
 
+def test_calibration_prices_each_t_against_t1_of_the_same_repeat():
+    """The machine's speed changes between repeats (here 1x, 1.6x, 1x, 1.6x, 1.3x, with T = 1
+    timed fast where T = 4 was slow): each repeat's own ratio keeps verify(4) / verify(1) at 1.1,
+    and the draft's step at 0.2 of the target's, where medians of each T apart would not."""
+    from specrt.spec.calibration import paired
+
+    speed = [1.0, 1.6, 1.0, 1.6, 1.3]
+    t1 = [0.05 * s for s in speed]
+    t4 = [0.055 * s for s in speed]
+    t1[4], t4[4] = 0.05 * 1.0, 0.055 * 1.6        # the machine sped up within the last repeat
+    times = {1: [t1, [x * 0.2 for x in t1]], 4: [t4, [x * 0.2 for x in t4]]}
+    target, draft = paired(times, 0), paired(times, 1)
+    assert target[4] / target[1] == pytest.approx(1.1)
+    assert draft[1] / target[1] == pytest.approx(0.2) and draft[4] / target[4] == pytest.approx(0.2)
+    assert target[1] == pytest.approx(0.05)        # the median T = 1 forward sets the scale
+    import statistics                               # medians of each T apart: 1.76, not 1.1
+    assert statistics.median(t4) / statistics.median(t1) > 1.7
+
+
 def test_calibration_measures_a_cost_per_t(llm):
     costs = forward_seconds(llm.target, 5)
     assert len(costs) == 5 and all(c > 0 for c in costs)

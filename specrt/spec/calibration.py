@@ -35,10 +35,10 @@ from specrt.model.transformer import Transformer
 
 _PREFIX = 32          # calibration context length
 _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
-_DENSE_REPEATS = 5    # ... of the narrow ones auto chooses between (cheap, and the noisier)
+_DENSE_REPEATS = 9    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
                       # to 16, a long prompt-lookup match, whose wider passes are interpolated)
-_SCHEME = "cal3"      # how a calibration times (in its key: another scheme's entries are redone)
+_SCHEME = "cal4"      # how a calibration times (in its key: another scheme's entries are redone)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
 _cache: dict[str, list[float]] = {}
@@ -117,8 +117,21 @@ def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[
                 _sync(model.device)
                 if rep:                               # the first is a warm-up
                     times[t][i].append(time.perf_counter() - t0)
-    return [_curve({t: statistics.median(times[t][i]) for t in points}, max_t)
-            for i in range(len(models))]
+    return [_curve(paired(times, i), max_t) for i in range(len(models))]
+
+
+def paired(times: dict[int, list[list[float]]], i: int) -> dict[int, float]:
+    """Model i's seconds per T from times[T][model][repeat]: the median over repeats of each
+    repeat's own ratio to the first model's T = 1, times that forward's median. A repeat's
+    forwards run within a second or two, so the ratio auto plans from (a verify pass against a
+    step, the draft's against the target's) is taken where the machine's speed was one; medians
+    of each T apart mixed repeats run at different speeds: on the 2-core Zen 5 machine six
+    calibrations read a 4-token pass at 1.00-1.17 steps that way, 1.06-1.14 paired over 9
+    repeats, and one e2e run's calibration at 1.54 (benchmarks/RESULTS.md, "Zen 5: where a wide
+    pass's time goes")."""
+    ref = times[1][0]                      # the first model's T = 1, per repeat
+    return {t: statistics.median(ref) * statistics.median(a / b for a, b in zip(times[t][i], ref))
+            for t in times}
 
 
 def timed_points(max_t: int) -> list[int]:
