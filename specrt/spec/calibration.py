@@ -61,8 +61,9 @@ def _key(model: Transformer, max_t: int, graphed: bool) -> str:
 
 def forward_seconds(model: Transformer, max_t: int) -> list[float]:
     """Seconds of one forward of T new tokens after a _PREFIX-token prefix, T = 1..max_t
-    (element 0 is T = 1). The T of `timed_points` are timed (the median of _DENSE_REPEATS,
-    past _DENSE_T of _REPEATS, after a warm-up) and the rest interpolated."""
+    (element 0 is T = 1). The T of `timed_points` are timed (_DENSE_REPEATS times, past
+    _DENSE_T _REPEATS times, after a warm-up; each priced against T = 1 of the same repeat:
+    `paired`) and the rest interpolated."""
     return timed_together([model], max_t)[0]
 
 
