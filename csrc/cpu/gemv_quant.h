@@ -122,12 +122,8 @@ SPECRT_AVX512 inline void store_tile(const Vector512<QuantStore>& s, int64_t m0,
   if (s.bias)
     bias = s.x_f32 ? _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(s.bias) + n0)
                    : load_bf16(static_cast<const uint16_t*>(s.bias) + n0, nb);
-  for (int64_t j = 0; j < mb; ++j) {
-    __m512 v = tile_column(vals, mb, j, nb);
-    if (s.w_scale) v = _mm512_mul_ps(v, scale);
-    if (s.bias) v = _mm512_add_ps(v, bias);
-    put_row(v, nb, s.out, s.out_f32, (m0 + j) * s.N + n0);
-  }
+  put_tile(vals, m0, mb, n0, nb, s.w_scale ? &scale : nullptr, s.bias ? &bias : nullptr, s.out,
+           s.out_f32, s.N);
 }
 
 }  // namespace specrt
