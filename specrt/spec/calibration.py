@@ -125,7 +125,7 @@ def paired(times: dict[int, list[list[float]]], i: int) -> dict[int, float]:
     """Model i's seconds per T from times[T][model][repeat]: the median over repeats of each
     repeat's own ratio to the first model's T = 1, times that forward's median. A repeat's
     forwards run within a second or two, so the ratio auto plans from (a verify pass against a
-    step, the draft's against the target's) is taken where the machine's speed was one; medians
+    step, the draft's against the target's) is taken while the machine ran at one speed; medians
     of each T apart mixed repeats run at different speeds: on the 2-core Zen 5 machine six
     calibrations read a 4-token pass at 1.00-1.17 steps that way, 1.06-1.14 paired over 9
     repeats, and one e2e run's calibration at 1.54 (benchmarks/RESULTS.md, "Zen 5: where a wide
