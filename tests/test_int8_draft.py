@@ -26,12 +26,50 @@ def test_quantize_is_per_row_symmetric_and_round_trips_within_half_a_step():
     w = torch.randn(37, 128, dtype=torch.float64).float()
     w[5] = 0.0                                            # an all-zero row keeps scale 0
     q = gemv_int8.quantize(w)
-    assert q.data.dtype == torch.uint8 and q.scale.shape == (37,)
-    values = q.data.float() - 128
+    assert q.data.dtype == torch.uint8 and q.scale.shape == (37,) and q.shape == (37, 128)
+    values = q.rows().float() - 128
     assert values.abs().max() == 127 and values.min() >= -127
     back = values * q.scale[:, None]
     assert (back - w).abs().max(dim=1).values.le(q.scale / 2 + 1e-7).all()
     assert q.scale[5] == 0 and torch.equal(back[5], w[5])
+
+
+def test_packed_layout_holds_16_rows_a_group_and_round_trips():
+    w = torch.randn(37, 128)
+    rows = gemv_int8.quantize(w, packed_rows=0)
+    packed = gemv_int8.quantize(w, packed_rows=16)
+    assert packed.data.shape == (3, 32, 16, 4) and packed.shape == (37, 128)
+    # w[g, k / 4, r, k % 4] = W[16 g + r, k]; the 11 rows past 37 hold 128 (zero weights)
+    assert packed.data[2, 5, 3, 1] == rows.data[35, 21]
+    assert torch.equal(packed.rows(), rows.data) and torch.equal(packed.scale, rows.scale)
+    assert (packed.data[2, :, 5:, :] == 128).all()
+    with pytest.raises(ValueError, match="row-major"):
+        gemv_int8.pack(packed)
+
+
+@needs_kernel
+@pytest.mark.skipif(not gemv_int8.PACK_ROWS, reason="the packed int8 kernel needs AVX-512 VNNI; "
+                    "the AVX2 kernel sums in another order (test_kernel_matches_reference)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+# 1: a decode step; 5: one row tile; 17: three; 23 / 24: either side of the prompt schedule
+@pytest.mark.parametrize("M", [1, 2, 5, 17, 23, 24, 40])
+def test_packed_kernel_gives_the_reference_bits(dtype, M):
+    # N = 75 and 130: partial groups and a partial tile; K = 2304: 36 blocks
+    for N, K in ((75, 384), (130, 2304)):
+        x, qw, b, _ = _operands(dtype, M, N, K, seed=M)
+        for bias in (None, b):
+            for out_dtype in (None, torch.float32):
+                want = gemv_int8.reference_linear(x, qw, bias, out_dtype)
+                assert torch.equal(gemv_int8.kernel_linear(x, qw, bias, out_dtype), want)
+
+
+@needs_kernel
+def test_kernel_refuses_a_weight_in_another_layout():
+    x, qw, _, w = _operands(torch.float32, 2, 32, 128)
+    other = gemv_int8.quantize(w, packed_rows=16 - gemv_int8.PACK_ROWS)
+    with pytest.raises(ValueError, match="packed_rows"):
+        gemv_int8.kernel_linear(x, other)
+    assert torch.equal(gemv_int8.reference_linear(x, other), gemv_int8.reference_linear(x, qw))
 
 
 # The quantized kernels: int8 here, int4 (tests/test_int4_draft.py) alike.
@@ -67,8 +105,8 @@ def test_kernel_matches_reference(kernel, dtype, M):
             want = kernel.reference_linear(x, qw, bias, out_dtype)
             got = kernel.kernel_linear(x, qw, bias, out_dtype)
             assert got.dtype == want.dtype and got.shape == (M, 75)
-            # the same integer block dots and scales; fp32 sums in another order, which a bf16
-            # output may round the other way: one ulp, 2^-8 relative
+            # the same integer block dots and scales; fp32 sums in another order (int4, int8 on
+            # AVX2), which a bf16 output may round the other way: one ulp, 2^-8 relative
             rtol = 2 ** -7 if (out_dtype or dtype) == torch.bfloat16 else 2e-3
             torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=2e-3)
 

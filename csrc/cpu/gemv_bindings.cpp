@@ -45,8 +45,8 @@ PYBIND11_MODULE(_gemv, m) {
                           reinterpret_cast<const void*>(bias), reinterpret_cast<void*>(out), out_f32,
                           M, N, K, threads);
       },
-      "x [M, K] (bf16 or fp32) @ int8 w [N, K] (stored +128 as uint8, scales [N]).T (+ bias) -> "
-      "out [M, N] (fp32 or bf16); K % 64 == 0");
+      "x [M, K] (bf16 or fp32) @ int8 w [N, K] (stored +128 as uint8 in the layout of "
+      "int8_packed_rows, scales [N]).T (+ bias) -> out [M, N] (fp32 or bf16); K % 64 == 0");
   m.def(
       "gemv_int4",
       [](uintptr_t x, bool x_f32, uintptr_t w, uintptr_t w_scale, uintptr_t bias, uintptr_t out,
@@ -67,6 +67,8 @@ PYBIND11_MODULE(_gemv, m) {
       },
       "read nbytes once with AVX-512 loads on `threads` threads (the memory-read floor)");
   m.def("int8_supported", &specrt::cpu_supports_int8, "AVX-512 VNNI, or AVX2 (the int8 product runs)");
+  m.def("int8_packed_rows", &specrt::int8_packed_rows,
+        "the int8 weight layout here: 16 (groups of 16 rows, AVX-512 VNNI) or 0 (row-major)");
   m.def("int4_supported", &specrt::cpu_avx512_vnni, "AVX-512 and AVX-512 VNNI (the int4 product runs)");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");

@@ -4,19 +4,23 @@
 // offset by +128 as uint8; qx: each row of x quantized per block of 64 values at call time
 // (scale s_x[m, b] = max|x[m, block]| / 127, round to nearest even). The block dots are exact
 // integers: vpdpbusd multiplies the unsigned weight bytes by the signed activation bytes, and
-// the +128 offset is taken back per 4-value lane group (128 * the sum of those four qx, an exact
-// int32 computed with the quantization, gemv_quant.h, and the accumulator vpdpbusd starts
-// from). Each output element sums its blocks in the same order whatever M is, so every row's
-// bits are independent of the rows beside it.
+// the +128 offset is taken back by starting each block's sum from -128 * the sum of its qx (an
+// exact int32 computed with the quantization, gemv_quant.h).
+//
+// With AVX-512 VNNI the weight is stored packed 16 rows to a group (below) and every output
+// has the bits of the specification, specrt.kernels.cpu.gemv_int8.reference_linear: per block
+// the exact integer dot, converted to fp32, times s_x (rounded), added to the row's sum in block
+// order (rounded), then times s_w and + bias. So each row's bits are independent of the rows
+// beside it. CPUs without it take gemv_int8_avx2.cpp (row-major weights, the same integer
+// dots, their fp32 sums in another fixed order).
 //
 // Only the draft model runs this: its outputs decide which tokens are proposed, never which are
-// emitted, so a quantized draft leaves greedy output identical and sampling exact. The spec is
-// specrt.kernels.cpu.gemv_int8.reference_linear. CPUs without AVX-512 VNNI take
-// gemv_int8_avx2.cpp (same quantization and integer dots, AVX2 instructions).
+// emitted, so a quantized draft leaves greedy output identical and sampling exact.
 #include "gemv_int8.h"
 #include "gemv_int8_avx2.h"
 
 #include <immintrin.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -29,93 +33,189 @@ namespace specrt {
 
 namespace {
 
-// 8 weight rows x 2 rows of x: 16 accumulators + per x row its bytes, lane corrections and
-// scale (6) + the weight bytes and a product fit the 32 vector registers.
-constexpr int NB_I8 = 8, MB_I8 = 2;
+// The weight in groups of PACK_ROWS output rows (int8_packed_rows()): in a group, each 4
+// consecutive k of its 16 rows side by side,
+//   w[g][k / 4][r][k % 4] = W[16 g + r][k] + 128   (rows past N: 128, a zero weight),
+// so one 64-byte vector holds 4 k of 16 rows, and vpdpbusd against 4 bytes of x broadcast adds a
+// 4-term dot to each row's lane. The 16 vectors of a block of 64 k leave every lane with its
+// row's exact integer block dot (started from the block's correction, -128 * the sum of its 64
+// q), without a horizontal sum: one int -> fp32 conversion, multiply and add per 16 vpdpbusd,
+// where the row-major layout (one row a vector, 16 lanes of 4 values) converted and scaled
+// after every vpdpbusd. kernel_ab against it: 1.4x at 9 rows, 1.9x at 17, 2.2x at 48, 3.3x at
+// 252 (benchmarks/RESULTS.md, "Zen 5: int8 weights packed 16 rows to a group").
+//
+// G groups x MB rows of x a tile: G * MB integer and as many fp32 accumulators + G weight
+// vectors of the 32 registers (2 x 6: 26).
+constexpr int PACK_ROWS = 16;
+constexpr int G_WIDE = 2, MB_WIDE = 6;   // passes of 2 or more rows of x
+constexpr int G_STEP = 4;                // a decode step: 4 groups, 4 chains of vpdpbusd
 
-template <int NB, int MB>
-SPECRT_AVX512_VNNI SPECRT_INLINE void step_i8(const QRows& x, const uint8_t* w, int64_t K, int64_t k,
-                                              __m512 (&acc)[NB * MB]) {
-  __m512i xv[MB], cv[MB];
-  __m512 sv[MB];
-#pragma GCC unroll 8
-  for (int j = 0; j < MB; ++j) {
-    xv[j] = _mm512_loadu_si512(x.q + j * K + k);
-    cv[j] = _mm512_loadu_si512(x.corr + j * (K / 4) + k / 4);
-    sv[j] = _mm512_set1_ps(x.scale[j * (K / QBLOCK) + k / QBLOCK]);
+// x as the packed tiles read it: bytes [M, K], block scales and block corrections [M, K / 64].
+struct QBlocks {
+  const int8_t* q;
+  const float* scale;
+  const int32_t* corr;
+  int64_t K;
+  QBlocks rows(int64_t m) const {
+    return {q + m * K, scale + m * (K / QBLOCK), corr + m * (K / QBLOCK), K};
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < NB; ++i) {
-    __m512i wv = _mm512_loadu_si512(w + i * K + k);
+};
+
+// The tile's outputs: rows m0 .. m0 + MB - 1 of out, columns n0 .. n0 + 16 G - 1 (those < N):
+// each lane's sum x w_scale (+ bias), fp32 or bf16 (QuantStore's arithmetic, lane by lane).
+template <int G, int MB>
+SPECRT_AVX512 SPECRT_INLINE void store_groups(const QuantStore& s, int64_t m0, int64_t n0,
+                                              const __m512 (&acc)[G * MB]) {
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const int64_t c0 = n0 + PACK_ROWS * g;
+    if (c0 >= s.N) break;
+    const int nb = int(std::min<int64_t>(PACK_ROWS, s.N - c0));
+    const __mmask16 lanes = __mmask16((1u << nb) - 1);
+    const __m512 scale = _mm512_maskz_loadu_ps(lanes, s.w_scale + c0);
+    __m512 bias = _mm512_setzero_ps();
+    if (s.bias)
+      bias = s.x_f32 ? _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(s.bias) + c0)
+                     : load_bf16(static_cast<const uint16_t*>(s.bias) + c0, nb);
 #pragma GCC unroll 8
     for (int j = 0; j < MB; ++j) {
-      __m512i d = _mm512_dpbusd_epi32(cv[j], wv, xv[j]);        // exact: correction + dot
-      acc[i * MB + j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv[j], acc[i * MB + j]);
+      __m512 v = _mm512_mul_ps(acc[g * MB + j], scale);
+      if (s.bias) v = _mm512_add_ps(v, bias);
+      put_row(v, nb, s.out, s.out_f32, (m0 + j) * s.N + c0);
     }
   }
 }
 
-template <int NB, int MB>
-SPECRT_AVX512_VNNI static void block_i8(QRows x, const uint8_t* w, int64_t K, int64_t k0, int64_t k1,
-                                        float* state, Prefetch pf) {
-  __m512 acc[NB * MB];
-#pragma GCC unroll 32
-  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_loadu_ps(state + 16 * a);
-  for (int64_t k = k0; k < k1; k += QBLOCK) { pf.step(); step_i8<NB, MB>(x, w, K, k, acc); }
-#pragma GCC unroll 32
-  for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(state + 16 * a, acc[a]);
-}
-
-#define SPECRT_I8_ROW(NB) block_i8<NB, 1>, block_i8<NB, 2>
-Block<QRows, uint8_t> block_i8_table[NB_I8][MB_I8] = {
-    {SPECRT_I8_ROW(1)}, {SPECRT_I8_ROW(2)}, {SPECRT_I8_ROW(3)}, {SPECRT_I8_ROW(4)},
-    {SPECRT_I8_ROW(5)}, {SPECRT_I8_ROW(6)}, {SPECRT_I8_ROW(7)}, {SPECRT_I8_ROW(8)}};
-
-// A decode step, or the draft's first forward of a round over its one or two new tokens
-// (M <= MB_DEC), takes whole weight rows, NB_DEC at a time, with the accumulators in registers
-// for all of K and the next tile (it follows this one in memory) prefetched as this one is
-// read, as the bf16 decode step does (gemv.cpp). Each lane sums its blocks in step_i8's order
-// and goes through the same reduce16, so every output has the tiled driver's bits.
-constexpr int NB_DEC = 4, MB_DEC = 2;
-
-template <int NB, int MB>
-SPECRT_AVX512_VNNI static void decode_tile_i8(const QRows& x, const uint8_t* w, int64_t K,
-                                              float* sums /*[NB][MB][16]*/) {
-  __m512 acc[NB * MB];
+// G groups (16 G output rows, w: the first group) against MB rows of x (all of K), stored. With
+// PF, the next G groups (they follow in memory) are requested a line per group and k-step while
+// these are read: a decode step streams the weight once and has no other use for the time.
+template <int G, int MB, bool PF>
+SPECRT_AVX512_VNNI static void packed_tile(const QBlocks& x, const uint8_t* w,
+                                           const QuantStore& s, int64_t m0, int64_t n0) {
+  const int64_t K = x.K, group = PACK_ROWS * K, B = K / QBLOCK;
+  __m512 acc[G * MB];
+#pragma GCC unroll 16
+  for (int a = 0; a < G * MB; ++a) acc[a] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    __m512i dot[G * MB];
 #pragma GCC unroll 8
-  for (int a = 0; a < NB * MB; ++a) acc[a] = _mm512_setzero_ps();
-  const char* next = reinterpret_cast<const char*>(w + NB * K);
-  for (int64_t k = 0; k < K; k += QBLOCK) {                // 64 bytes of each row per step
+    for (int j = 0; j < MB; ++j) {
+      const __m512i c = _mm512_set1_epi32(x.corr[j * B + b]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) dot[g * MB + j] = c;
+    }
+    const uint8_t* wb = w + b * QBLOCK * PACK_ROWS;
+#pragma GCC unroll 16
+    for (int k4 = 0; k4 < QBLOCK / 4; ++k4) {
+      __m512i wv[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        wv[g] = _mm512_loadu_si512(wb + g * group + 64 * k4);
+        if (PF) __builtin_prefetch(wb + (G + g) * group + 64 * k4, 0, 2);
+      }
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) __builtin_prefetch(next + k * NB + j * 64, 0, 2);
-    step_i8<NB, MB>(x, w, K, k, acc);
+      for (int j = 0; j < MB; ++j) {
+        int32_t four;
+        std::memcpy(&four, x.q + j * K + b * QBLOCK + 4 * k4, 4);
+        const __m512i xb = _mm512_set1_epi32(four);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) dot[g * MB + j] = _mm512_dpbusd_epi32(dot[g * MB + j], wv[g], xb);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) {
+      const __m512 sc = _mm512_set1_ps(x.scale[j * B + b]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)        // a product and a sum, each rounded: the reference's
+        acc[g * MB + j] = _mm512_add_ps(acc[g * MB + j],
+                                        _mm512_mul_ps(_mm512_cvtepi32_ps(dot[g * MB + j]), sc));
+    }
   }
-#pragma GCC unroll 8
-  for (int a = 0; a < NB * MB; ++a) _mm512_storeu_ps(sums + 16 * a, acc[a]);
+  store_groups<G, MB>(s, m0, n0, acc);
 }
 
-using DecodeTile = void (*)(const QRows&, const uint8_t*, int64_t, float*);
-static const DecodeTile decode_full[MB_DEC] = {decode_tile_i8<NB_DEC, 1>, decode_tile_i8<NB_DEC, 2>},
-                        decode_one[MB_DEC] = {decode_tile_i8<1, 1>, decode_tile_i8<1, 2>};
+using PackedTile = void (*)(const QBlocks&, const uint8_t*, const QuantStore&, int64_t, int64_t);
+#define SPECRT_P_ROW(G, PF) packed_tile<G, 1, PF>, packed_tile<G, 2, PF>, packed_tile<G, 3, PF>, \
+                            packed_tile<G, 4, PF>, packed_tile<G, 5, PF>, packed_tile<G, 6, PF>
+// [requests the next tile][groups - 1][rows of x - 1]
+static const PackedTile wide_tiles[2][G_WIDE][MB_WIDE] = {
+    {{SPECRT_P_ROW(1, false)}, {SPECRT_P_ROW(2, false)}},
+    {{SPECRT_P_ROW(1, true)}, {SPECRT_P_ROW(2, true)}}};
+#undef SPECRT_P_ROW
+static const PackedTile step_tiles[G_STEP] = {packed_tile<1, 1, false>, packed_tile<2, 1, false>,
+                                              packed_tile<3, 1, false>, packed_tile<4, 1, true>};
+
+// x quantized (quantize_row, gemv_quant.h) with its lane corrections summed per block.
+struct PackedX {
+  QuantizedX qx;
+  std::vector<int32_t> corr;   // [M, K / 64]
+  QBlocks view;
+  PackedX(const void* x, bool x_f32, int64_t M, int64_t K)
+      : qx(x, x_f32, M, K, 128), corr(size_t(M * (K / QBLOCK))) {
+    for (size_t b = 0; b < corr.size(); ++b) {
+      int32_t sum = 0;
+      for (int i = 0; i < QBLOCK / 4; ++i) sum += qx.corr[b * (QBLOCK / 4) + i];
+      corr[b] = sum;
+    }
+    view = QBlocks{qx.q.data(), qx.scale.data(), corr.data(), K};
+  }
+};
+
+// The packed product: tiles of G groups over the threads (an even share each for a decode
+// step, which is memory-bound; a tile at a time to whichever thread is free otherwise, as
+// gemv_tiled shares its tiles), each tile running every row tile of x (near-equal parts of at
+// most MB_WIDE rows) while its 32 rows' weights sit in L1 or L2. Each output element is its
+// row's blocks summed in order, so its bits do not depend on M, the tiling or the threads.
+SPECRT_AVX512_VNNI static void gemv_int8_packed(const void* x, bool x_f32, const uint8_t* w,
+                                                const QuantStore& s, int64_t M, int64_t N,
+                                                int64_t K, int threads) {
+  const PackedX px(x, x_f32, M, K);
+  const int64_t groups = (N + PACK_ROWS - 1) / PACK_ROWS, group = PACK_ROWS * K;
+  if (M == 1) {
+    const int64_t tiles = (groups + G_STEP - 1) / G_STEP;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t g0 = t * G_STEP;
+      const int g = int(std::min<int64_t>(G_STEP, groups - g0));
+      step_tiles[g - 1](px.view, w + g0 * group, s, 0, g0 * PACK_ROWS);
+    }
+    return;
+  }
+  const auto parts = near_equal_parts(M, MB_WIDE);
+  const int64_t tiles = (groups + G_WIDE - 1) / G_WIDE;
+  auto tile = [&](int64_t t, bool ahead) {
+    const int64_t g0 = t * G_WIDE;
+    const int g = int(std::min<int64_t>(G_WIDE, groups - g0));
+    ahead = ahead && groups - g0 >= 2 * G_WIDE;            // a whole tile follows
+    for (auto [m0, mb] : parts)      // the first row tile requests the next tile
+      wide_tiles[ahead && m0 == 0][g - 1][mb - 1](px.view.rows(m0), w + g0 * group, s, m0,
+                                                  g0 * PACK_ROWS);
+  };
+  if (M < M_DYNAMIC) {
+    // A verify pass: memory-bound enough to want the next tile requested, so each thread
+    // takes one run of tiles (its next tile is its own).
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) tile(t, true);
+  } else {
+    // A prompt's pass: compute-bound, a tile at a time to whichever thread is free.
+    #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) tile(t, false);
+  }
+}
 
 }  // namespace
 
 bool cpu_supports_int8() { return cpu_avx512_vnni() || cpu_avx2(); }
+
+int int8_packed_rows() { return cpu_avx512_vnni() ? PACK_ROWS : 0; }
 
 void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
   if (!cpu_avx512_vnni())
     return gemv_int8_avx2(x, x_f32, w, w_scale, bias, out, out_f32, M, N, K, threads);
-  const QuantizedX qx(x, x_f32, M, K, 128);
-  const Vector512<QuantStore> store{{w_scale, bias, x_f32, out, out_f32, N}};
-  if (M <= MB_DEC)
-    return few_rows<NB_DEC, MB_DEC, reduce16_all>(
-        M, N, threads,
-        [&](int64_t n0, float* sums) { decode_full[M - 1](qx.view, w + n0 * K, K, sums); },
-        [&](int64_t n, float* sums) { decode_one[M - 1](qx.view, w + n * K, K, sums); }, store);
-  gemv_tiled<NB_I8, MB_I8, 1024>(qx.view, w, M, N, K,
-                                 threads, block_i8_table, store);
+  gemv_int8_packed(x, x_f32, w, QuantStore{w_scale, bias, x_f32, out, out_f32, N}, M, N, K,
+                   threads);
 }
 
 }  // namespace specrt

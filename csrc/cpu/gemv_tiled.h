@@ -1,5 +1,5 @@
 // The tiled driver shared by the skinny CPU matrix products (gemv.cpp: bf16/fp32 weights,
-// gemv_int8.cpp / gemv_int4.cpp: quantized weights): it walks the weight once per call in
+// gemv_int8_avx2.cpp / gemv_int4.cpp: quantized weights): it walks the weight once per call in
 // tiles of NB weight rows and blocks of KB k-values, runs every row tile of x over each block
 // while the block sits in L1, keeps partial sums in memory between blocks (so every output
 // element sums k in the same order whatever M is) and prefetches the next block while the
@@ -231,7 +231,7 @@ SPECRT_AVX512 inline void store_tile(const Vector512<Bf16Store>& s, int64_t m0, 
 }
 
 // A decode step or a pass of at most MB rows of x over whole weight rows (gemv.cpp,
-// gemv_avx2.cpp, gemv_int8.cpp): tiles of NB weight rows, in groups of 16 weight rows split
+// gemv_avx2.cpp): tiles of NB weight rows, in groups of 16 weight rows split
 // evenly over the threads. tile(n0, sums) writes the lane sums of weight rows n0 .. n0 + NB - 1
 // against the M rows of x into sums [NB][M][16], one(n, sums) those of weight row n alone (a
 // partial last tile goes row by row); the template argument reduce turns a group's lane sums

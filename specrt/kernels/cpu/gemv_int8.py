@@ -3,10 +3,13 @@
 The weight is quantized once, per output row (symmetric: scale = max|W[n, :]| / 127, values
 rounded half to even into -127..127, stored + 128 as uint8). Each call quantizes x per row and
 per block of 64 values the same way, and
-    y[m, n] = w_scale[n] * sum_b x_scale[m, b] * (exact integer dot of block b) (+ bias[n]).
+    y[m, n] = w_scale[n] * sum_b x_scale[m, b] * (exact integer dot of block b) (+ bias[n]),
+the sum over b taken in block order in fp32, each product and each sum rounded.
 `reference_linear` is that definition in PyTorch (the specification, and the path where the C++
-kernel does not run); `kernel_linear` is csrc/cpu/gemv_int8.cpp (AVX-512 VNNI), equal to the
-reference up to fp32 summation order, and giving each row the same bits whatever M is.
+kernel does not run); `kernel_linear` is csrc/cpu/gemv_int8.cpp. With AVX-512 VNNI it stores the
+weight packed 16 rows to a group (LAYOUT, `quantize` packs) and gives the reference's bits; on
+AVX2 (row-major weight) its fp32 sums run in another fixed order. Either way each row's bits are
+independent of M.
 
 Only a draft model runs this. The draft's numbers decide which tokens are proposed, never which
 are emitted, so greedy speculative output stays identical to plain decoding of the unquantized
@@ -26,24 +29,40 @@ from specrt.kernels.cpu.gemv import AVAILABLE as _GEMV_AVAILABLE, _gemv
 # AVX2 (csrc/cpu/gemv_int8_avx2.cpp: the same integer block dots, widened to 16 bits).
 AVAILABLE = _GEMV_AVAILABLE and bool(_gemv.int8_supported())
 BLOCK = 64          # activation values per scale; K must be a multiple of it for the kernel
+# The weight layout the kernel reads here (`quantize` stores it): rows in groups of PACK_ROWS,
+# data [ceil(N / 16), K / 4, 16, 4] with w[g, k / 4, r, k % 4] = W[16 g + r, k] (AVX-512 VNNI),
+# or 0: row-major [N, K] (AVX2, and where no kernel runs).
+PACK_ROWS = int(_gemv.int8_packed_rows()) if AVAILABLE else 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Int8Weight:
-    data: torch.Tensor      # [N, K] uint8: the int8 value + 128
+    data: torch.Tensor      # uint8, the int8 value + 128: [N, K], or packed (PACK_ROWS)
     scale: torch.Tensor     # [N] fp32
+    packed_rows: int = 0    # 0: data [N, K]; 16: data [ceil(N / 16), K / 4, 16, 4] (PACK_ROWS)
 
     @property
     def shape(self) -> tuple[int, int]:
+        """(N, K) of the weight it stands for."""
+        if self.packed_rows:
+            return (self.scale.shape[0], self.data.shape[1] * 4)
         return tuple(self.data.shape)
+
+    def rows(self) -> torch.Tensor:
+        """data as [N, K] (row-major; a copy if packed)."""
+        if not self.packed_rows:
+            return self.data
+        G, K4, R, _ = self.data.shape
+        return self.data.permute(0, 2, 1, 3).reshape(G * R, K4 * 4)[:self.shape[0]]
 
     @property
     def nbytes(self) -> int:
         return self.data.numel() + 4 * self.scale.numel()
 
 
-def quantize(weight: torch.Tensor) -> Int8Weight:
-    """[N, K] float weight -> its per-row symmetric int8 form."""
+def quantize(weight: torch.Tensor, packed_rows: int | None = None) -> Int8Weight:
+    """[N, K] float weight -> its per-row symmetric int8 form, in the layout the kernel reads
+    here (packed_rows None: PACK_ROWS; 0: row-major; 16: packed, K a multiple of 4)."""
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point()):
         raise ValueError(f"quantize: weight must be a 2-D float tensor, got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
@@ -55,7 +74,21 @@ def quantize(weight: torch.Tensor) -> Int8Weight:
         inv = _inverse_scale(amax)
         data[n0:n0 + 4096] = (torch.round(w * inv[:, None]).clamp_(-127, 127) + 128).to(torch.uint8)
         scale[n0:n0 + 4096] = amax / 127.0
-    return Int8Weight(data, scale)
+    rows = PACK_ROWS if packed_rows is None else packed_rows
+    return pack(Int8Weight(data, scale), rows) if rows else Int8Weight(data, scale)
+
+
+def pack(weight: Int8Weight, rows: int = 16) -> Int8Weight:
+    """A row-major Int8Weight in groups of `rows` rows (the rows past N: 128, zero weights)."""
+    if weight.packed_rows or weight.shape[1] % 4:
+        raise ValueError(f"pack: needs a row-major weight with K a multiple of 4, got "
+                         f"{tuple(weight.data.shape)} (packed_rows={weight.packed_rows})")
+    N, K = weight.shape
+    G = -(-N // rows)
+    data = torch.full((G * rows, K), 128, dtype=torch.uint8)
+    data[:N] = weight.data
+    data = data.view(G, rows, K // 4, 4).permute(0, 2, 1, 3).contiguous()   # [G, K/4, rows, 4]
+    return Int8Weight(data, weight.scale, rows)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,11 +116,19 @@ def _inverse_scale(amax: torch.Tensor) -> torch.Tensor:
 
 def reference_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The specification: x [..., K] (K % 64 == 0) @ dequantized W^T, x quantized as above."""
+    """The specification: x [..., K] (K % 64 == 0) quantized per block as above, each block's
+    integer dot with the weight row (exact in fp32: |dot| <= 64 * 127 * 127 < 2^24, in any
+    order), times the block's scale, summed over the blocks in order in fp32 (torch's
+    elementwise mul and add: each rounded once), times the row's scale, + bias."""
     _check(x, weight, bias, out_dtype)
-    xd = dequantized_rows(x.reshape(-1, x.shape[-1]))                      # [M, K]
-    w = weight.data.float().sub_(128.0)                                    # [N, K] integers
-    y = F.linear(xd, w) * weight.scale                                     # [M, N]
+    N, K = weight.shape
+    q, s = quantize_rows(x.reshape(-1, K))                                 # [M, K], [M, B]
+    w = weight.rows().float().sub_(128.0)                                  # [N, K] integers
+    y = torch.zeros(q.shape[0], N)                                         # [M, N]
+    for b in range(K // BLOCK):
+        cols = slice(b * BLOCK, (b + 1) * BLOCK)
+        y = y + F.linear(q[:, cols], w[:, cols]) * s[:, b:b + 1]
+    y = y * weight.scale
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype or x.dtype).view(*x.shape[:-1], -1)
@@ -99,6 +140,9 @@ def kernel_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None
     fn = "int8 kernel_linear"
     checks.require(AVAILABLE, fn, "specrt._gemv (with AVX-512 VNNI or AVX2)")
     _check(x, weight, bias, out_dtype)
+    if weight.packed_rows != PACK_ROWS:
+        raise checks.fail(fn, "weight", f"packed_rows={PACK_ROWS}, the layout the kernel reads "
+                          "here (gemv_int8.quantize stores it)", weight.packed_rows)
     return call_kernel(fn, _gemv.gemv_int8, x, weight, bias, out_dtype)
 
 
@@ -133,9 +177,12 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
     if not isinstance(weight, Int8Weight):
         raise checks.fail(fn, "weight", "an Int8Weight (gemv_int8.quantize)", type(weight).__name__)
     N, K = weight.shape
+    R = weight.packed_rows
+    layout = (-(-N // R), K // 4, R, 4) if R else (N, K)
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()
-            and weight.scale.dtype == torch.float32 and weight.scale.shape == (N,)):
-        raise checks.fail(fn, "weight", "uint8 data [N, K] and fp32 scale [N]",
+            and weight.data.shape == layout and weight.scale.dtype == torch.float32
+            and weight.scale.shape == (N,)):
+        raise checks.fail(fn, "weight", f"uint8 data {list(layout)} and fp32 scale [N]",
                           f"{weight.data.dtype} {tuple(weight.data.shape)}, "
                           f"{weight.scale.dtype} {tuple(weight.scale.shape)}")
     if K % BLOCK:

@@ -102,18 +102,24 @@ def _vector(t: torch.Tensor, n: int) -> int | None:
 # a projection [n, k]
 _FORMATS = {
     "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, True),
-    "int8": lambda n, k: (1, torch.uint8, (n, k), (n,),
+    "int8": lambda n, k: (1, torch.uint8, _int8_layout(n, k), (n,),
                           gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0),
     "int4": lambda n, k: (2, torch.uint8, (n, k // 2), (n, k // gemv_int4.GROUP),
                           gemv_int4.AVAILABLE and k % gemv_int4.CHUNK == 0),
 }
 
 
+def _int8_layout(n: int, k: int) -> tuple[int, ...]:
+    """The shape of an int8 weight [n, k] as the kernel reads it here (gemv_int8.PACK_ROWS)."""
+    rows = gemv_int8.PACK_ROWS
+    return (-(-n // rows), k // 4, rows, 4) if rows else (n, k)
+
+
 def _linear(stored, n: int, k: int) -> tuple | None:
     """(weight, scale, bias, N, K, format code) of a projection [n, k] stored as (format,
     weight, scales or None, bias) -- "bf16": weight [n, k] bf16, no scales; "int8": uint8
-    [n, k], row scales [n] fp32; "int4": uint8 [n, k / 2], group scales [n, k / 64] fp32 --
-    or None."""
+    [n, k] in the kernel's layout (gemv_int8.PACK_ROWS), row scales [n] fp32; "int4": uint8
+    [n, k / 2], group scales [n, k / 64] fp32 -- or None."""
     if stored is None or stored[0] not in _FORMATS:
         return None
     fmt, w, scale, bias = stored

@@ -64,7 +64,8 @@ class CpuNative(TorchReference):
             lin = super().linear(weight, bias, quant)
             w = lin.weight                     # Int8Weight / Int4Weight: data and scales
             lin.weight = dataclasses.replace(w, **{f.name: self._place(getattr(w, f.name))
-                                                   for f in dataclasses.fields(w)})
+                                                   for f in dataclasses.fields(w)
+                                                   if isinstance(getattr(w, f.name), torch.Tensor)})
             return lin
         return GemvLinear(self._place(weight), bias)
 
