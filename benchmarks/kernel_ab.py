@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import cli, machine, report
+from specrt.kernels.cpu import gemv_int8
 
 ROOT = Path(__file__).resolve().parent.parent
 # [N, K] of one layer's products and the layer count: the 1.5B target's (bf16), the 0.5B
@@ -104,10 +105,20 @@ def _load(path: Path, tag: str):
     return mod
 
 
+def _packed(mod, weights: list[tuple]) -> list[tuple]:
+    """The int8 weights (row-major [N, K], scales) in the layout a build's kernel reads: packed
+    where it says int8_packed_rows() (builds before it read row-major)."""
+    rows = mod.int8_packed_rows() if hasattr(mod, "int8_packed_rows") else 0
+    if not rows:
+        return weights
+    return [(gemv_int8.pack(gemv_int8.Int8Weight(w, s), rows).data, s, w.shape[0])
+            for w, s in weights]
+
+
 def _product(mod, x: torch.Tensor, w: tuple, out: torch.Tensor, threads: int) -> None:
     M, K = x.shape
-    w, scale = w
-    N = w.shape[0]
+    w, scale, *n = w
+    N = n[0] if n else w.shape[0]
     if scale is None:
         mod.gemv_bf16(x.data_ptr(), w.data_ptr(), 0, out.data_ptr(), False, M, N, K, threads)
     else:
@@ -139,14 +150,17 @@ def main(argv=None) -> None:
     else:
         weights = [(torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8),
                     torch.rand(n, generator=g) * 0.01) for _ in range(LAYERS["int8"]) for n, k in shapes]
-    nbytes = sum(w.numel() * w.element_size() for w, _ in weights)
+    nbytes = sum(w.numel() * w.element_size() for w, *_ in weights)
+    # each build's weights, in the layout it reads (the same values)
+    laid = {tag: _packed(mod, weights) if args.format == "int8" else weights
+            for tag, mod in mods.items()}
     for m in rows:
         xs = {k: torch.randn(m, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
         outs = {tag: [torch.empty(m, w.shape[0], dtype=torch.bfloat16) for w, _ in weights]
                 for tag in mods}
         for tag, mod in mods.items():
-            for w, o in zip(weights, outs[tag]):
-                _product(mod, xs[w[0].shape[1]], w, o, args.threads)
+            for w, lw, o in zip(weights, laid[tag], outs[tag]):
+                _product(mod, xs[w[0].shape[1]], lw, o, args.threads)
         same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
                    for a, b in zip(outs["A"], outs["B"]))
         if not same and not args.allow_different_bits:
@@ -154,8 +168,8 @@ def main(argv=None) -> None:
                      "them anyway)")
 
         def run(tag):
-            for w, o in zip(weights, outs[tag]):
-                _product(mods[tag], xs[w[0].shape[1]], w, o, args.threads)
+            for w, lw, o in zip(weights, laid[tag], outs[tag]):
+                _product(mods[tag], xs[w[0].shape[1]], lw, o, args.threads)
 
         def stream():
             for w, _ in weights:
