@@ -48,7 +48,6 @@ namespace {
 // vectors of the 32 registers (2 x 6: 26).
 constexpr int PACK_ROWS = 16;
 constexpr int G_WIDE = 2, MB_WIDE = 6;   // passes of 2 or more rows of x
-constexpr int G_STEP = 4;                // a decode step: 4 groups, 4 chains of vpdpbusd
 
 // x as the packed tiles read it: bytes [M, K], block scales and block corrections [M, K / 64].
 struct QBlocks {
@@ -88,7 +87,7 @@ SPECRT_AVX512 SPECRT_INLINE void store_groups(const QuantStore& s, int64_t m0, i
 
 // G groups (16 G output rows, w: the first group) against MB rows of x (all of K), stored. With
 // PF, the next G groups (they follow in memory) are requested a line per group and k-step while
-// these are read: a decode step streams the weight once and has no other use for the time.
+// these are read: a verify pass streams the weight once and is memory-bound enough to gain.
 template <int G, int MB, bool PF>
 SPECRT_AVX512_VNNI static void packed_tile(const QBlocks& x, const uint8_t* w,
                                            const QuantStore& s, int64_t m0, int64_t n0) {
@@ -134,6 +133,40 @@ SPECRT_AVX512_VNNI static void packed_tile(const QBlocks& x, const uint8_t* w,
   store_groups<G, MB>(s, m0, n0, acc);
 }
 
+// A decode step: one group at a time (a thread's groups are one run of memory), its 16 vpdpbusd
+// a block in STEP_CHAINS interleaved integer sums (added at the block's end: exact, so the same
+// bits as one chain), requesting the line STEP_AHEAD bytes ahead of each it reads. Against
+// tiles of 4 groups requesting the next 4 (what the wide passes do), in the int8 draft's decode
+// step (interleaved processes): 1.02-1.15x (benchmarks/RESULTS.md).
+constexpr int STEP_CHAINS = 4, STEP_AHEAD = 1024;
+
+SPECRT_AVX512_VNNI static void step_group(const QBlocks& x, const uint8_t* w, const QuantStore& s,
+                                          int64_t n0) {
+  const int64_t B = x.K / QBLOCK;
+  __m512 acc[1] = {_mm512_setzero_ps()};
+  for (int64_t b = 0; b < B; ++b) {
+    __m512i dot[STEP_CHAINS];
+    dot[0] = _mm512_set1_epi32(x.corr[b]);
+#pragma GCC unroll 4
+    for (int c = 1; c < STEP_CHAINS; ++c) dot[c] = _mm512_setzero_si512();
+    const uint8_t* wb = w + b * QBLOCK * PACK_ROWS;
+#pragma GCC unroll 16
+    for (int k4 = 0; k4 < QBLOCK / 4; ++k4) {
+      __builtin_prefetch(wb + 64 * k4 + STEP_AHEAD, 0, 2);
+      int32_t four;
+      std::memcpy(&four, x.q + b * QBLOCK + 4 * k4, 4);
+      dot[k4 % STEP_CHAINS] = _mm512_dpbusd_epi32(dot[k4 % STEP_CHAINS],
+                                                  _mm512_loadu_si512(wb + 64 * k4),
+                                                  _mm512_set1_epi32(four));
+    }
+#pragma GCC unroll 4
+    for (int c = 1; c < STEP_CHAINS; ++c) dot[0] = _mm512_add_epi32(dot[0], dot[c]);
+    acc[0] = _mm512_add_ps(acc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(dot[0]),
+                                                 _mm512_set1_ps(x.scale[b])));
+  }
+  store_groups<1, 1>(s, 0, n0, acc);
+}
+
 using PackedTile = void (*)(const QBlocks&, const uint8_t*, const QuantStore&, int64_t, int64_t);
 #define SPECRT_P_ROW(G, PF) packed_tile<G, 1, PF>, packed_tile<G, 2, PF>, packed_tile<G, 3, PF>, \
                             packed_tile<G, 4, PF>, packed_tile<G, 5, PF>, packed_tile<G, 6, PF>
@@ -142,8 +175,6 @@ static const PackedTile wide_tiles[2][G_WIDE][MB_WIDE] = {
     {{SPECRT_P_ROW(1, false)}, {SPECRT_P_ROW(2, false)}},
     {{SPECRT_P_ROW(1, true)}, {SPECRT_P_ROW(2, true)}}};
 #undef SPECRT_P_ROW
-static const PackedTile step_tiles[G_STEP] = {packed_tile<1, 1, false>, packed_tile<2, 1, false>,
-                                              packed_tile<3, 1, false>, packed_tile<4, 1, true>};
 
 // x quantized (quantize_row, gemv_quant.h) with its lane corrections summed per block.
 struct PackedX {
@@ -161,24 +192,18 @@ struct PackedX {
   }
 };
 
-// The packed product: tiles of G groups over the threads (an even share each for a decode
-// step, which is memory-bound; a tile at a time to whichever thread is free otherwise, as
-// gemv_tiled shares its tiles), each tile running every row tile of x (near-equal parts of at
-// most MB_WIDE rows) while its 32 rows' weights sit in L1 or L2. Each output element is its
-// row's blocks summed in order, so its bits do not depend on M, the tiling or the threads.
+// The packed product. A decode step: its groups in one run a thread (step_group). Wider passes:
+// tiles of G_WIDE groups, each running every row tile of x (near-equal parts of at most MB_WIDE
+// rows) while its 32 rows' weights sit in L1 or L2. Each output element is its row's blocks
+// summed in order, so its bits do not depend on M, the tiling or the threads.
 SPECRT_AVX512_VNNI static void gemv_int8_packed(const void* x, bool x_f32, const uint8_t* w,
                                                 const QuantStore& s, int64_t M, int64_t N,
                                                 int64_t K, int threads) {
   const PackedX px(x, x_f32, M, K);
   const int64_t groups = (N + PACK_ROWS - 1) / PACK_ROWS, group = PACK_ROWS * K;
   if (M == 1) {
-    const int64_t tiles = (groups + G_STEP - 1) / G_STEP;
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t g0 = t * G_STEP;
-      const int g = int(std::min<int64_t>(G_STEP, groups - g0));
-      step_tiles[g - 1](px.view, w + g0 * group, s, 0, g0 * PACK_ROWS);
-    }
+    for (int64_t g = 0; g < groups; ++g) step_group(px.view, w + g * group, s, g * PACK_ROWS);
     return;
   }
   const auto parts = near_equal_parts(M, MB_WIDE);
