@@ -1,0 +1,148 @@
+"""Benchmark: one model's forward passes under two builds of specrt, interleaved in one run.
+
+Run: python -m benchmarks.model_ab [--base REV] [--model DIR] [--quant int8] [--rounds N]
+
+`kernel_ab` times two builds of the matrix products alone; this times what a model does with
+them: a decode step, a 4-token pass (a draft's first forward of a round, a short verify pass)
+and a prompt pass of --prompt tokens, through the whole forward (the C++ layer loop, the
+attention, the head). The base revision's tree is copied out (git archive) and its extensions
+built there (~2-3 min); each build then serves from its own process with the model loaded once,
+and the rounds alternate between them (ABBA), so the machine's swings in memory bandwidth hit
+both alike. Prints each build's median milliseconds per pass and the median per-round ratio
+base / new (> 1: the working tree is faster); JSON on the last line. The two builds' numbers
+may differ in their bits (a kernel change that is not bit-identical, such as a new int8
+layout): this times them, it does not compare their outputs.
+
+Default: the pair's draft (qwen2.5-coder-0.5b-instruct) in int8 as `LLM` loads it (its
+output-head shortlist included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.harness import cli, machine, report
+
+ROOT = Path(__file__).resolve().parent.parent
+PASSES = ("step", "4-token pass", "prompt pass")
+
+# What each build's process runs: load the model, then time the passes once per line read.
+CHILD = r"""
+import sys, time, torch
+from specrt.api.tokenizer import Tokenizer
+from specrt.model.config import ModelConfig
+from specrt.model.transformer import Transformer
+from specrt.spec.drafters.draft_model import draft_head_rows
+
+model_dir, quant, threads, prompt, tok_dir = sys.argv[1:6]
+torch.set_num_threads(int(threads))
+quant = None if quant == "none" else quant
+head = draft_head_rows(ModelConfig.from_dir(model_dir), Tokenizer(tok_dir)) if quant else None
+model = Transformer.from_dir(model_dir, "bfloat16", "cpu", int(prompt) + 128, quant=quant,
+                             head_rows=head)
+
+
+def timed(tokens, passes):
+    cache = model.new_cache(1, int(prompt) + 128)
+    model.forward(torch.arange(100, 160)[None], cache)
+    ids = torch.arange(200, 200 + tokens)[None]
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        model.forward(ids, cache)
+    return (time.perf_counter() - t0) / passes
+
+
+def prompt_pass():
+    cache = model.new_cache(1, int(prompt) + 128)
+    t0 = time.perf_counter()
+    model.forward(torch.arange(1000, 1000 + int(prompt))[None], cache)
+    return time.perf_counter() - t0
+
+
+print("ready", flush=True)
+for _ in sys.stdin:
+    print(timed(1, 20), timed(4, 10), prompt_pass(), flush=True)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("benchmarks.model_ab", __doc__)
+    p.add_argument("--base", default="HEAD~1", help="git revision of build A (default HEAD~1); "
+                   "B is the working tree as it is")
+    p.add_argument("--model", help="model directory (default: the fetched "
+                   "qwen2.5-coder-0.5b-instruct)")
+    p.add_argument("--quant", default="int8", choices=["int8", "int4", "none"],
+                   help="the model's weights: int8 (default), int4, or none (bf16)")
+    p.add_argument("--prompt", type=int, default=252, help="prompt pass tokens (default 252)")
+    p.add_argument("--rounds", type=int, default=11, help="interleaved rounds (default 11)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    return p
+
+
+def _base_tree(rev: str, into: Path) -> Path:
+    """The tree of `rev` under `into`, its extensions built."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True)
+    if archive.returncode != 0:
+        cli.fail(f"git archive {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    print(f"building {rev} (~2-3 min) ...", file=sys.stderr)
+    built = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
+                           cwd=into, capture_output=True, text=True)
+    if built.returncode != 0:
+        cli.fail(f"building {rev} failed:\n{built.stderr[-3000:]}")
+    return into
+
+
+def _start(tree: Path, args, model_dir: Path, tok_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(model_dir), args.quant,
+                             str(args.threads), str(args.prompt), str(tok_dir)],
+                            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    if proc.stdout.readline().strip() != "ready":
+        cli.fail(f"the model did not load under {tree}")
+    return proc
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from specrt.hub.paths import model_dir as fetched
+    model_dir = Path(args.model) if args.model else fetched("qwen2.5-coder-0.5b-instruct")
+    tok_dir = model_dir
+    if not (model_dir / "config.json").exists():
+        cli.fail(f"{model_dir} has no config.json (python -m specrt.models fetch)")
+    info = machine.machine_info(args.threads, "cpu")
+    report.print_header("model A/B: one model under two builds", info,
+                        {"base": args.base, "model": model_dir.name, "quant": args.quant})
+    with tempfile.TemporaryDirectory(prefix="model_ab_") as tmp:
+        trees = {"A": _base_tree(args.base, Path(tmp) / "A"), "B": ROOT}
+        procs = {tag: _start(tree, args, model_dir, tok_dir) for tag, tree in trees.items()}
+        times: dict[str, list[list[float]]] = {"A": [], "B": []}
+        for r in range(args.rounds):
+            for tag in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                procs[tag].stdin.write("go\n")
+                procs[tag].stdin.flush()
+                times[tag].append([float(v) for v in procs[tag].stdout.readline().split()])
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+    med = {tag: [statistics.median(c) * 1e3 for c in zip(*rows)] for tag, rows in times.items()}
+    ratio = [statistics.median(a[i] / b[i] for a, b in zip(times["A"], times["B"]))
+             for i in range(len(PASSES))]
+    names = [p if p != "prompt pass" else f"{args.prompt}-token prompt pass" for p in PASSES]
+    print(report.table(["pass", f"A {args.base} ms", "B worktree ms", "A / B per round"],
+                       [[n, f"{a:.2f}", f"{b:.2f}", f"{r:.3f}"]
+                        for n, a, b, r in zip(names, med["A"], med["B"], ratio)]))
+    print(json.dumps({"base": args.base, "ms": med, "a_over_b": dict(zip(PASSES, ratio))}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
