@@ -7,7 +7,7 @@ per block of 64 values the same way, and
 the sum over b taken in block order in fp32, each product and each sum rounded.
 `reference_linear` is that definition in PyTorch (the specification, and the path where the C++
 kernel does not run); `kernel_linear` is csrc/cpu/gemv_int8.cpp. With AVX-512 VNNI it stores the
-weight packed 16 rows to a group (LAYOUT, `quantize` packs) and gives the reference's bits; on
+weight packed 16 rows to a group (PACK_ROWS; `quantize` packs) and gives the reference's bits; on
 AVX2 (row-major weight) its fp32 sums run in another fixed order. Either way each row's bits are
 independent of M.
 
