@@ -41,8 +41,9 @@ namespace {
 // row's exact integer block dot (started from the block's correction, -128 * the sum of its 64
 // q), without a horizontal sum: one int -> fp32 conversion, multiply and add per 16 vpdpbusd,
 // where the row-major layout (one row a vector, 16 lanes of 4 values) converted and scaled
-// after every vpdpbusd. kernel_ab against it: 1.4x at 9 rows, 1.9x at 17, 2.2x at 48, 3.3x at
-// 252 (benchmarks/RESULTS.md, "Zen 5: int8 weights packed 16 rows to a group").
+// after every vpdpbusd. kernel_ab against it: 1.10-1.14x at 1-5 rows, 1.6x at 9, 2.1x at 17,
+// 2.3x at 48, 3.0x at 252 (benchmarks/RESULTS.md, "Zen 5: int8 weights packed 16 rows to a
+// group").
 //
 // G groups x MB rows of x a tile: G * MB integer and as many fp32 accumulators + G weight
 // vectors of the 32 registers (2 x 6: 26).
@@ -135,9 +136,11 @@ SPECRT_AVX512_VNNI static void packed_tile(const QBlocks& x, const uint8_t* w,
 
 // A decode step: one group at a time (a thread's groups are one run of memory), its 16 vpdpbusd
 // a block in STEP_CHAINS interleaved integer sums (added at the block's end: exact, so the same
-// bits as one chain), requesting the line STEP_AHEAD bytes ahead of each it reads. Against
-// tiles of 4 groups requesting the next 4 (what the wide passes do), in the int8 draft's decode
-// step (interleaved processes): 1.02-1.15x (benchmarks/RESULTS.md).
+// bits as one chain), requesting the line STEP_AHEAD bytes ahead of each it reads. In the int8
+// draft's decode step against the row-major build (interleaved processes, three runs): tiles of
+// 4 groups requesting the next 4, as the wider passes do, 0.93-1.22x; this 1.10-1.47x
+// (benchmarks/RESULTS.md). Groups handed out 8 at a time to whichever thread is free, instead
+// of one run a thread: 0.93x (benchmarks.model_ab).
 constexpr int STEP_CHAINS = 4, STEP_AHEAD = 1024;
 
 SPECRT_AVX512_VNNI static void step_group(const QBlocks& x, const uint8_t* w, const QuantStore& s,
