@@ -35,6 +35,11 @@ BLOCK = 64          # activation values per scale; K must be a multiple of it fo
 PACK_ROWS = int(_gemv.int8_packed_rows()) if AVAILABLE else 0
 
 
+def data_shape(N: int, K: int, packed_rows: int = PACK_ROWS) -> tuple[int, ...]:
+    """The shape of an int8 weight [N, K]'s data in a layout (default: the kernel's here)."""
+    return (-(-N // packed_rows), K // 4, packed_rows, 4) if packed_rows else (N, K)
+
+
 @dataclasses.dataclass(frozen=True)
 class Int8Weight:
     data: torch.Tensor      # uint8, the int8 value + 128: [N, K], or packed (PACK_ROWS)
@@ -74,8 +79,9 @@ def quantize(weight: torch.Tensor, packed_rows: int | None = None) -> Int8Weight
         inv = _inverse_scale(amax)
         data[n0:n0 + 4096] = (torch.round(w * inv[:, None]).clamp_(-127, 127) + 128).to(torch.uint8)
         scale[n0:n0 + 4096] = amax / 127.0
-    rows = PACK_ROWS if packed_rows is None else packed_rows
-    return pack(Int8Weight(data, scale), rows) if rows else Int8Weight(data, scale)
+    if packed_rows is None:   # the kernel's layout; K % 4 != 0 is no kernel's (K % 64 == 0)
+        packed_rows = PACK_ROWS if weight.shape[1] % 4 == 0 else 0
+    return pack(Int8Weight(data, scale), packed_rows) if packed_rows else Int8Weight(data, scale)
 
 
 def pack(weight: Int8Weight, rows: int = 16) -> Int8Weight:
@@ -84,7 +90,7 @@ def pack(weight: Int8Weight, rows: int = 16) -> Int8Weight:
         raise ValueError(f"pack: needs a row-major weight with K a multiple of 4, got "
                          f"{tuple(weight.data.shape)} (packed_rows={weight.packed_rows})")
     N, K = weight.shape
-    G = -(-N // rows)
+    G = data_shape(N, K, rows)[0]
     data = torch.full((G * rows, K), 128, dtype=torch.uint8)
     data[:N] = weight.data
     data = data.view(G, rows, K // 4, 4).permute(0, 2, 1, 3).contiguous()   # [G, K/4, rows, 4]
@@ -177,8 +183,7 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
     if not isinstance(weight, Int8Weight):
         raise checks.fail(fn, "weight", "an Int8Weight (gemv_int8.quantize)", type(weight).__name__)
     N, K = weight.shape
-    R = weight.packed_rows
-    layout = (-(-N // R), K // 4, R, 4) if R else (N, K)
+    layout = data_shape(N, K, weight.packed_rows)
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()
             and weight.data.shape == layout and weight.scale.dtype == torch.float32
             and weight.scale.shape == (N,)):

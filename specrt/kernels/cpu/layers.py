@@ -102,17 +102,11 @@ def _vector(t: torch.Tensor, n: int) -> int | None:
 # a projection [n, k]
 _FORMATS = {
     "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, True),
-    "int8": lambda n, k: (1, torch.uint8, _int8_layout(n, k), (n,),
+    "int8": lambda n, k: (1, torch.uint8, gemv_int8.data_shape(n, k), (n,),
                           gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0),
     "int4": lambda n, k: (2, torch.uint8, (n, k // 2), (n, k // gemv_int4.GROUP),
                           gemv_int4.AVAILABLE and k % gemv_int4.CHUNK == 0),
 }
-
-
-def _int8_layout(n: int, k: int) -> tuple[int, ...]:
-    """The shape of an int8 weight [n, k] as the kernel reads it here (gemv_int8.PACK_ROWS)."""
-    rows = gemv_int8.PACK_ROWS
-    return (-(-n // rows), k // 4, rows, 4) if rows else (n, k)
 
 
 def _linear(stored, n: int, k: int) -> tuple | None:
