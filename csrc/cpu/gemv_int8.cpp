@@ -71,18 +71,11 @@ SPECRT_AVX512 SPECRT_INLINE void store_groups(const QuantStore& s, int64_t m0, i
     const int64_t c0 = n0 + PACK_ROWS * g;
     if (c0 >= s.N) break;
     const int nb = int(std::min<int64_t>(PACK_ROWS, s.N - c0));
-    const __mmask16 lanes = __mmask16((1u << nb) - 1);
-    const __m512 scale = _mm512_maskz_loadu_ps(lanes, s.w_scale + c0);
-    __m512 bias = _mm512_setzero_ps();
-    if (s.bias)
-      bias = s.x_f32 ? _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(s.bias) + c0)
-                     : load_bf16(static_cast<const uint16_t*>(s.bias) + c0, nb);
+    QuantLanes l;
+    load_lanes(s, c0, nb, l);
 #pragma GCC unroll 8
-    for (int j = 0; j < MB; ++j) {
-      __m512 v = _mm512_mul_ps(acc[g * MB + j], scale);
-      if (s.bias) v = _mm512_add_ps(v, bias);
-      put_row(v, nb, s.out, s.out_f32, (m0 + j) * s.N + c0);
-    }
+    for (int j = 0; j < MB; ++j)
+      put_scaled(acc[g * MB + j], l.scale, l.bias, nb, s.out, s.out_f32, (m0 + j) * s.N + c0);
   }
 }
 

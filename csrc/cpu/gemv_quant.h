@@ -113,17 +113,32 @@ struct QuantStore {
   }
 };
 
+// A QuantStore's row scales and bias for outputs n0 .. n0 + nb - 1 (nb <= 16) as vectors, for
+// put_scaled / put_tile (gemv_tiled.h): null where the store has none.
+struct QuantLanes {
+  __m512 scale_v, bias_v;
+  const __m512* scale = nullptr;
+  const __m512* bias = nullptr;
+};
+SPECRT_AVX512 inline void load_lanes(const QuantStore& s, int64_t n0, int nb, QuantLanes& l) {
+  const __mmask16 lanes = __mmask16((1u << nb) - 1);
+  if (s.w_scale) {
+    l.scale_v = _mm512_maskz_loadu_ps(lanes, s.w_scale + n0);
+    l.scale = &l.scale_v;
+  }
+  if (s.bias) {
+    l.bias_v = s.x_f32 ? _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(s.bias) + n0)
+                       : load_bf16(static_cast<const uint16_t*>(s.bias) + n0, nb);
+    l.bias = &l.bias_v;
+  }
+}
+
 // The same, a tile at a time (store_tile, gemv_tiled.h), for the AVX-512 kernels.
 SPECRT_AVX512 inline void store_tile(const Vector512<QuantStore>& s, int64_t m0, int64_t mb,
                                      int64_t n0, int nb, const float* vals) {
-  const __mmask16 lanes = __mmask16((1u << nb) - 1);
-  const __m512 scale = s.w_scale ? _mm512_maskz_loadu_ps(lanes, s.w_scale + n0) : __m512();
-  __m512 bias = _mm512_setzero_ps();
-  if (s.bias)
-    bias = s.x_f32 ? _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(s.bias) + n0)
-                   : load_bf16(static_cast<const uint16_t*>(s.bias) + n0, nb);
-  put_tile(vals, m0, mb, n0, nb, s.w_scale ? &scale : nullptr, s.bias ? &bias : nullptr, s.out,
-           s.out_f32, s.N);
+  QuantLanes l;
+  load_lanes(s, n0, nb, l);
+  put_tile(vals, m0, mb, n0, nb, l.scale, l.bias, s.out, s.out_f32, s.N);
 }
 
 }  // namespace specrt

@@ -211,17 +211,22 @@ SPECRT_AVX512 static inline __m512 load_bf16(const uint16_t* p, int nb) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// Lanes [0, nb) of v x scale (if given), + bias (if given) -> out[at ..] as fp32 or bf16: the
+// stores' arithmetic lane by lane.
+SPECRT_AVX512 static inline void put_scaled(__m512 v, const __m512* scale, const __m512* bias,
+                                            int nb, void* out, bool out_f32, int64_t at) {
+  if (scale) v = _mm512_mul_ps(v, *scale);
+  if (bias) v = _mm512_add_ps(v, *bias);
+  put_row(v, nb, out, out_f32, at);
+}
+
 // A tile's values vals [nb][mb] -> out [., N] at rows m0 .., columns n0 ..: each x row's nb
-// values x scale (if given), + bias (if given), stored as fp32 or bf16 (the vector stores).
+// values through put_scaled (the vector stores).
 SPECRT_AVX512 static inline void put_tile(const float* vals, int64_t m0, int64_t mb, int64_t n0,
                                           int nb, const __m512* scale, const __m512* bias,
                                           void* out, bool out_f32, int64_t N) {
-  for (int64_t j = 0; j < mb; ++j) {
-    __m512 v = tile_column(vals, mb, j, nb);
-    if (scale) v = _mm512_mul_ps(v, *scale);
-    if (bias) v = _mm512_add_ps(v, *bias);
-    put_row(v, nb, out, out_f32, (m0 + j) * N + n0);
-  }
+  for (int64_t j = 0; j < mb; ++j)
+    put_scaled(tile_column(vals, mb, j, nb), scale, bias, nb, out, out_f32, (m0 + j) * N + n0);
 }
 
 SPECRT_AVX512 inline void store_tile(const Vector512<Bf16Store>& s, int64_t m0, int64_t mb,
