@@ -29,10 +29,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, revisions
 from specrt.kernels.cpu import gemv_int8
 
-ROOT = Path(__file__).resolve().parent.parent
 # [N, K] of one layer's products and the layer count: the 1.5B target's (bf16), the 0.5B
 # draft's (int8, the draft's default format)
 SHAPES = {"bf16": ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)),
@@ -64,19 +63,6 @@ def _sources(tree: Path) -> list[Path]:
     if not (cpu / "gemv_bindings.cpp").exists():
         cli.fail(f"{tree} has no csrc/cpu/gemv_bindings.cpp: not a revision with the kernels")
     return found
-
-
-def _checkout(rev: str, into: Path) -> Path:
-    """The tree of `rev` (or the working tree) under `into`."""
-    if rev == "worktree":
-        return ROOT
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "csrc"],
-                             capture_output=True)
-    if archive.returncode != 0:
-        cli.fail(f"git archive {rev}: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
 
 
 def _build(tree: Path, tag: str, tmp: Path) -> Path:
@@ -134,7 +120,8 @@ def main(argv=None) -> None:
                         {"base": args.base, "new": args.new, "rows": rows})
     with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp_s:
         tmp = Path(tmp_s)
-        trees = {"A": _checkout(args.base, tmp / "A"), "B": _checkout(args.new, tmp / "B")}
+        trees = {tag: revisions.checkout(rev, tmp / tag, "csrc")
+                 for tag, rev in (("A", args.base), ("B", args.new))}
         print("building both (~1 min) ...", file=sys.stderr)
         with ThreadPoolExecutor(2) as pool:
             paths = dict(zip(trees, pool.map(lambda t: _build(trees[t], t, tmp), trees)))

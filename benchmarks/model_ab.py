@@ -27,9 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, revisions
 
-ROOT = Path(__file__).resolve().parent.parent
 PASSES = ("step", "4-token pass", "prompt pass")
 
 # What each build's process runs: load the model, then time the passes once per line read.
@@ -40,10 +39,10 @@ from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.draft_model import draft_head_rows
 
-model_dir, quant, threads, prompt, tok_dir = sys.argv[1:6]
+model_dir, quant, threads, prompt = sys.argv[1:5]
 torch.set_num_threads(int(threads))
 quant = None if quant == "none" else quant
-head = draft_head_rows(ModelConfig.from_dir(model_dir), Tokenizer(tok_dir)) if quant else None
+head = draft_head_rows(ModelConfig.from_dir(model_dir), Tokenizer(model_dir)) if quant else None
 model = Transformer.from_dir(model_dir, "bfloat16", "cpu", int(prompt) + 128, quant=quant,
                              head_rows=head)
 
@@ -65,6 +64,7 @@ def prompt_pass():
     return time.perf_counter() - t0
 
 
+timed(1, 2), timed(4, 2), prompt_pass()     # warm-up: a process's first wide pass is ~2x slower
 print("ready", flush=True)
 for _ in sys.stdin:
     print(timed(1, 20), timed(4, 10), prompt_pass(), flush=True)
@@ -87,11 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _base_tree(rev: str, into: Path) -> Path:
     """The tree of `rev` under `into`, its extensions built."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True)
-    if archive.returncode != 0:
-        cli.fail(f"git archive {rev}: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    revisions.checkout(rev, into)
     print(f"building {rev} (~2-3 min) ...", file=sys.stderr)
     built = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
                            cwd=into, capture_output=True, text=True)
@@ -100,10 +96,10 @@ def _base_tree(rev: str, into: Path) -> Path:
     return into
 
 
-def _start(tree: Path, args, model_dir: Path, tok_dir: Path) -> subprocess.Popen:
+def _start(tree: Path, args, model_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(model_dir), args.quant,
-                             str(args.threads), str(args.prompt), str(tok_dir)],
+                             str(args.threads), str(args.prompt)],
                             cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     if proc.stdout.readline().strip() != "ready":
@@ -115,15 +111,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from specrt.hub.paths import model_dir as fetched
     model_dir = Path(args.model) if args.model else fetched("qwen2.5-coder-0.5b-instruct")
-    tok_dir = model_dir
     if not (model_dir / "config.json").exists():
         cli.fail(f"{model_dir} has no config.json (python -m specrt.models fetch)")
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("model A/B: one model under two builds", info,
                         {"base": args.base, "model": model_dir.name, "quant": args.quant})
     with tempfile.TemporaryDirectory(prefix="model_ab_") as tmp:
-        trees = {"A": _base_tree(args.base, Path(tmp) / "A"), "B": ROOT}
-        procs = {tag: _start(tree, args, model_dir, tok_dir) for tag, tree in trees.items()}
+        trees = {"A": _base_tree(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
+        procs = {tag: _start(tree, args, model_dir) for tag, tree in trees.items()}
         times: dict[str, list[list[float]]] = {"A": [], "B": []}
         for r in range(args.rounds):
             for tag in ("A", "B") if r % 2 == 0 else ("B", "A"):
