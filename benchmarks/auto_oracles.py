@@ -107,7 +107,6 @@ def summary(rows: list[dict]) -> list[list]:
 
 def main(argv=None) -> int:
     import specrt
-    from specrt.spec.costs import CostModel
 
     args = build_parser().parse_args(argv)
     try:
@@ -132,7 +131,7 @@ def main(argv=None) -> int:
     traces = {k: t for k, t in data["traces"].items() if not sets or t["set"] in sets}
     target_dir, draft_dir = resolve_models(args)
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
-    costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.auto_k)
+    costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     step = costs.verify_pass([1])
     print(f"costs: target step {step * 1e3:.1f} ms; verify(T) / step for T = 2..9: "
           + " ".join(f"{costs.verify_pass([t]) / step:.2f}" for t in range(2, 10))

@@ -239,13 +239,12 @@ def record(args) -> int:
 
 def replay_command(args) -> int:
     import specrt
-    from specrt.spec.costs import CostModel
 
     path = Path(args.traces)
     data = _load_traces(path)
     target_dir, draft_dir = resolve_models(args)
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
-    costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.auto_k)
+    costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     fixed = [m.strip() for m in args.fixed.split(",") if m.strip()]
     auto = f"auto:{args.auto_k}"
     rows = replay_all(data["traces"], fixed, auto, costs)

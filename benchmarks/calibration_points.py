@@ -33,7 +33,6 @@ def main(argv=None) -> int:
     cli.setup_torch(args.threads, args.device)
     import specrt
     from specrt.spec import calibration
-    from specrt.spec.costs import CostModel
 
     target_dir, draft_dir = resolve_models(args)
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
@@ -47,7 +46,7 @@ def main(argv=None) -> int:
                 calibration._cache.clear()
                 calibration.timed_points = points
                 t0 = time.perf_counter()
-                costs = CostModel.calibrate(llm.engine.target, llm.engine.draft, args.k)
+                costs = llm.cost_model(args.k)     # on the engine's thread
                 seconds = time.perf_counter() - t0
                 ratios = " ".join(f"{v / costs.verify[0]:.2f}" for v in costs.verify[:args.k + 1])
                 print(f"{name:18s} {seconds:7.1f}  {ratios}", flush=True)

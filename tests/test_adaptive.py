@@ -133,6 +133,41 @@ def test_a_draft_and_its_target_are_calibrated_interleaved(llm, tmp_path, monkey
     assert sum(" | beside " in k for k in saved) == 2
 
 
+def test_llm_cost_model_is_timed_on_the_thread_that_runs_the_rounds(llm, tmp_path,
+                                                                    monkeypatch):
+    """A forward timed from the caller's thread reads slower than the rounds run (two OpenMP
+    teams on few cores), so LLM.cost_model times it on the scheduler's thread, as the planners
+    do, and hands back the costs auto plans with."""
+    import threading
+
+    from specrt.spec import calibration
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_cache", {})
+    threads = []
+    real = calibration._measure
+    monkeypatch.setattr(calibration, "_measure",
+                        lambda *a: (threads.append(threading.current_thread()), real(*a))[1])
+    costs = llm.cost_model(3)
+    assert threads == [llm.scheduler._thread] and threads[0] is not threading.current_thread()
+    assert len(costs.verify) == len(costs.draft) >= 4
+    res = llm.generate(PROMPTS[0], max_new_tokens=4,
+                       speculative={"method": "auto", "num_speculative_tokens": 3})
+    assert res.token_ids == llm.generate(PROMPTS[0], max_new_tokens=4).token_ids
+    assert len(threads) == 1                      # the planner reused the same calibration
+    with pytest.raises(specrt.SpecrtError, match="max_k"):
+        llm.cost_model(0)
+
+
+def test_scheduler_call_runs_on_its_thread_and_raises_what_fn_raises(llm):
+    import threading
+
+    assert llm.scheduler.call(threading.current_thread) is llm.scheduler._thread
+    with pytest.raises(ZeroDivisionError):
+        llm.scheduler.call(lambda: 1 / 0)
+    assert llm.scheduler.call(lambda: 7) == 7         # the thread lives on
+
+
 def test_an_engine_with_graphs_calibrates_its_static_passes(tiny_noeos_dir, tiny_draft_dir,
                                                             tmp_path, monkeypatch):
     """An engine with graphs (static=True) times auto's costs on the static runners its rounds

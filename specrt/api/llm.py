@@ -29,12 +29,13 @@ from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
 from specrt.errors import ConfigError, SpecrtError
-from specrt.checks import check_bool
+from specrt.checks import check_bool, check_int
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
 from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
-from specrt.spec.config import SpecConfig
+from specrt.spec.costs import CostModel
+from specrt.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig
 from specrt.spec.drafters.draft_model import draft_head_rows
 from specrt.spec.sampling import SamplingParams
 
@@ -111,6 +112,14 @@ class LLM:
                                self.max_batch_size, self.max_seq_len, static=self.cuda_graphs),
                 self.max_queue)
         return self._schedulers[key]
+
+    def cost_model(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> CostModel:
+        """What `auto` with num_speculative_tokens = max_k plans with: this machine's
+        calibrated forward times of the target and the draft (a one-off measurement of a few
+        seconds, then cached per machine and build; `specrt.spec.costs`), timed on the
+        scheduler's thread, where the rounds run."""
+        max_k = check_int("max_k", max_k, 1, MAX_SPECULATIVE_TOKENS)
+        return self.scheduler.call(lambda: self.engine.cost_model(max_k))
 
     def close(self) -> None:
         """Cancel every request and stop the scheduler threads."""

@@ -96,11 +96,15 @@ class Engine:
         if spec is None:
             return None
         if spec not in self._planners:
-            # auto's costs are timed on the path this engine's rounds take (graphed or not)
-            self._planners[spec] = build_planner(
-                spec, self.draft_drafter,
-                lambda k: CostModel.calibrate(self.target, self.draft, k, graphed=self.static))
+            self._planners[spec] = build_planner(spec, self.draft_drafter, self.cost_model)
         return self._planners[spec]
+
+    def cost_model(self, max_k: int) -> CostModel:
+        """The calibrated costs `auto` plans with (cached per machine and build), timed on the
+        path this engine's rounds take (graphed or not). Call it on the thread that runs the
+        rounds (`Scheduler.call`), as the planners do: timed from another thread they read
+        slower than the rounds run."""
+        return CostModel.calibrate(self.target, self.draft, max_k, graphed=self.static)
 
     def warm_up(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> None:
         """Build every static runner a round can use -- verify passes for (B, T = 1..max_k + 1)

@@ -4,7 +4,9 @@
 scheduler's thread admits queued requests into free slots at round boundaries (FIFO: a request
 that cannot join the running batch holds the ones behind it), runs rounds while any request is
 running, hands each step to its request's handle, and applies cancellations between rounds.
-Nothing else touches the engine, the model or the caches, so requests from any threads or
+`call` (any thread) runs a function on the scheduler's thread between rounds, for work that
+must run where the rounds do (timing the model: `LLM.cost_model`). Nothing else touches the
+engine, the model or the caches, so requests from any threads or
 event loops never see each other's state. A failure while serving one request ends that
 request (or, inside a shared round, the requests of that round) with the error; the thread
 lives on and the next request starts clean.
@@ -12,6 +14,7 @@ lives on and the next request starts clean.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
@@ -37,6 +40,8 @@ class Scheduler:
         self._lock = threading.Condition()
         self._queue: collections.deque[tuple[RequestHandle, float]] = collections.deque()
         self._cancels: set[str] = set()
+        self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] \
+            = collections.deque()
         self._handles: dict[str, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -84,6 +89,24 @@ class Scheduler:
             self._lock.notify()
         return handle
 
+    def call(self, fn: Callable[[], object]) -> object:
+        """fn() run on the scheduler's thread between rounds; returns what it returns, raises
+        what it raises. Work that times or runs the model belongs there: a second thread that
+        runs a parallel op keeps its own OpenMP team, and with two teams on the machine's cores
+        libgomp stops spinning between parallel regions, which slowed the int8 draft's decode
+        step 1.6-1.8x on the 2-core Zen 5 machine (benchmarks/RESULTS.md, "Calibrated on the
+        wrong thread")."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise SpecrtError("this LLM was closed; create a new one")
+            self._calls.append((fn, future))
+            self._ensure_thread()
+            self._lock.notify()
+        return future.result()
+
     def close(self) -> None:
         """Cancel everything and stop the thread (waits for the round in progress)."""
         with self._lock:
@@ -114,11 +137,18 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._queue or self._cancels or self.engine.busy or self._closed):
+                while not (self._queue or self._cancels or self._calls or self.engine.busy
+                           or self._closed):
                     self._lock.wait()
                 cancels, self._cancels = self._cancels, set()
+                calls, self._calls = self._calls, collections.deque()
                 closed = self._closed and not self._queue and not self.engine.busy
             self._apply_cancels(cancels)
+            for fn, future in calls:
+                try:
+                    future.set_result(fn())
+                except BaseException as e:      # raised on the calling thread
+                    future.set_exception(e)
             if closed:
                 return
             self._admit()

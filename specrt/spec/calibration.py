@@ -38,7 +38,8 @@ _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
 _DENSE_REPEATS = 9    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
                       # to 16, a long prompt-lookup match, whose wider passes are interpolated)
-_SCHEME = "cal4"      # how a calibration times (in its key: another scheme's entries are redone)
+_SCHEME = "cal5"      # how a calibration times (in its key: another scheme's entries are redone;
+                      # cal4 entries may have been timed off the rounds' thread by a benchmark)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
 _cache: dict[str, list[float]] = {}
