@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import PROBE_BASE, AdaptivePlanner, expected_tokens, pooled
+from specrt.spec.planners.adaptive import (PRIOR_COUNT, PRIORS, PROBE_BASE, WEIGHT,
+                                          AdaptivePlanner, _learn, expected_tokens, pooled)
 from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
@@ -513,7 +514,39 @@ def test_one_rejection_at_the_last_position_does_not_cut_k():
     planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
     planner.reset([0])
     planner.states["draft_model"].alphas[0][:] = [0.8] * 8
+    planner.states["draft_model"].seen[0][:] = [50] * 8        # learnt over many rounds
     before = planner.choose(_ctx(1, remaining=500))
     planner.observe(before, [2], [before.k], 0.0, 1.0)         # positions 1, 2 right; 3 wrong
     after = planner.choose(_ctx(1, remaining=500))
     assert (before.k, after.k) == (3, 3)
+
+
+def test_a_states_first_outcomes_weigh_as_a_mean_with_the_prior():
+    """Until a position has been seen about 1 / WEIGHT times, the prior counts as PRIOR_COUNT
+    observations and each outcome as one (a running mean), so a request's first rounds move
+    its estimates quickly; after that each outcome weighs WEIGHT."""
+    prior = PRIORS["draft_model"]
+    alphas, seen = [prior] * 4, [0] * 4
+    _learn(alphas, seen, 1, 3)                       # position 1 right, 2 wrong, 3 unseen
+    assert alphas[:3] == pytest.approx([(PRIOR_COUNT * prior + 1) / (PRIOR_COUNT + 1),
+                                        PRIOR_COUNT * prior / (PRIOR_COUNT + 1), prior])
+    assert seen == [1, 1, 0, 0]
+    for _ in range(40):
+        _learn(alphas, seen, 0, 1)
+    before = alphas[0]
+    _learn(alphas, seen, 1, 1)
+    assert alphas[0] == pytest.approx(before + WEIGHT * (1 - before))
+
+
+def test_a_draft_accepted_every_time_reaches_a_long_k_within_a_few_rounds():
+    """A request whose drafts are all accepted, at costs where K = 8 pays best once drafts
+    are right 90% of the time: K climbs from the prior's choice to >= 6 within 4 rounds."""
+    costs = CostModel(verify=[1.0 + 0.05 * t for t in range(1, 40)], draft=[0.08] * 39)
+    planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
+    planner.reset([0])
+    ks = []
+    for _ in range(5):
+        plan = planner.choose(_ctx(1, remaining=500))
+        planner.observe(plan, [plan.k], [plan.k], 0.0, 1.0)
+        ks.append(plan.k)
+    assert ks[0] < 6 <= ks[4], ks
