@@ -28,8 +28,9 @@ benchmarks.e2e reports. So a replay measures the planner's decisions, not whethe
 are right (an e2e run measures both); and the teacher-forced forward runs the prefill path,
 whose rounding may flip a near-tie the decode path would not.
 
-Prints per prompt the best fixed setting, `auto`, their ratio and `auto`'s plan mix, then per
-set the lowest and mean ratio; writes the section "auto replayed" of benchmarks/RESULTS.md
+`--max-new-tokens N` replays each trace's first N tokens as a request of N tokens (e2e runs
+64). Prints per prompt the best fixed setting, `auto`, their ratio and `auto`'s plan mix, then
+per set the lowest and mean ratio; writes the section "auto replayed" of benchmarks/RESULTS.md
 (--no-record to skip).
 """
 from __future__ import annotations
@@ -68,6 +69,9 @@ def build_parser():
     rep.add_argument("--traces", default=str(TRACES))
     rep.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
     rep.add_argument("--fixed", default=FIXED, help=f"fixed settings (default {FIXED})")
+    rep.add_argument("--max-new-tokens", type=int, default=None,
+                     help="replay each trace's first N tokens only, as a request with that "
+                          "budget (benchmarks.e2e runs 64; default: all that was recorded)")
     return p
 
 
@@ -146,6 +150,13 @@ def replay(trace: dict, method: str, costs, planner_cls=None) -> tuple[float, di
         done += accepted + 1
         total_accepted += accepted
     return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted
+
+
+def cut(trace: dict, n: int) -> dict:
+    """The trace of a request whose budget was n tokens: its first n (all, if it ended
+    sooner)."""
+    return dict(trace, output=trace["output"][:n], draft=trace["draft"][:n],
+                max_new_tokens=min(n, trace.get("max_new_tokens", n)))
 
 
 def replay_all(traces: dict, fixed: list[str], auto: str, costs) -> list[dict]:
@@ -240,6 +251,8 @@ def record(args) -> int:
 def replay_command(args) -> int:
     import specrt
 
+    if args.max_new_tokens is not None and args.max_new_tokens < 2:
+        cli.fail("--max-new-tokens must be at least 2 (the first token is the prefill's)")
     path = Path(args.traces)
     data = _load_traces(path)
     target_dir, draft_dir = resolve_models(args)
@@ -247,7 +260,10 @@ def replay_command(args) -> int:
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     fixed = [m.strip() for m in args.fixed.split(",") if m.strip()]
     auto = f"auto:{args.auto_k}"
-    rows = replay_all(data["traces"], fixed, auto, costs)
+    traces = data["traces"]
+    if args.max_new_tokens is not None:
+        traces = {k: cut(t, args.max_new_tokens) for k, t in traces.items()}
+    rows = replay_all(traces, fixed, auto, costs)
     text = render(rows, auto)
     print(text)
     if args.record:

@@ -42,7 +42,7 @@ def test_a_trace_holds_the_plain_output_and_the_draft_guesses(llm, traces):
     assert 0 < sum(matches) < len(matches)
 
 
-def _engine_run(llm, prompt, method, costs):
+def _engine_run(llm, prompt, method, costs, max_new_tokens=N_NEW):
     """The engine generating `prompt` with `method`; auto plans with `costs`."""
     name, k = method.split(":")
     spec = SpecConfig(method=name, num_speculative_tokens=int(k))
@@ -51,7 +51,7 @@ def _engine_run(llm, prompt, method, costs):
         planner = AdaptivePlanner(int(k), costs, draft_model=llm.engine.draft_drafter,
                                   ngram=NgramDrafter(spec.prompt_lookup_min,
                                                      spec.prompt_lookup_max))
-    request = Request(tuple(prompt), N_NEW, SamplingParams(), spec)
+    request = Request(tuple(prompt), max_new_tokens, SamplingParams(), spec)
     steps = [s for batch in llm.engine.run([request], planner=planner) for s in batch]
     return [t for s in steps for t in s.new_tokens], steps[-1].stats
 
@@ -78,6 +78,20 @@ def test_replay_runs_the_rounds_the_engine_runs(llm, traces, method):
     if method == "auto:8":
         labels = {m for mix in mixes for m in mix}
         assert any(m.startswith("draft_model") for m in labels) and len(labels) >= 3, labels
+
+
+def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces):
+    """`replay --max-new-tokens N`: a trace cut to its first N tokens replays what the engine
+    runs for a request of N tokens (auto's horizon and the last round's room depend on the
+    budget, not only on the text)."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
+                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
+    for trace in traces.values():
+        short = auto_replay.cut(trace, 12)
+        assert short["output"] == trace["output"][:12] and short["max_new_tokens"] == 12
+        out, stats = _engine_run(llm, trace["prompt"], "auto:8", costs, max_new_tokens=12)
+        assert out == short["output"]
+        assert auto_replay.replay(short, "auto:8", costs)[1] == stats["plan_histogram"]
 
 
 def test_oracles_replay_auto_with_each_draft_prior_asked(traces):
@@ -112,3 +126,10 @@ def test_oracles_reject_bad_options_with_a_clear_error(argv, needle, capsys, tmp
         auto_oracles.main([*argv, "--traces", str(path)])
     assert err.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_replay_rejects_a_budget_below_two_tokens(capsys):
+    with pytest.raises(SystemExit) as err:
+        auto_replay.main(["replay", "--max-new-tokens", "1"])
+    assert err.value.code == 2
+    assert "--max-new-tokens must be at least 2" in capsys.readouterr().err
