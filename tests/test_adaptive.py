@@ -327,6 +327,29 @@ def test_a_copy_in_progress_drafts_long_from_its_first_round():
     assert plan.k == 16 and planner.states["ngram/3"].alphas[0] == [0.5] * 16
 
 
+def test_a_longer_match_is_weighed_at_least_as_well_as_a_shorter_one():
+    """In a passage being rewritten, 1-token matches that keep being right lengthen into
+    3-token ones, whose state has seen nothing of this request: they are drafted at least as
+    far as the 1-token matches had come to be, not from the 3-token prior. What a longer
+    match learns never lifts a shorter one."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(18)], draft=[])
+    match = FixedMatch(1)
+    planner = AdaptivePlanner(16, costs, draft_model=None, ngram=match)
+    planner.reset([0])
+    for _ in range(6):                                      # 1-token matches, always right
+        plan = planner.choose(_ctx(1, remaining=500))
+        planner.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
+    learnt = planner.choose(_ctx(1, remaining=500)).k          # a 1-token match's K now
+    match.length = 3
+    fresh = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(3))
+    fresh.reset([0])
+    assert fresh.choose(_ctx(1, remaining=500)).k < learnt <= planner.choose(
+        _ctx(1, remaining=500)).k
+    planner.states["ngram/3"].alphas[0][:] = [0.05] * 16    # 3-token matches: always wrong
+    match.length = 1
+    assert planner.choose(_ctx(1, remaining=500)).k == learnt
+
+
 @pytest.mark.parametrize("sampled", [False, True])
 def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, monkeypatch,
                                                                         sampled):
