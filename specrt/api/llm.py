@@ -34,8 +34,8 @@ from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
 from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
-from specrt.spec.costs import CostModel
 from specrt.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig
+from specrt.spec.costs import CostModel
 from specrt.spec.drafters.draft_model import draft_head_rows
 from specrt.spec.sampling import SamplingParams
 

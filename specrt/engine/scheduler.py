@@ -6,10 +6,10 @@ that cannot join the running batch holds the ones behind it), runs rounds while 
 running, hands each step to its request's handle, and applies cancellations between rounds.
 `call` (any thread) runs a function on the scheduler's thread between rounds, for work that
 must run where the rounds do (timing the model: `LLM.cost_model`). Nothing else touches the
-engine, the model or the caches, so requests from any threads or
-event loops never see each other's state. A failure while serving one request ends that
-request (or, inside a shared round, the requests of that round) with the error; the thread
-lives on and the next request starts clean.
+engine, the model or the caches, so requests from any threads or event loops never see each
+other's state. A failure while serving one request ends that request (or, inside a shared
+round, the requests of that round) with the error; the thread lives on and the next request
+starts clean.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class Scheduler:
         what it raises. Work that times or runs the model belongs there: a second thread that
         runs a parallel op keeps its own OpenMP team, and with two teams on the machine's cores
         libgomp stops spinning between parallel regions, which slowed the int8 draft's decode
-        step 1.6-1.8x on the 2-core Zen 5 machine (benchmarks/RESULTS.md, "Calibrated on the
+        step 1.6-2x on the 2-core Zen 5 machine (benchmarks/RESULTS.md, "Calibrated on the
         wrong thread")."""
         if threading.current_thread() is self._thread:
             return fn()

@@ -85,7 +85,7 @@ COPY_WEIGHT = 0.1
 # were mostly right drafted K = 2, 2, 2, 2, 3, 2, 3, 4, 3, ... for 20 rounds, as long as a
 # 64-token answer runs. Replayed on the recorded traces cut to 64 tokens, auto's mean share of
 # the best fixed setting rose from 93.0% to 95.2% (3: 95.0%), on all 128 from 94.6% to 95.7%
-# (benchmarks/RESULTS.md, "auto learns its first rounds faster").
+# (benchmarks/RESULTS.md, "Calibrated on the wrong thread, and auto learns ...").
 PRIOR_COUNT = 2
 SPREAD = 0.5                  # pull of a fully accepted round on the positions past it
 PROBE_BASE = 16
@@ -308,7 +308,7 @@ class AdaptivePlanner:
         grows by what each round accepts (1, 4, 8 tokens ...), moving to a state that has seen
         little of this request, and would otherwise start again from its prior (replayed at
         64 tokens: two rewrites 83.5 -> 87.5% and 80.1 -> 89.0% of the best fixed setting,
-        benchmarks/RESULTS.md, "auto learns its first rounds faster")."""
+        benchmarks/RESULTS.md, "Calibrated on the wrong thread, and auto learns ...")."""
         draft, n = match
         if not draft:
             return []
