@@ -169,6 +169,13 @@ def test_scheduler_call_runs_on_its_thread_and_raises_what_fn_raises(llm):
     assert llm.scheduler.call(lambda: 7) == 7         # the thread lives on
 
 
+def test_cost_model_of_a_closed_llm_is_a_clear_error(tiny_noeos_dir):
+    closed = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    closed.close()
+    with pytest.raises(specrt.SpecrtError, match="closed"):
+        closed.cost_model(4)
+
+
 def test_an_engine_with_graphs_calibrates_its_static_passes(tiny_noeos_dir, tiny_draft_dir,
                                                             tmp_path, monkeypatch):
     """An engine with graphs (static=True) times auto's costs on the static runners its rounds
