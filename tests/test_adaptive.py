@@ -318,7 +318,7 @@ def test_a_copy_in_progress_drafts_long_from_its_first_round():
     drafts short; what one learns leaves the other alone."""
     from specrt.spec.drafters.ngram import COPYING
 
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(18)], draft=[])
+    costs = _ngram_costs()
     first = {}
     for length in (3, COPYING - 1, COPYING, COPYING + 5):
         planner = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(length))
@@ -328,10 +328,8 @@ def test_a_copy_in_progress_drafts_long_from_its_first_round():
     assert first[COPYING] == first[COPYING + 5] >= 8        # a copy: long from the start
     planner = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(COPYING))
     planner.reset([0])
-    for _ in range(6):                                      # the copy keeps being right
-        plan = planner.choose(_ctx(1, remaining=500))
-        planner.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
-    assert plan.k == 16 and planner.states["ngram/3"].alphas[0] == [0.5] * 16
+    ks = _all_right(planner, 6)                             # the copy keeps being right
+    assert ks[-1] == 16 and planner.states["ngram/3"].alphas[0] == [0.5] * 16
 
 
 def test_a_longer_match_is_weighed_at_least_as_well_as_a_shorter_one():
@@ -339,13 +337,11 @@ def test_a_longer_match_is_weighed_at_least_as_well_as_a_shorter_one():
     3-token ones, whose state has seen nothing of this request: they are drafted at least as
     far as the 1-token matches had come to be, not from the 3-token prior. What a longer
     match learns never lifts a shorter one."""
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(18)], draft=[])
+    costs = _ngram_costs()
     match = FixedMatch(1)
     planner = AdaptivePlanner(16, costs, draft_model=None, ngram=match)
     planner.reset([0])
-    for _ in range(6):                                      # 1-token matches, always right
-        plan = planner.choose(_ctx(1, remaining=500))
-        planner.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
+    _all_right(planner, 6)                                  # 1-token matches, always right
     learnt = planner.choose(_ctx(1, remaining=500)).k          # a 1-token match's K now
     match.length = 3
     fresh = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(3))
@@ -424,6 +420,21 @@ def _plans(planner, ctx, rounds):
         B = len(ctx.active)
         planner.observe(plan, [0] * B, [plan.k] * B, 0.0, 1.0)
     return plans
+
+
+def _all_right(planner, rounds) -> list[int]:
+    """The K of each of `rounds` rounds of one request whose drafts are all accepted."""
+    ks = []
+    for _ in range(rounds):
+        plan = planner.choose(_ctx(1, remaining=500))
+        planner.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
+        ks.append(plan.k)
+    return ks
+
+
+def _ngram_costs() -> CostModel:
+    """Prompt lookup alone (no draft model) on a memory-bound verify pass."""
+    return CostModel(verify=[1.0 + 0.03 * t for t in range(18)], draft=[])
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -574,9 +585,5 @@ def test_a_draft_accepted_every_time_reaches_a_long_k_within_a_few_rounds():
     costs = CostModel(verify=[1.0 + 0.05 * t for t in range(1, 40)], draft=[0.08] * 39)
     planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
     planner.reset([0])
-    ks = []
-    for _ in range(5):
-        plan = planner.choose(_ctx(1, remaining=500))
-        planner.observe(plan, [plan.k], [plan.k], 0.0, 1.0)
-        ks.append(plan.k)
+    ks = _all_right(planner, 5)
     assert ks[0] < 6 <= ks[4], ks

@@ -56,14 +56,19 @@ def _engine_run(llm, prompt, method, costs, max_new_tokens=N_NEW):
     return [t for s in steps for t in s.new_tokens], steps[-1].stats
 
 
+def _cheap_draft_costs() -> CostModel:
+    """Costs that make the draft model cheap, so auto mixes both drafters and several K."""
+    return CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
+                     draft=[0.05 + 0.01 * t for t in range(1, 33)])
+
+
 @pytest.mark.parametrize("method", ["draft_model:3", "ngram:4", "auto:8"])
 def test_replay_runs_the_rounds_the_engine_runs(llm, traces, method):
     """The same plans (rounds per drafter and K), target passes (the engine counts its prefill
     as one) and accepted drafts (up to the last round's overshoot) as the engine generating
     the same prompt. auto plans with costs that make the draft model cheap, so it mixes both
     drafters and several K."""
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
-                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
+    costs = _cheap_draft_costs()
     mixes = []
     for trace in traces.values():
         out, stats = _engine_run(llm, trace["prompt"], method, costs)
@@ -84,8 +89,7 @@ def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces):
     """`replay --max-new-tokens N`: a trace cut to its first N tokens replays what the engine
     runs for a request of N tokens (auto's horizon and the last round's room depend on the
     budget, not only on the text)."""
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
-                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
+    costs = _cheap_draft_costs()
     for trace in traces.values():
         short = auto_replay.cut(trace, 12)
         assert short["output"] == trace["output"][:12] and short["max_new_tokens"] == 12
