@@ -177,6 +177,7 @@ def test_fuzz_generate(llm, prompt, kwargs):
     "max_batch_size": st.integers(1, 3) | HOSTILE,
     "max_queue": st.integers(0, 8) | HOSTILE,
     "cuda_graphs": st.sampled_from([None, False]) | HOSTILE,
+    "draft_stop": st.floats(0.0, 1.0) | HOSTILE,
     "draft": HOSTILE}))
 def test_fuzz_llm_constructor(tiny_dir, kwargs):
     if isinstance(kwargs.get("max_seq_len"), int) and kwargs["max_seq_len"] > 64:
@@ -193,7 +194,7 @@ FLAG = st.one_of(st.sampled_from(["0", "1", "-1", "nan", "inf", "1e12", "", "x",
 @given(flags=st.lists(st.tuples(st.sampled_from(
     ["--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--stop",
      "--max-seq-len", "--device", "--speculative-config", "--prompt-ids", "--prompt",
-     "--draft"]), FLAG), max_size=3))
+     "--draft", "--draft-stop"]), FLAG), max_size=3))
 def test_fuzz_cli(tiny_dir, flags):
     argv = ["--model", str(tiny_dir), "--dtype", "float32", "--max-new-tokens", "2"]
     for name, value in flags:

@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 import specrt
+from specrt.spec.config import DRAFT_STOP
 from specrt.spec.sampling import SamplingParams
 from specrt.kernels import rejection_sample
 from specrt.kernels.reference import draw_randomness
@@ -124,9 +125,10 @@ def _exact_joint(model_dir, params) -> np.ndarray:
     return joint
 
 
-def _samples(llm, params, spec) -> tuple[np.ndarray, int]:
+def _samples(llm, params, spec) -> tuple[np.ndarray, int, int]:
+    """(counts of each 3-token output, draft tokens, rounds that drafted)"""
     counts = np.zeros((VOCAB,) * 3)
-    drafted = 0
+    drafted = rounds = 0
     for r in range(ROUNDS):
         # one seed per request: each request's randomness is its own
         runs = [llm.submit(PROMPT, max_new_tokens=3, temperature=params.temperature,
@@ -138,7 +140,8 @@ def _samples(llm, params, spec) -> tuple[np.ndarray, int]:
             res = run.result()
             counts[tuple(res.token_ids)] += 1
             drafted += res.stats["num_draft_tokens"]
-    return counts, drafted
+            rounds += res.stats["num_drafts"]
+    return counts, drafted, rounds
 
 
 def _binned(expected_p, *counts, min_expected=5.0):
@@ -152,11 +155,11 @@ def _binned(expected_p, *counts, min_expected=5.0):
 SAMPLING = SamplingParams(temperature=1.0, top_k=8)
 
 
-def _llm(pair):
+def _llm(pair, **kwargs):
     # Slots: 1000, the rest of each round's requests wait in the queue for a free one.
     target, draft = pair
     return specrt.LLM(target, draft=draft, max_seq_len=16, max_queue=BATCH, dtype="float32",
-                      max_batch_size=1000)
+                      max_batch_size=1000, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +168,15 @@ def plain_counts(small_pair):
     return _samples(_llm(small_pair), SAMPLING, None)[0]
 
 
-@pytest.mark.parametrize("method, k", [("draft_model", 1), ("draft_model", 4), ("ngram", 2),
-                                       ("auto", 4)])
-def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts, method, k):
+@pytest.mark.parametrize("method, k, stop", [
+    ("draft_model", 1, DRAFT_STOP), ("draft_model", 4, DRAFT_STOP), ("draft_model", 4, 0.0),
+    ("ngram", 2, DRAFT_STOP), ("auto", 4, DRAFT_STOP)])
+def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts, method, k,
+                                                       stop):
+    """stop: the draft model's draft_stop; at the default it stops some rounds early (the
+    small draft is sure of some guesses and not of others), at 0 every round drafts K."""
     target, _ = small_pair
-    llm = _llm(small_pair)
+    llm = _llm(small_pair, draft_stop=stop)
     if method == "auto":
         # auto plans for the whole batch of 1000 and, with its measured costs, would (rightly)
         # neither widen such a pass 5x nor catch a draft model up on the prompt for 3-token
@@ -180,8 +187,14 @@ def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts,
 
         planner = llm.engine.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
         planner.costs = CostModel(verify=[1.0 + 1e-5 * t for t in range(40)], draft=[0.0] * 40)
-    spec_counts, drafted = _samples(llm, SAMPLING, {"method": method, "num_speculative_tokens": k})
+    spec_counts, drafted, rounds = _samples(llm, SAMPLING, {"method": method,
+                                                            "num_speculative_tokens": k})
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
+    if method == "draft_model" and k > 1:
+        if stop:
+            assert rounds < drafted < k * rounds, (rounds, drafted)   # some rounds stopped
+        else:
+            assert drafted == k * rounds
     exact = _exact_joint(target, SAMPLING)
     (s, p), e = _binned(exact, spec_counts, plain_counts)
     e = e / e.sum()     # fp32 probabilities sum to 1 only within ~1e-7; scipy checks to 1.5e-8

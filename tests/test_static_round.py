@@ -177,8 +177,8 @@ def test_static_round_triton_kernels(models, monkeypatch, sampled):
     got, rounds = generate(engine, PROMPTS[:2], spec, params, budgets=budgets)
     assert got[1] == plain[1]
     if sampled:
-        eager, _ = generate(Engine(target, draft, 2, MAX_SEQ), PROMPTS[:2], spec, params,
-                            budgets=budgets)
+        eager, _ = generate(Engine(target, draft, 2, MAX_SEQ, draft_stop=0.0), PROMPTS[:2],
+                            spec, params, budgets=budgets)
         assert got == eager
     else:
         assert got == plain
@@ -201,7 +201,9 @@ def test_sampled_static_round_equals_eager(models, spec):
     acceptance. Greedy rows beside sampled ones still get plain greedy output."""
     target, draft = models["torch_ref"]
     plain, _ = generate(Engine(target, None, 4, MAX_SEQ), PROMPTS, None)
-    eager, _ = generate(Engine(target, draft, 4, MAX_SEQ), PROMPTS, spec, SAMPLED)
+    # the static loop drafts all K: so does the eager engine compared with it
+    eager, _ = generate(Engine(target, draft, 4, MAX_SEQ, draft_stop=0.0), PROMPTS, spec,
+                        SAMPLED)
     engine, sections = _checked_engine(target, draft, 4)
     got, rounds = generate(engine, PROMPTS, spec, SAMPLED)
     assert got == eager

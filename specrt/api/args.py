@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 
 from specrt.errors import ArgumentError
-from specrt.checks import check_bool, check_int, show
+from specrt.checks import check_bool, check_int, check_number, show
+from specrt.spec.config import DRAFT_STOP
 
 MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
 MAX_BATCH_SIZE = 1024
@@ -105,6 +106,7 @@ class LLMArgs:
     max_queue: int = 256
     draft_dtype: object = "auto"
     draft_vocab: object = "auto"
+    draft_stop: object = DRAFT_STOP
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -124,6 +126,10 @@ class LLMArgs:
         if self.draft_vocab not in ("auto", None):
             set_(self, "draft_vocab", check_int("draft_vocab", self.draft_vocab, 1, 2**24,
                                                 fix="'auto', None (every token) or a count"))
+        set_(self, "draft_stop", check_number(
+            "draft_stop", self.draft_stop, 0.0, 1.0,
+            fix=f"the draft's probability below which it stops a round's drafts ({DRAFT_STOP}; "
+                "0 drafts all K)"))
 
 
 def check_draft_dtype(value, device, dtype):

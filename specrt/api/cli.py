@@ -102,7 +102,8 @@ def check_flags(args) -> _Request:
 
     llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
                   max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
-                  draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab)
+                  draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
+                  draft_stop=args.draft_stop)
     given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
                             ("--prompt-file", args.prompt_file)) if v is not None]
     if len(given) > 1:
@@ -183,7 +184,8 @@ def _run(args) -> int:
           f"{req.llm.device})", file=sys.stderr)
     llm = LLM(model=model, draft=draft, dtype=req.llm.dtype, device=req.llm.device,
               max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs,
-              draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab)
+              draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
+              draft_stop=args.draft_stop)
     prompt, messages = req.prompt, None
     if args.system is not None:
         prompt, messages = None, [{"role": "system", "content": args.system},
@@ -241,7 +243,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
-    """--draft-dtype and --draft-vocab, shared by this CLI and specrt-serve."""
+    """--draft-dtype, --draft-vocab and --draft-stop, shared by this CLI and specrt-serve."""
     p.add_argument("--draft-dtype", default="auto",
                    choices=["auto", "int8", "int4", "float32", "bfloat16", "float16"],
                    help="the draft model's weights: auto (default) = int8 where the CPU int8 "
@@ -251,6 +253,12 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
                    help="token ids the draft scores: auto (default: the first 65536 and the "
                         "special tokens when the vocabulary is over twice that), all, or N")
+    from specrt.spec.config import DRAFT_STOP
+
+    p.add_argument("--draft-stop", default=DRAFT_STOP, type=float, metavar="P",
+                   help="the draft model stops a round's drafts after a guess it gives less "
+                        f"than this probability (default {DRAFT_STOP}; 0: always K). The "
+                        "output does not change")
 
 
 def draft_vocab_flag(value: str):

@@ -34,7 +34,7 @@ from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
 from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
-from specrt.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig
+from specrt.spec.config import DRAFT_STOP, MAX_SPECULATIVE_TOKENS, SpecConfig
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.draft_model import draft_head_rows
 from specrt.spec.sampling import SamplingParams
@@ -47,17 +47,22 @@ class LLM:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  dtype: str = "auto", device: str | None = None, max_seq_len: int = 4096,
                  max_batch_size: int = 1, cuda_graphs: bool | None = None,
-                 max_queue: int = 256, draft_dtype: str = "auto", draft_vocab="auto"):
+                 max_queue: int = 256, draft_dtype: str = "auto", draft_vocab="auto",
+                 draft_stop: float = DRAFT_STOP):
         """The defaults (the same as the CLIs'): device None = CUDA if available, else the CPU;
         dtype "auto" = bfloat16 where the device computes it natively, else float32;
         cuda_graphs None = on with CUDA; draft_dtype "auto" = the draft model's weights in int8
         where the CPU int8 kernel runs (the output is unchanged: only the target decides what
         is emitted), else in dtype; draft_vocab: the draft scores only the token ids below it
         (and the special tokens), "auto" = 65536 for vocabularies over twice that (see
-        specrt.spec.drafters.draft_model.shortlist), None = every token. Every argument is checked (specrt.api.args) before any file is read."""
+        specrt.spec.drafters.draft_model.shortlist), None = every token; draft_stop: the draft
+        model stops a request's drafts in a round after a guess it gives less than this
+        probability (0 = always K; with cuda_graphs every round drafts K). Every argument is
+        checked (specrt.api.args) before any file is read."""
         args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
-                       max_queue, draft_dtype, draft_vocab)
+                       max_queue, draft_dtype, draft_vocab, draft_stop)
         self.draft_dtype, self.draft_vocab = args.draft_dtype, args.draft_vocab
+        self.draft_stop = args.draft_stop
         self.dtype, self.device = args.dtype, args.device
         max_seq_len, max_batch_size = args.max_seq_len, args.max_batch_size
         # No model: the default pair, fetched on first use.
@@ -76,7 +81,7 @@ class LLM:
                               else None)
             draft_model = self._load_draft(target, draft_dir) if draft_dir is not None else None
             return Engine(target, draft_model, max_batch_size, max_seq_len,
-                          static=self.cuda_graphs)
+                          static=self.cuda_graphs, draft_stop=self.draft_stop)
 
         self.scheduler = Scheduler(build, self.max_queue)
         self.engine = self.scheduler.engine
@@ -109,7 +114,8 @@ class LLM:
                                   "per request; load the draft you need with LLM(draft=...)")
             self._schedulers[key] = Scheduler(
                 lambda: Engine(self.target, self._load_draft(self.target, Path(key)),
-                               self.max_batch_size, self.max_seq_len, static=self.cuda_graphs),
+                               self.max_batch_size, self.max_seq_len, static=self.cuda_graphs,
+                               draft_stop=self.draft_stop),
                 self.max_queue)
         return self._schedulers[key]
 

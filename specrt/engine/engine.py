@@ -28,7 +28,7 @@ from specrt.errors import CapacityError, ConfigError
 from specrt.engine.static_round import StaticRound
 from specrt.model.graphs import GraphPool
 from specrt.model.transformer import Transformer
-from specrt.spec.config import MAX_SPECULATIVE_TOKENS, SpecConfig
+from specrt.spec.config import DRAFT_STOP, MAX_SPECULATIVE_TOKENS, SpecConfig
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import DraftContext
 from specrt.spec.planners import Planner, build_planner
@@ -58,10 +58,13 @@ class _Row:
 class Engine:
     def __init__(self, target: Transformer, draft: Transformer | None = None,
                  max_batch_size: int = 1, max_seq_len: int = 4096, static: bool = False,
-                 graph_max_k: int = MAX_SPECULATIVE_TOKENS):
+                 graph_max_k: int = MAX_SPECULATIVE_TOKENS, draft_stop: float = DRAFT_STOP):
         """static: run the verify pass and draft loop through static-buffer runners
         (specrt.engine.static_round), captured as CUDA graphs on CUDA -- all of them for
-        K <= graph_max_k here, at load (`warm_up`) -- and run eagerly elsewhere."""
+        K <= graph_max_k here, at load (`warm_up`) -- and run eagerly elsewhere.
+        draft_stop: the draft model stops a row's drafting after a guess it gives less than
+        this probability (0: always K; not with static runners, which always draft K; see
+        specrt.spec.drafters.draft_model)."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -79,7 +82,8 @@ class Engine:
             from specrt.spec.drafters.draft_model import DraftModelDrafter
 
             self.draft_drafter = DraftModelDrafter(draft, target.cfg.vocab_size, max_batch_size,
-                                                   max_seq_len, static=static, pool=pool)
+                                                   max_seq_len, static=static, pool=pool,
+                                                   stop_below=draft_stop)
         self.slots: list[_Row | None] = [None] * max_batch_size
         self._free = list(range(max_batch_size))     # a heap: the lowest free slot first
         self._spec_rows = 0                           # running requests that speculate

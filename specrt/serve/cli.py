@@ -89,7 +89,7 @@ def _serve(args) -> int:
     allm = AsyncLLM(model, draft=draft, dtype=args.dtype, device=device,
                     max_seq_len=args.max_seq_len, max_batch_size=args.max_num_seqs,
                     max_queue=args.max_queue, draft_dtype=args.draft_dtype,
-                    draft_vocab=args.draft_vocab)
+                    draft_vocab=args.draft_vocab, draft_stop=args.draft_stop)
     try:
         app = build_app(allm, ServeConfig(name, spec))
         log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, args.host,

@@ -7,6 +7,15 @@ after a fully accepted round), then decodes K steps, feeding each guess to the n
 Rejected guesses are rolled back (by the round, through `rollback`) by truncating its cache
 to the accepted length: O(1).
 
+A row stops drafting early, below K, after a guess the draft model itself is unsure of
+(`confidence` below `stop_below`, default DRAFT_STOP): its drafts run to that guess, and the
+rows still sure go on (the eager path; the static loop drafts all K, a graph cannot stop on a
+value it has not read back). The stop decides how many guesses are verified, never which
+tokens are emitted: greedy output stays identical, and sampling stays exact (each guess is
+still drawn from q, a recovered or bonus token from the target). Where a row stops depends on
+its own logits only, and a row that stopped draws no more randomness, so a seeded request's
+rounds are the same alone or in any batch.
+
 With `static` (an engine with graphs) a round's proposal is one `StaticDraftLoop` replay:
 catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token eagerly
 first, on their own row) and the K guesses, staged through pinned memory, left on the device
@@ -23,12 +32,19 @@ from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Proposal,
                                       right_pad)
 from specrt.model.graphs import GraphPool
-from specrt.spec.config import MAX_SPECULATIVE_TOKENS
+from specrt.spec.config import DRAFT_STOP, MAX_SPECULATIVE_TOKENS
 from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, DraftScratch, StaticDraftLoop
 from specrt.spec.sampling import choose_rows
 
 
 SHORTLIST = 65536     # ids a draft scores by default in a vocabulary over twice as large
+
+
+def confidence(logits: torch.Tensor) -> torch.Tensor:
+    """The draft's top-1 probability per row: logits [B, V] -> [B] fp32 (softmax at
+    temperature 1 over the ids it scores; the unscored ones are -inf)."""
+    x = logits.float()
+    return torch.exp(x - x.amax(dim=-1, keepdim=True)).sum(dim=-1).reciprocal()
 
 
 def shortlist(vocab_size: int, special_ids, n="auto") -> list[int] | None:
@@ -60,8 +76,13 @@ class DraftModelDrafter:
     name = "draft_model"
 
     def __init__(self, model: Transformer, target_vocab_size: int, max_batch_size: int,
-                 max_seq_len: int, static: bool = False, pool: GraphPool | None = None):
+                 max_seq_len: int, static: bool = False, pool: GraphPool | None = None,
+                 stop_below: float = DRAFT_STOP):
         self.model = model
+        # A row stops drafting after a guess whose `confidence` is below this (0: every row
+        # drafts K). A static drafter always drafts K, in its eager rounds too, so a request's
+        # rounds do not depend on which path served them.
+        self.stop_below = 0.0 if static else stop_below
         # static: run proposals through a StaticDraftLoop (a CUDA graph on CUDA, in `pool`):
         # catch-up and all K guesses in one replay.
         self.static = static
@@ -108,37 +129,55 @@ class DraftModelDrafter:
         pending = self._catch_up_long_rows(pending)
         B = len(fed)
         self._pending[:B] = fed
-        # inactive rows may run through the static loop; their seen count stays put
-        self._guesses[:B] = [k - 1 if a else 0 for a in ctx.active]
-        counts = [k if a else 0 for a in ctx.active]
         sampled = any(a and not p.greedy for p, a in zip(ctx.params, ctx.active))
         loop = self._static_loop(B, k, pending, ctx.active, sampled) if self.static else None
         if loop is not None:
             advanced = loop.stage_inputs(pending, ctx.active, ctx.params, ctx.generators)
             self.cache.note_lengths([s + a for s, a in zip(self.cache.host_lengths(), advanced)])
-            return Proposal(tokens=loop.tokens, probs=loop.probs if sampled else None,
-                            counts=counts, pending=loop.replay)
-        tokens, qs = self._propose_eager(ctx, k, pending)
-        return Proposal(tokens=tokens, probs=self._draft_probs(qs), counts=counts)
+            counts = [k if a else 0 for a in ctx.active]
+            proposal = Proposal(tokens=loop.tokens, probs=loop.probs if sampled else None,
+                                counts=counts, pending=loop.replay)
+        else:
+            tokens, qs, counts = self._propose_eager(ctx, k, pending)
+            proposal = Proposal(tokens=tokens, probs=self._draft_probs(qs), counts=counts)
+        # each row fed its guesses but the last (inactive rows in the static loop fed
+        # garbage: their seen count stays put)
+        self._guesses[:B] = [max(c - 1, 0) for c in counts]
+        return proposal
 
     def _propose_eager(self, ctx: DraftContext, k: int, pending: list[list[int]]
-                       ) -> tuple[torch.Tensor, list]:
+                       ) -> tuple[torch.Tensor, list, list[int]]:
+        """(tokens [B, K'] NO_DRAFT-padded, q of each of the K' <= k steps, drafts per row):
+        each active row drafts until its k-th guess or one below `stop_below`, the rows still
+        drafting feed their last guess to the next step together (the last guess of a row is
+        never fed: nothing would read its K/V), and a row that stopped neither computes nor
+        draws any more."""
         device = self.model.device
         V = self.common_vocab
         # Catch up on the unseen committed tokens; its last logits give the first guess.
         logits = self.model.forward(right_pad(pending).to(device), self.cache,
                                     num_valid=[len(p) for p in pending], last_only=True)
-        first, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
-        guesses, qs = [first], [q]                                   # [B] each, [B, V_common]
-        step_valid = [int(a) for a in ctx.active]
-        for _ in range(k - 1):   # the last guess is never fed: nothing would read its K/V
-            logits = self.model.forward(guesses[-1][:, None], self.cache, num_valid=step_valid)
-            guess, q = choose_rows(logits[:, 0, :V], ctx.params, ctx.generators, ctx.active)
+        drafting = list(ctx.active)                                  # [B] rows still drafting
+        counts = [0] * len(drafting)                                 # [B] guesses per row
+        guesses, qs = [], []                                         # [B] each, [B, V_common]
+        for i in range(k):
+            if i:
+                logits = self.model.forward(guesses[-1][:, None], self.cache,
+                                            num_valid=[int(d) for d in drafting])
+            step = logits[:, 0, :V]                                              # [B, V_c]
+            guess, q = choose_rows(step, ctx.params, ctx.generators, drafting)
             guesses.append(guess)
             qs.append(q)
-        tokens = torch.stack(guesses, dim=1)                                 # [B, K]
-        tokens[torch.tensor([not a for a in ctx.active], device=device)] = NO_DRAFT
-        return tokens, qs
+            counts = [c + d for c, d in zip(counts, drafting)]
+            if i + 1 < k and self.stop_below > 0:
+                sure = (confidence(step) >= self.stop_below).tolist()
+                drafting = [d and s for d, s in zip(drafting, sure)]
+                if not any(drafting):
+                    break
+        tokens = torch.stack(guesses, dim=1)                                 # [B, K']
+        past = torch.arange(tokens.shape[1], device=device)[None, :] \
+            >= torch.tensor(counts, device=device)[:, None]                 # [B, K']
+        return tokens.masked_fill_(past, NO_DRAFT), qs, counts
 
     def _catch_up_long_rows(self, pending: list[list[int]]) -> list[list[int]]:
         """Feed all but the last token of each long catch-up (a new request's prompt) on its
