@@ -13,14 +13,19 @@ benchmarks/prompts_check.json and benchmarks/prompts_verify.json (each written a
 before it had been used to design planner changes, to check a change once on text it was not
 chosen on; later changes were chosen on them too), in the chat template, it records the
 target's plain greedy output (--max-new-tokens) and the draft model's greedy guess at every
-output position given the true text before it (one teacher-forced forward of the draft, as
-`LLM` loads it). `--sets` records some sets only, keeping the traces of the others.
+output position given the true text before it, with its confidence in it (one teacher-forced
+forward of the draft, as `LLM` loads it). `--sets` records some sets only, keeping the traces
+of the others.
 
 replay: greedy speculative decoding of each trace, round by round, with the real planners
 (`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace
 fixes every round's outcome: a draft model whose earlier guesses were all accepted saw the
 true text, so its guess at a position is the recorded one, and a round commits the guesses up
-to the first that differs from the output, plus the target's token. Each round is priced by
+to the first that differs from the output, plus the target's token. The draft model stops a
+round's drafts after a guess whose recorded confidence is below --draft-stop, as the engine's
+does; past a wrong guess the live draft reads its own guess, not the true text, so where it
+stops there (how many guesses the round drafts and pays for, never what it accepts) is
+approximate. Each round is priced by
 the calibrated costs `auto` itself plans with (`CostModel`: this machine's calibration of the
 pair): the draft model's catch-up (all of a new request's prompt in its first round) and K - 1
 steps, the verify pass of the drafted tokens + 1, or a plain step. Decode-only tokens/s, as
@@ -42,6 +47,7 @@ from pathlib import Path
 
 from benchmarks.harness import cli, report
 from benchmarks.harness.model_dirs import resolve_models
+from specrt.spec.config import DRAFT_STOP
 
 SECTION = "## auto replayed on recorded traces (benchmarks/auto_replay.py)"
 HERE = Path(__file__).parent
@@ -69,6 +75,9 @@ def build_parser():
     rep.add_argument("--traces", default=str(TRACES))
     rep.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
     rep.add_argument("--fixed", default=FIXED, help=f"fixed settings (default {FIXED})")
+    rep.add_argument("--draft-stop", type=float, default=DRAFT_STOP,
+                     help=f"the draft model's stop (as LLM's draft_stop; default {DRAFT_STOP}, "
+                          "0: every round drafts K)")
     rep.add_argument("--max-new-tokens", type=int, default=None,
                      help="replay each trace's first N tokens only, as a request with that "
                           "budget (benchmarks.e2e runs 64; default: all that was recorded)")
@@ -88,16 +97,19 @@ class TraceDraft:
         return [len(ctx.histories[0]) - self.fed]
 
 
-def replay(trace: dict, method: str, costs, planner_cls=None) -> tuple[float, dict, int]:
+def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float = DRAFT_STOP
+           ) -> tuple[float, dict, int]:
     """(decode-only tokens/s, {plan label: rounds}, drafts accepted) of greedy decoding
     `trace` with `method` ("plain", "draft_model:K", "ngram:K" or "auto:K"), one request,
-    priced by `costs`; "auto" plans with `planner_cls` (default AdaptivePlanner)."""
+    priced by `costs`; "auto" plans with `planner_cls` (default AdaptivePlanner); the draft
+    model stops below `draft_stop` (traces recorded without confidences: never)."""
     from specrt.spec.config import SpecConfig
     from specrt.spec.drafters.base import LONG_CATCH_UP, DraftContext
     from specrt.spec.drafters.ngram import NgramDrafter
     from specrt.spec.planners.adaptive import AdaptivePlanner
 
     prompt, out, guess = trace["prompt"], trace["output"], trace["draft"]
+    sure = trace.get("confidence") or [1.0] * len(out)
     name, _, k_text = method.partition(":")
     k_fixed = int(k_text or 0)
     spec = SpecConfig()
@@ -126,10 +138,11 @@ def replay(trace: dict, method: str, costs, planner_cls=None) -> tuple[float, di
             if lag > LONG_CATCH_UP:              # a long catch-up runs alone first
                 seconds += costs.draft_pass([lag - 1])
                 lag = 1
-            seconds += costs.draft_pass([lag]) + (k - 1) * costs.draft_pass([1])
-            seconds += costs.verify_pass([k + 1])
-            guesses = guess[done:done + k]
-            drafted = k
+            drafted = next((j + 1 for j in range(k - 1)
+                            if done + j < len(out) and sure[done + j] < draft_stop), k)
+            seconds += costs.draft_pass([lag]) + (drafted - 1) * costs.draft_pass([1])
+            seconds += costs.verify_pass([drafted + 1])
+            guesses = guess[done:done + drafted]
         elif who == "ngram":
             guesses = ngram.matches(ctx, k)[0][0]
             seconds += costs.verify_pass([len(guesses) + 1])
@@ -142,7 +155,7 @@ def replay(trace: dict, method: str, costs, planner_cls=None) -> tuple[float, di
                and guesses[accepted] == out[done + accepted]):
             accepted += 1
         if who == "draft_model":                 # it fed its guesses but the last; rolled back
-            draft.fed = len(history) + min(accepted, k - 1)
+            draft.fed = len(history) + min(accepted, drafted - 1)
         label = f"{who}:{k}" if drafted else "plain"     # no n-gram match: a plain step
         mix[label] = mix.get(label, 0) + 1
         if planner is not None:
@@ -155,15 +168,19 @@ def replay(trace: dict, method: str, costs, planner_cls=None) -> tuple[float, di
 def cut(trace: dict, n: int) -> dict:
     """The trace of a request whose budget was n tokens: its first n (all, if it ended
     sooner)."""
-    return dict(trace, output=trace["output"][:n], draft=trace["draft"][:n],
-                max_new_tokens=min(n, trace.get("max_new_tokens", n)))
+    short = dict(trace, output=trace["output"][:n], draft=trace["draft"][:n],
+                 max_new_tokens=min(n, trace.get("max_new_tokens", n)))
+    if "confidence" in trace:
+        short["confidence"] = trace["confidence"][:n]
+    return short
 
 
-def replay_all(traces: dict, fixed: list[str], auto: str, costs) -> list[dict]:
+def replay_all(traces: dict, fixed: list[str], auto: str, costs,
+               draft_stop: float = DRAFT_STOP) -> list[dict]:
     rows = []
     for key, trace in traces.items():
-        speeds = {m: replay(trace, m, costs)[0] for m in fixed}
-        auto_tps, mix, _ = replay(trace, auto, costs)
+        speeds = {m: replay(trace, m, costs, draft_stop=draft_stop)[0] for m in fixed}
+        auto_tps, mix, _ = replay(trace, auto, costs, draft_stop=draft_stop)
         best = max(speeds, key=speeds.get)
         rows.append({"trace": key, "set": trace["set"], "best": best, "best_tps": speeds[best],
                      "plain_tps": replay(trace, "plain", costs)[0], "auto_tps": auto_tps,
@@ -197,10 +214,14 @@ def prompt_items(sets: dict[str, Path] = PROMPT_SETS) -> list[tuple[str, str, di
 
 
 def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> dict:
-    """key -> trace ({"set", "prompt", "output", "draft", "max_new_tokens"}) of each item."""
+    """key -> trace ({"set", "prompt", "output", "draft", "confidence", "max_new_tokens"}) of
+    each item."""
     import torch
 
+    from specrt.spec.drafters.draft_model import confidence
+
     draft = llm.engine.draft
+    draft_vocab = llm.engine.draft_drafter.common_vocab    # the ids its guesses come from
     traces = {}
     for s, task, item in cli.progress(items, desc="traces", disable=not progress):
         ids = (llm.encode(messages=item["messages"]) if "messages" in item
@@ -211,9 +232,10 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
             logits = draft.forward(torch.tensor([text], device=draft.device),
                                    draft.new_cache(1, len(text)))[0]           # [T, V]
         # logits[i] scores text[i + 1]: output token t sits at len(ids) + t
-        guess = logits[len(ids) - 1:len(text) - 1].argmax(-1).tolist()
-        traces[f"{s}:{task}:{item['id']}"] = {"set": s, "prompt": ids, "output": out,
-                                              "draft": guess, "max_new_tokens": max_new_tokens}
+        scores = logits[len(ids) - 1:len(text) - 1, :draft_vocab]                # [N, V_c]
+        traces[f"{s}:{task}:{item['id']}"] = {
+            "set": s, "prompt": ids, "output": out, "draft": scores.argmax(-1).tolist(),
+            "confidence": confidence(scores).tolist(), "max_new_tokens": max_new_tokens}
     return traces
 
 
@@ -251,10 +273,16 @@ def record(args) -> int:
 def replay_command(args) -> int:
     import specrt
 
+    if not 0.0 <= args.draft_stop <= 1.0:
+        cli.fail(f"--draft-stop must be a probability in [0, 1], got {args.draft_stop}")
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         cli.fail("--max-new-tokens must be at least 2 (the first token is the prefill's)")
     path = Path(args.traces)
     data = _load_traces(path)
+    if args.draft_stop and any("confidence" not in t for t in data["traces"].values()):
+        cli.fail(f"{path} was recorded without the draft's confidences, which --draft-stop "
+                 f"{args.draft_stop:g} needs: record the traces again (python -m "
+                 "benchmarks.auto_replay record) or replay with --draft-stop 0")
     target_dir, draft_dir = resolve_models(args)
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
@@ -263,14 +291,15 @@ def replay_command(args) -> int:
     traces = data["traces"]
     if args.max_new_tokens is not None:
         traces = {k: cut(t, args.max_new_tokens) for k, t in traces.items()}
-    rows = replay_all(traces, fixed, auto, costs)
+    rows = replay_all(traces, fixed, auto, costs, args.draft_stop)
     text = render(rows, auto)
     print(text)
     if args.record:
         body = (f"Command: `{report.command_line()}` (traces: `{path.name}`, recorded with "
                 f"`python -m benchmarks.auto_replay record`). Costs: this machine's calibration "
                 f"of the pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
-                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}.\n\n")
+                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; the draft model "
+                f"stops below {args.draft_stop:g}.\n\n")
         report.record_section(SECTION, body + text + "\n", Path(args.results_md))
     report.emit_json({"rows": rows})
     return 0

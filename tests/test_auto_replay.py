@@ -1,4 +1,6 @@
 """benchmarks.auto_replay: a replay of a recorded trace runs the rounds the engine runs."""
+import statistics
+
 import pytest
 
 import specrt
@@ -32,11 +34,22 @@ def traces(llm):
     return auto_replay.record_traces(llm, ITEMS, N_NEW)
 
 
+@pytest.fixture(scope="module")
+def stop(llm, traces) -> float:
+    """The draft's stop, set on the engine to the lower quartile of its recorded confidences
+    (the tiny draft is unsure of every guess, ~1/50: at the default 0.5 every round would stop
+    after one guess), so some rounds stop early and some draft on."""
+    value = statistics.quantiles([c for t in traces.values() for c in t["confidence"]], n=4)[0]
+    llm.engine.draft_drafter.stop_below = value
+    return value
+
+
 def test_a_trace_holds_the_plain_output_and_the_draft_guesses(llm, traces):
     assert set(traces) == {"tuning:code:a", "held-out:story:b"}
     for key, trace in traces.items():
         assert trace["output"] == llm.generate(trace["prompt"], max_new_tokens=N_NEW).token_ids
-        assert len(trace["draft"]) == len(trace["output"]) == N_NEW
+        assert len(trace["draft"]) == len(trace["output"]) == len(trace["confidence"]) == N_NEW
+        assert all(0.0 < c <= 1.0 for c in trace["confidence"])
     # the tiny draft is its target plus noise: it agrees often, and not always
     matches = [g == t for tr in traces.values() for g, t in zip(tr["draft"], tr["output"])]
     assert 0 < sum(matches) < len(matches)
@@ -63,17 +76,17 @@ def _cheap_draft_costs() -> CostModel:
 
 
 @pytest.mark.parametrize("method", ["draft_model:3", "ngram:4", "auto:8"])
-def test_replay_runs_the_rounds_the_engine_runs(llm, traces, method):
+def test_replay_runs_the_rounds_the_engine_runs(llm, traces, stop, method):
     """The same plans (rounds per drafter and K), target passes (the engine counts its prefill
     as one) and accepted drafts (up to the last round's overshoot) as the engine generating
-    the same prompt. auto plans with costs that make the draft model cheap, so it mixes both
-    drafters and several K."""
+    the same prompt, the draft model stopping where the engine's does. auto plans with costs
+    that make the draft model cheap, so it mixes both drafters and several K."""
     costs = _cheap_draft_costs()
     mixes = []
     for trace in traces.values():
         out, stats = _engine_run(llm, trace["prompt"], method, costs)
         assert out == trace["output"]
-        _, mix, accepted = auto_replay.replay(trace, method, costs)
+        _, mix, accepted = auto_replay.replay(trace, method, costs, draft_stop=stop)
         assert mix == stats["plan_histogram"], trace["prompt"]
         assert sum(mix.values()) + 1 == stats["target_passes"]
         # the engine also counts drafts accepted past the token budget in the last round
@@ -85,7 +98,7 @@ def test_replay_runs_the_rounds_the_engine_runs(llm, traces, method):
         assert any(m.startswith("draft_model") for m in labels) and len(labels) >= 3, labels
 
 
-def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces):
+def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces, stop):
     """`replay --max-new-tokens N`: a trace cut to its first N tokens replays what the engine
     runs for a request of N tokens (auto's horizon and the last round's room depend on the
     budget, not only on the text)."""
@@ -93,9 +106,11 @@ def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces):
     for trace in traces.values():
         short = auto_replay.cut(trace, 12)
         assert short["output"] == trace["output"][:12] and short["max_new_tokens"] == 12
+        assert short["confidence"] == trace["confidence"][:12]
         out, stats = _engine_run(llm, trace["prompt"], "auto:8", costs, max_new_tokens=12)
         assert out == short["output"]
-        assert auto_replay.replay(short, "auto:8", costs)[1] == stats["plan_histogram"]
+        assert auto_replay.replay(short, "auto:8", costs, draft_stop=stop)[1] \
+            == stats["plan_histogram"]
 
 
 def test_oracles_replay_auto_with_each_draft_prior_asked(traces):
