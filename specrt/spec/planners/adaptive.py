@@ -23,7 +23,10 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
   accepted is drafted up to K_max within a few rounds instead of K creeping up one
   position at a time (each position learnt only once a round has drafted that far). A
   match is weighed at least as well as a shorter one would be (`_ngram_weighed`);
-- the draft model, K = 1..K_max, run only when it wins.
+- the draft model, K = 1..K_max, run only when it wins. K is the most it drafts: it stops a
+  row's round after a guess it is unsure of (`draft_stop`), so a round often costs less than
+  it is priced at, and acceptance is learnt from the guesses it did draft (a round whose
+  drafts were all accepted, however few, lifts the positions past it as any other does).
 
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
 with a prior, and weighed pooled with the positions before it (`pooled`); costs come from a
