@@ -25,10 +25,10 @@ to the first that differs from the output, plus the target's token. The draft mo
 round's drafts after a guess whose recorded confidence is below --draft-stop, as the engine's
 does; past a wrong guess the live draft reads its own guess, not the true text, so where it
 stops there (how many guesses the round drafts and pays for, never what it accepts) is
-approximate. Each round is priced by
-the calibrated costs `auto` itself plans with (`CostModel`: this machine's calibration of the
-pair): the draft model's catch-up (all of a new request's prompt in its first round) and K - 1
-steps, the verify pass of the drafted tokens + 1, or a plain step. Decode-only tokens/s, as
+approximate. Each round is priced by the calibrated costs `auto` itself plans with
+(`CostModel`: this machine's calibration of the pair): the draft model's catch-up (all of a new
+request's prompt in its first round) and a step for each further guess it drafts, the verify
+pass of the drafted tokens + 1, or a plain step. Decode-only tokens/s, as
 benchmarks.e2e reports. So a replay measures the planner's decisions, not whether the costs
 are right (an e2e run measures both); and the teacher-forced forward runs the prefill path,
 whose rounding may flip a near-tie the decode path would not.
