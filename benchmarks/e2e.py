@@ -12,8 +12,8 @@ Methods, all on the same model pair and dtype in the same process:
   HF      hf:plain (`generate`), hf:assisted:K (`assistant_model=` the same draft, constant
           K: num_assistant_tokens=K, schedule "constant", confidence threshold off) and
           hf:lookup:K (`prompt_lookup_num_tokens=K`, max_matching_ngram_size 3), K in --hf-k
-For each prompt every method runs back to back (order reversed on every other prompt), so
-machine drift hits them all alike; speed is new tokens / wall time of the whole call
+For each prompt every method runs back to back (the order rotated per repeat and prompt,
+reversed on every other one), so machine drift hits them all alike; speed is new tokens / wall time of the whole call
 (prefill included) and a task's speed is its total tokens / total time. Every speculative
 output is compared token for token with plain greedy of the same engine.
 

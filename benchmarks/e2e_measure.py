@@ -1,8 +1,9 @@
 """Measuring the end-to-end benchmark: load both engines once (llama.cpp runs as one process
 per generation), run every prompt x method back to back, and return Measurement records.
 
-For each prompt every method runs back to back, the order reversed on every other prompt (and
-repeat), so machine drift hits them all alike. A generation's time is the wall time of the
+For each prompt every method runs back to back, in an order that rotates with the repeat and
+the prompt and is reversed on every other one (`run_order`), so machine drift, and whatever
+the runs before a method leave behind, hits them all alike. A generation's time is the wall time of the
 whole call, prefill included. Nothing here prints except the progress bar on stderr; the
 report renders the records.
 """
@@ -146,6 +147,18 @@ def per_position_acceptance(rounds) -> float:
     return acc / (acc + rej) if acc + rej else float("nan")
 
 
+def run_order(methods: list, prompt_index: int, repeat: int, repeats: int) -> list:
+    """The methods in the order one prompt's sweep runs them: rotated by a share of the list
+    per repeat (and one place per prompt), reversed on every other (prompt + repeat). Reversing
+    alone left a method at the ends of the sweep in every repeat: `auto`, listed last, read
+    77-86% of the best fixed setting on two prompts there and 94-104% listed second, the same
+    plans (benchmarks/RESULTS.md, "The draft model stops when unsure")."""
+    n = len(methods)
+    shift = (repeat * n // max(repeats, 1) + prompt_index) % n if n else 0
+    order = methods[shift:] + methods[:shift]
+    return order if (prompt_index + repeat) % 2 == 0 else order[::-1]
+
+
 def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: dict):
     """Every repeat x prompt x method -> ({(task, id, method): [walls]}, {...: last run},
     {...: [decode seconds]})."""
@@ -157,7 +170,7 @@ def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: di
                        disable=not config.show_progress)
     for rep in range(config.repeats):
         for i, p in enumerate(prompts):
-            for m in (methods if (i + rep) % 2 == 0 else methods[::-1]):
+            for m in run_order(methods, i, rep, config.repeats):
                 bar.set_postfix_str(f"{p.task} / {p.id} / {m.label}")
                 g = runner.run(m, encoded[(p.task, p.id)], config.max_new_tokens)
                 walls.setdefault((p.task, p.id, m), []).append(g.wall)

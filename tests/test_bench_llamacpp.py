@@ -209,3 +209,21 @@ def test_side_by_side_ranks_each_system_by_decode_and_by_the_whole_request():
     assert again.tasks == side.tasks and again.plain_vs_plain == side.plain_vs_plain
     with pytest.raises(ValueError, match="llamacpp"):
         from_saved({"records": []})
+
+
+def test_every_method_moves_through_the_sweep_across_repeats():
+    """benchmarks.e2e's run order: every sweep runs each method once, and over the repeats a
+    method does not keep one place (reversing alone kept the last-listed one at an end in
+    every repeat, where it measured 10-20% slower)."""
+    from benchmarks.e2e_measure import run_order
+
+    methods = [f"m{i}" for i in range(10)]
+    for repeats in (1, 2, 3, 5):
+        orders = [run_order(methods, i, r, repeats) for r in range(repeats) for i in range(2)]
+        assert all(sorted(o) == sorted(methods) for o in orders)
+        if repeats > 1:
+            for m in methods:
+                assert len({o.index(m) for o in orders}) > 1, (repeats, m)
+    ends = [run_order(methods, 0, r, 3)[k] for r in range(3) for k in (0, -1)]
+    assert ends.count("m9") < 3           # the last-listed method is not at an end every time
+    assert run_order([], 0, 0, 3) == []
