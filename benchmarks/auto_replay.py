@@ -213,6 +213,14 @@ def prompt_items(sets: dict[str, Path] = PROMPT_SETS) -> list[tuple[str, str, di
             for item in group]
 
 
+def encode_item(llm, item: dict) -> list[int]:
+    """A prompt item's token ids as `LLM` takes them: its messages, or its prompt, through the
+    chat template."""
+    if "messages" in item:
+        return llm.encode(messages=item["messages"])
+    return llm.encode(item["prompt"], chat=True)
+
+
 def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> dict:
     """key -> trace ({"set", "prompt", "output", "draft", "confidence", "max_new_tokens"}) of
     each item."""
@@ -224,8 +232,7 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
     draft_vocab = llm.engine.draft_drafter.common_vocab    # the ids its guesses come from
     traces = {}
     for s, task, item in cli.progress(items, desc="traces", disable=not progress):
-        ids = (llm.encode(messages=item["messages"]) if "messages" in item
-               else llm.encode(item["prompt"], chat=True))
+        ids = encode_item(llm, item)
         out = list(llm.generate(ids, max_new_tokens=max_new_tokens).token_ids)
         text = ids + out
         with torch.inference_mode():
@@ -298,8 +305,8 @@ def replay_command(args) -> int:
         body = (f"Command: `{report.command_line()}` (traces: `{path.name}`, recorded with "
                 f"`python -m benchmarks.auto_replay record`). Costs: this machine's calibration "
                 f"of the pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
-                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; the draft model "
-                f"stops below {args.draft_stop:g}.\n\n")
+                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; the draft "
+                f"model stops below {args.draft_stop:g}.\n\n")
         report.record_section(SECTION, body + text + "\n", Path(args.results_md))
     report.emit_json({"rows": rows})
     return 0

@@ -12,7 +12,8 @@ Measures decode-only tokens/s (as benchmarks.e2e: the tokens after the first ove
 after the prefill), the draft tokens per drafted round, and whether every output equals plain
 greedy token for token. Prints per prompt the median tokens/s of each (method, stop) and each
 stop's ratio to the first, then per set and method the geometric mean of those ratios; writes
-the section below of benchmarks/RESULTS.md (--no-record to skip); JSON on the last line.
+the section "The draft model's stop on and off" of benchmarks/RESULTS.md (--no-record to
+skip); JSON on the last line.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.auto_replay import PROMPT_SETS, prompt_items
+from benchmarks.auto_replay import PROMPT_SETS, encode_item, prompt_items
 from benchmarks.harness import cli, report
 from benchmarks.harness.model_dirs import resolve_models
 
@@ -90,8 +91,7 @@ def main(argv=None) -> int:
     items = prompt_items({s: PROMPT_SETS[s] for s in sets})
     rows, mismatches, runs = [], 0, 0
     for s, task, item in cli.progress(items, desc="prompts", disable=args.no_progress):
-        ids = (llm.encode(messages=item["messages"]) if "messages" in item
-               else llm.encode(item["prompt"], chat=True))
+        ids = encode_item(llm, item)
         plain = llm.generate(ids, max_new_tokens=args.max_new_tokens)
         speeds = {(m, k, st): [] for m, k in methods for st in stops}
         per_round = {key: [] for key in speeds}
