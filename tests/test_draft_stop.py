@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import specrt
+from specrt.engine.engine import Engine
+from specrt.errors import ArgumentError
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
 from specrt.spec.costs import CostModel
@@ -95,6 +97,13 @@ def test_a_static_drafter_always_drafts_k(draft):
     all K too, so a request's rounds do not depend on which path served them."""
     assert DraftModelDrafter(draft, draft.cfg.vocab_size, 1, MAX_SEQ, static=True,
                              stop_below=0.5).stop_below == 0.0
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), "0.5", None, True])
+def test_an_engine_refuses_a_stop_that_is_not_a_probability(draft, bad):
+    """`Engine` is public too: it checks its stop as `LLM` does, before building anything."""
+    with pytest.raises(ArgumentError, match="draft_stop must be a finite number in \\[0, 1\\]"):
+        Engine(draft, draft, 1, MAX_SEQ, draft_stop=bad)
 
 
 @pytest.fixture(scope="module")

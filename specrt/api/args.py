@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 from specrt.errors import ArgumentError
-from specrt.checks import check_bool, check_int, check_number, show
-from specrt.spec.config import DRAFT_STOP
+from specrt.checks import check_bool, check_int, show
+from specrt.spec.config import DRAFT_STOP, check_draft_stop
 
 MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
 MAX_BATCH_SIZE = 1024
@@ -126,10 +126,7 @@ class LLMArgs:
         if self.draft_vocab not in ("auto", None):
             set_(self, "draft_vocab", check_int("draft_vocab", self.draft_vocab, 1, 2**24,
                                                 fix="'auto', None (every token) or a count"))
-        set_(self, "draft_stop", check_number(
-            "draft_stop", self.draft_stop, 0.0, 1.0,
-            fix=f"the draft's probability below which it stops a round's drafts ({DRAFT_STOP}; "
-                "0 drafts all K)"))
+        set_(self, "draft_stop", check_draft_stop(self.draft_stop))
 
 
 def check_draft_dtype(value, device, dtype):

@@ -28,7 +28,8 @@ from specrt.errors import CapacityError, ConfigError
 from specrt.engine.static_round import StaticRound
 from specrt.model.graphs import GraphPool
 from specrt.model.transformer import Transformer
-from specrt.spec.config import DRAFT_STOP, MAX_SPECULATIVE_TOKENS, SpecConfig
+from specrt.spec.config import (DRAFT_STOP, MAX_SPECULATIVE_TOKENS, SpecConfig,
+                                check_draft_stop)
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import DraftContext
 from specrt.spec.planners import Planner, build_planner
@@ -69,6 +70,7 @@ class Engine:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+        draft_stop = check_draft_stop(draft_stop)
         self.target = target
         self.draft = draft
         self.max_batch_size = max_batch_size

@@ -10,7 +10,7 @@ import json
 from typing import Any, Mapping
 
 from specrt.errors import ArgumentError
-from specrt.checks import check_int, show
+from specrt.checks import check_int, check_number, show
 
 SPEC_METHODS = ("draft_model", "ngram", "auto")
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
@@ -22,6 +22,13 @@ MAX_PROMPT_LOOKUP = 64      # n-gram lengths; longer ones never match and cost a
 # guess is the one most likely rejected, and the guesses after it more so, while one it is
 # sure of is usually right (benchmarks/RESULTS.md, "The draft model stops when unsure").
 DRAFT_STOP = 0.5
+
+
+def check_draft_stop(value) -> float:
+    """A draft stop (a probability) -> float, or one clear error naming the fix."""
+    return check_number("draft_stop", value, 0.0, 1.0,
+                        fix=f"the draft's probability below which it stops a round's drafts "
+                            f"({DRAFT_STOP}; 0 drafts all K)")
 
 
 def means_plain(flag: str) -> bool:
