@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, timing
 from benchmarks.harness.model_dirs import resolve_models
 
 SECTION = "## AVX2 kernels (benchmarks/cpu_avx2.py)"
@@ -127,9 +127,7 @@ def end_to_end(args, target_dir, draft_dir) -> tuple[str, dict]:
             plain_ids = None
             for method, spec in METHODS:
                 res = llm.generate(ids, max_new_tokens=args.max_new_tokens, speculative=spec)
-                s = res.stats
-                decode = s["seconds"] - s["prefill_seconds"]
-                tps = s["new_tokens"] / decode if decode > 0 else float("nan")
+                tps = timing.decode_speed(res)
                 plain_ids = list(res.token_ids) if spec is None else plain_ids
                 same = list(res.token_ids) == plain_ids
                 out[(task, name, method)] = (tps, same)

@@ -76,8 +76,7 @@ def run_dtype(dtype: str, target_dir, args, show: bool) -> dict:
         bw_now = machine.read_bandwidth(args.threads, repeats=3)["gb_per_s"]
         res = llm.generate(ids, max_new_tokens=n)
         s = res.stats
-        dec_s = s["seconds"] - s["prefill_seconds"]
-        return {"tok_s": (s["new_tokens"] - 1) / dec_s if dec_s > 0 else float("nan"),
+        return {"tok_s": timing.decode_speed(res),
                 "new_tokens": s["new_tokens"], "prefill_s": s["prefill_seconds"],
                 "seconds": s["seconds"], "ids": res.token_ids, "gb_per_s": bw_now}
 

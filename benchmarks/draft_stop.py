@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.auto_replay import PROMPT_SETS, encode_item, prompt_items
-from benchmarks.harness import cli, report
+from benchmarks.harness import cli, report, timing
 from benchmarks.harness.model_dirs import resolve_models
 
 SECTION = "## The draft model's stop on and off (benchmarks/draft_stop.py)"
@@ -67,12 +67,6 @@ def parse_args(args) -> tuple[list[str], list[tuple[str, int]], list[float]]:
     return sets, methods, stops
 
 
-def decode_speed(res) -> float:
-    """Tokens after the first (the prefill's) per second after the prefill."""
-    seconds = res.stats["seconds"] - res.stats["prefill_seconds"]
-    return (len(res.token_ids) - 1) / seconds if seconds > 0 else 0.0
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     sets, methods, stops = parse_args(args)
@@ -103,12 +97,12 @@ def main(argv=None) -> int:
                                        speculative={"method": m, "num_speculative_tokens": k})
                     runs += 1
                     mismatches += res.token_ids != plain.token_ids
-                    speeds[(m, k, st)].append(decode_speed(res))
+                    speeds[(m, k, st)].append(timing.decode_speed(res))
                     if res.stats["num_drafts"]:
                         per_round[(m, k, st)].append(res.stats["num_draft_tokens"]
                                                      / res.stats["num_drafts"])
         set_stop(stops[0])
-        row = {"set": s, "prompt": f"{task}:{item['id']}", "plain": decode_speed(plain),
+        row = {"set": s, "prompt": f"{task}:{item['id']}", "plain": timing.decode_speed(plain),
                "methods": {}}
         for m, k in methods:
             med = {st: statistics.median(speeds[(m, k, st)]) for st in stops}

@@ -97,9 +97,8 @@ class Runner:
         except SpecrtError as e:
             cli.fail(f"{m.label}: {e}")
         wall = time.perf_counter() - t0
-        st = res.stats     # prefill made the first token; the rest is the decode phase
-        decode = (len(res.token_ids) - 1, st["seconds"] - st["prefill_seconds"])
-        return Generation(tuple(res.token_ids), wall, st, tuple(rounds), tuple(plans), decode)
+        return Generation(tuple(res.token_ids), wall, res.stats, tuple(rounds), tuple(plans),
+                          timing.decode_phase(res))
 
     def _run_llamacpp(self, m: Method, p: Encoded, max_new: int) -> Generation:
         """One llama.cpp process; its prompt must be specrt's tokens (else exit 2)."""

@@ -1,10 +1,10 @@
 """The pure helpers of the llama.cpp side-by-side benchmark (benchmarks/llamacpp/): reading
 llama.cpp's output and building its command lines.
 
-The one test file that imports benchmarks/: these helpers decide what the llama.cpp numbers
-mean, and llama.cpp is an optional build, so the canned text below (copied from real runs of
-llama-cpp-python 0.3.36's vendored llama.cpp on this machine, trimmed) stands in for it.
-Nothing here needs llama.cpp or a model.
+These helpers decide what the llama.cpp numbers mean, and llama.cpp is an optional build, so
+the canned text below (copied from real runs of llama-cpp-python 0.3.36's vendored llama.cpp on
+this machine, trimmed) stands in for it. Nothing here needs llama.cpp or a model. The decode-only
+speed both systems are ranked by is tested here too (specrt's side of it).
 """
 from __future__ import annotations
 
@@ -169,6 +169,20 @@ def test_llamacpp_methods_alternate_with_specrts_and_keep_their_plain():
     with pytest.raises(SystemExit) as e:
         _plan("--methods", "llamacpp:plain")      # llama.cpp methods need --llamacpp
     assert e.value.code == 2
+
+
+def test_specrt_decode_speed_counts_the_tokens_after_the_prompts_pass():
+    """The prompt's pass makes the first token: decode-only speed is the other tokens over the
+    seconds after that pass (what every benchmark's decode-only column reads)."""
+    from types import SimpleNamespace
+
+    from benchmarks.harness import timing
+
+    res = SimpleNamespace(token_ids=[7] * 65, stats={"seconds": 4.5, "prefill_seconds": 0.5})
+    assert timing.decode_phase(res) == (64, 4.0)
+    assert timing.decode_speed(res) == 16.0
+    empty = SimpleNamespace(token_ids=[7], stats={"seconds": 0.5, "prefill_seconds": 0.5})
+    assert timing.decode_speed(empty) != timing.decode_speed(empty)          # NaN
 
 
 def test_side_by_side_ranks_each_system_by_decode_and_by_the_whole_request():

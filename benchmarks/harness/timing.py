@@ -59,6 +59,18 @@ def measure(fn: Callable[[], object], repeats: int, warmup: int = 1, device="cpu
     return out
 
 
+def decode_phase(res) -> tuple[int, float]:
+    """(tokens, seconds) of a specrt result's decode phase: the tokens after the first (the
+    prompt's pass made it) and the seconds after that pass."""
+    return len(res.token_ids) - 1, res.stats["seconds"] - res.stats["prefill_seconds"]
+
+
+def decode_speed(res) -> float:
+    """Decode-only tokens/s of a specrt result (`decode_phase`), NaN for an empty phase."""
+    tokens, seconds = decode_phase(res)
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
 def median(xs: Sequence[float]) -> float:
     """The median, NaN for an empty sequence (a table shows it as '-')."""
     return statistics.median(xs) if xs else float("nan")
