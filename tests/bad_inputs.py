@@ -42,6 +42,7 @@ LLM_CASES = [
     ({"max_queue": None}, "max_queue"), ({"max_queue": 1.5}, "max_queue"),
     ({"cuda_graphs": "yes"}, "cuda_graphs"), ({"cuda_graphs": 1}, "cuda_graphs"),
     ({"max_queue": "8"}, "max_queue"),
+    ({"max_queue": 0}, "max_queue"),            # a queue of none would refuse every request
     ({"draft_stop": 1.5}, "draft_stop"), ({"draft_stop": -0.1}, "draft_stop"),
     ({"draft_stop": NAN}, "draft_stop"), ({"draft_stop": "0.5"}, "draft_stop"),
     ({"draft_stop": None}, "draft_stop"), ({"draft_stop": True}, "draft_stop"),

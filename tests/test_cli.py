@@ -59,6 +59,14 @@ def test_bad_input_is_one_clear_line(tiny_noeos_dir, args, message):
     assert "Traceback" not in proc.stderr
 
 
+def test_the_cli_module_runs_as_a_script_too():
+    """`python -m specrt.api.cli` is the same command as `python -m specrt.generate`."""
+    proc = subprocess.run([sys.executable, "-m", "specrt.api.cli", "--help"], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0 and "--draft-stop" in proc.stdout, proc.stderr
+
+
 def test_missing_model_dir_names_the_fetch_command(tmp_path):
     proc = run_cli("--model", tmp_path / "missing", check=False)
     assert proc.returncode == 2 and "python -m specrt.models fetch" in proc.stderr

@@ -21,14 +21,15 @@ MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond 
 MAX_BATCH_SIZE = 1024
 MAX_QUEUE = 2**20
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+QUANT_NAMES = ("int8", "int4")        # the draft's weight-only formats (`draft_dtype`)
 DEVICE_TYPES = ("cpu", "cuda")
 REQUEST_ARGS = ("prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                 "stop", "chat", "speculative")
 
 
-def check_path_arg(name: str, value, allow_none: bool = True) -> str | Path | None:
+def check_path_arg(name: str, value) -> str | None:
     """A model directory or known name: a non-empty str or os.PathLike (None: the default)."""
-    if value is None and allow_none:
+    if value is None:
         return None
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -117,7 +118,7 @@ class LLMArgs:
             fix="tokens per sequence (prompt + answer); 4096 is typical"))
         set_(self, "max_batch_size", check_int("max_batch_size", self.max_batch_size, 1,
                                                MAX_BATCH_SIZE, fix="requests decoded together"))
-        set_(self, "max_queue", check_int("max_queue", self.max_queue, 0, MAX_QUEUE,
+        set_(self, "max_queue", check_int("max_queue", self.max_queue, 1, MAX_QUEUE,
                                           fix="requests waiting for a slot"))
         set_(self, "cuda_graphs", check_bool("cuda_graphs", self.cuda_graphs, allow_none=True))
         set_(self, "device", check_device(self.device))
@@ -137,7 +138,7 @@ def check_draft_dtype(value, device, dtype):
     else the model dtype (decided at load, where the draft's shapes are known); "int8" /
     "int4": weight-only int8 / int4 (CPU only; int4 needs projections whose input sizes are
     multiples of 128); a float dtype: unquantized, which must be the model's dtype."""
-    if value in ("auto", "int8", "int4"):
+    if value == "auto" or value in QUANT_NAMES:
         if value != "auto" and device.type != "cpu":
             raise ArgumentError(f"draft_dtype {value!r} runs on the CPU only (device is "
                                 f"{device}); use draft_dtype='auto'")

@@ -18,6 +18,8 @@ import dataclasses
 import json
 import sys
 
+from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
+
 DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges "
                   "overlapping intervals and returns them sorted. Include a docstring.")
 
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None,
                    help="stop string (repeatable); text from it on is not printed")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                    help="auto (default): bfloat16 where the device computes it natively, "
                         "else float32")
     add_draft_args(p)
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--trace", action="store_true", help="print one line per round to stderr")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="capture the draft loop in CUDA graphs (default: on with CUDA)")
+                   help="run each round on static runners: the draft loop and the verify pass (with the rollback) as two CUDA graph replays (default: on with CUDA; every round then drafts K)")
     return p
 
 
@@ -70,7 +72,7 @@ def default_speculative(has_draft: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 done, 2 bad input (one `error:` line), 1 a runtime failure, 130 Ctrl-C
-    (specrt.errors.run_command; SPECRT_DEBUG=1 shows an internal error's traceback)."""
+    (specrt.commands.run_command; SPECRT_DEBUG=1 shows an internal error's traceback)."""
     args = build_parser().parse_args(argv)
     from specrt.commands import run_command
     from specrt.logs import configure_logging
@@ -157,16 +159,10 @@ def _read_prompt_file(path: str) -> str:
 def _check_fits(req: _Request, spec) -> None:
     """prompt + max_new_tokens (+ K + 1) must fit in --max-seq-len: known before the load for
     token ids (a text prompt counts as at least one token here; the engine checks the rest)."""
-    from specrt.errors import CapacityError
+    from specrt.engine.request import check_fits
 
     n = len(req.prompt) if isinstance(req.prompt, list) else 1
-    k = spec.num_speculative_tokens if spec is not None else 0
-    need = n + req.max_new_tokens + (k + 1 if k else 0)
-    if need > req.llm.max_seq_len:
-        raise CapacityError(
-            f"the prompt ({n} tokens) + max_new_tokens ({req.max_new_tokens})"
-            + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
-            f"({req.llm.max_seq_len}); raise --max-seq-len or shorten the request")
+    check_fits(n, req.max_new_tokens, spec, req.llm.max_seq_len, "--max-seq-len")
 
 
 def _run(args) -> int:
@@ -239,13 +235,10 @@ def _trace_line(llm, step) -> str:
             f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 def add_draft_args(p: argparse.ArgumentParser) -> None:
     """--draft-dtype, --draft-vocab and --draft-stop, shared by this CLI and specrt-serve."""
     p.add_argument("--draft-dtype", default="auto",
-                   choices=["auto", "int8", "int4", "float32", "bfloat16", "float16"],
+                   choices=("auto", *QUANT_NAMES, *DTYPE_NAMES[1:]),
                    help="the draft model's weights: auto (default) = int8 where the CPU int8 "
                         "kernel runs, else --dtype; int8 or int4 (CPU only; int4: input sizes "
                         "multiples of 128); or --dtype itself. The output does not change: "
@@ -269,3 +262,7 @@ def draft_vocab_flag(value: str):
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto, all or a token count, got {value!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

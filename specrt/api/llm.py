@@ -70,7 +70,8 @@ class LLM:
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.max_queue = args.max_queue
-        # CUDA graphs for the draft loop: on by default on CUDA, meaningless elsewhere.
+        # Static runners for the draft loop and the verify pass (CUDA graphs on CUDA, run
+        # eagerly elsewhere; every round then drafts K): on by default on CUDA only.
         self.cuda_graphs = (self.device.type == "cuda") if args.cuda_graphs is None \
             else args.cuda_graphs
         self.draft_dir = draft_dir

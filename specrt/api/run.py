@@ -55,8 +55,10 @@ class TextRun:
                 self.finish_reason = "cancelled"
             return None
         if step.error is not None:
-            raise step.error if isinstance(step.error, SpecrtError) else \
-                RuntimeError(f"request {step.request_id} failed: {step.error!r}")
+            if isinstance(step.error, SpecrtError):
+                raise step.error
+            raise RuntimeError(f"request {step.request_id} failed: {step.error!r}") \
+                from step.error
         was_stopped = self.stream.stopped
         ids = step.new_tokens
         text = self.stream.push(ids, final=step.finished)

@@ -9,14 +9,11 @@ import dataclasses
 import itertools
 
 from specrt.errors import CapacityError, ConfigError, SpecrtError
-from specrt.spec.config import SpecConfig
+from specrt.spec.config import NEEDS_DRAFT, SpecConfig
 from specrt.spec.sampling import SamplingParams
 
 _ids = itertools.count()
 
-# Why a request ended. "eos" (an end-of-sequence id, kept in the output) and "length" (the
-# token budget) come from the engine; "cancelled" from the caller; "error" from a failure.
-FINISH_REASONS = ("eos", "length", "cancelled", "error")
 
 
 def new_request_id() -> str:
@@ -43,7 +40,10 @@ class Step:
     plan: str                           # "prefill", "plain", "draft_model:4", "ngram:3", ...
     draft_tokens: list[int]             # the drafts proposed for this request this round
     num_accepted: int
-    finish_reason: str | None = None    # set on the request's last step
+    finish_reason: str | None = None    # set on the request's last step: "eos" (an
+                                        # end-of-sequence id, kept) or "length" (the budget)
+                                        # from the engine, "cancelled" from the caller,
+                                        # "error" from a failure
     stats: dict | None = None           # set on the request's last step (see engine.metrics)
     error: BaseException | None = None  # set when finish_reason == "error"
 
@@ -68,12 +68,18 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
                           f"vocabulary 0..{vocab_size - 1}")
     spec = request.spec
     if spec is not None and spec.method == "draft_model" and not has_draft:
-        raise ConfigError("speculative method 'draft_model' needs a draft model: pass "
-                          "LLM(draft=DIR), --draft DIR, or \"model\" in the speculative config")
+        raise ConfigError(NEEDS_DRAFT)
+    check_fits(len(p), n, spec, max_seq_len)
+
+
+def check_fits(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None,
+               max_seq_len: int, raise_flag: str = "max_seq_len") -> None:
+    """prompt + max_new_tokens (+ K + 1 when speculating) must fit in max_seq_len positions;
+    raise_flag: how the caller spells the setting to raise (a CLI: --max-seq-len)."""
     k = spec.num_speculative_tokens if spec is not None else 0
-    need = len(p) + n + (k + 1 if k else 0)
+    need = prompt_tokens + max_new_tokens + (k + 1 if k else 0)
     if need > max_seq_len:
         raise CapacityError(
-            f"the prompt ({len(p)} tokens) + max_new_tokens ({n})"
+            f"the prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens})"
             + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
-            f"({max_seq_len}); raise max_seq_len or shorten the request")
+            f"({max_seq_len}); raise {raise_flag} or shorten the request")

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 
+from specrt.api.args import DTYPE_NAMES
 from specrt.api.cli import add_draft_args
 
 log = logging.getLogger("specrt.serve")
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests decoded together (KV-cache slots)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a slot before new ones get 503")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                    help="auto (default): bfloat16 where the device computes it natively")
     add_draft_args(p)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")

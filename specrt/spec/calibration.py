@@ -40,7 +40,8 @@ _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8
                       # to 16, a long prompt-lookup match, whose wider passes are interpolated)
 _SCHEME = "cal5"      # how a calibration times (in its key: another scheme's entries are redone;
                       # cal4 entries may have been timed off the rounds' thread by a benchmark)
-_MAX_T = 1024         # forward sizes kept per entry (K + 1 is at most 17)
+_MAX_T = 1024         # forward sizes kept per entry (K + 1 or the backend's batch-invariant
+                      # pass size, whichever is larger: a few dozen)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
 _cache: dict[str, list[float]] = {}
 log = logging.getLogger("specrt.spec.calibration")

@@ -17,6 +17,8 @@ _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
               "prompt_lookup_max")
 MAX_SPECULATIVE_TOKENS = 16
 MAX_PROMPT_LOOKUP = 64      # n-gram lengths; longer ones never match and cost a scan each
+NEEDS_DRAFT = ("speculative method 'draft_model' needs a draft model: pass LLM(draft=DIR), "
+               "--draft DIR, or \"model\" in the speculative config")
 # The draft model stops a row's drafting after a guess it gives a probability below this (its
 # softmax over the ids it scores, at temperature 1; specrt.spec.drafters.draft_model). Such a
 # guess is the one most likely rejected, and the guesses after it more so, while one it is

@@ -32,11 +32,6 @@ class CostModel:
         return cls(verify=curves[0], draft=curves[1] if draft is not None else [],
                    chunk_rows=chunk)
 
-    @property
-    def draft_step(self) -> float:
-        """Seconds of one draft-model decode step of one request (0 without a draft model)."""
-        return self.draft_pass([1])
-
     def verify_pass(self, tokens: list[int]) -> float:
         """A target pass over tokens[b] new tokens of each row b (0: the row sits it out)."""
         return _pass(self.verify, tokens, self.chunk_rows)

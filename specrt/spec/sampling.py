@@ -140,21 +140,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return race(probs, exponential_noise(probs.shape, generator, probs.device))
 
 
-def choose(logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Pick one token per row of logits [..., V]: argmax when greedy, else a seeded draw from the
-    warped distribution. Returns (tokens [...], probs [..., V] or None when greedy)."""
-    if params.greedy:
-        return logits.argmax(dim=-1), None
-    probs = warp(logits, params)
-    return sample(probs, generator), probs
-
-
 def choose_rows(logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator | None], rows: list[bool] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`choose` for a batch whose rows sample differently: logits [B, V] -> tokens [B] and,
-    when any row samples, probs [B, V] (zero rows where greedy). Each sampled row draws from its
+    """One token per row of logits [B, V], each row by its own params: the argmax where greedy,
+    else a draw from the warped distribution -> tokens [B] and, when any row samples, probs
+    [B, V] (zero rows where greedy). Each sampled row draws from its
     own generator, so a request's draws never depend on which requests share its batch.
     rows: [B] which rows to choose for (default all); the others get an argmax and draw nothing."""
     tokens = logits.argmax(dim=-1)                                      # [B]

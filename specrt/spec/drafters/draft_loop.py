@@ -26,10 +26,11 @@ from specrt.model.graphs import GraphPool, SharedScratch, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import Staging
 from specrt.model.transformer import Transformer
-from specrt.spec.drafters.base import NO_DRAFT
+from specrt.spec.drafters.base import LONG_CATCH_UP, NO_DRAFT
 from specrt.spec.sampling import SamplingParams, param_staging, race, stage_params, warp_rows
 
-CATCH_UP_WIDTHS = (1, 2)   # = 1 .. LONG_CATCH_UP: what a row can have unseen after the eager part
+# What a row can have unseen after the eager part (longer catch-ups run on their own first).
+CATCH_UP_WIDTHS = tuple(range(1, LONG_CATCH_UP + 1))
 
 
 class StaticDraftLoop(StaticRunner):

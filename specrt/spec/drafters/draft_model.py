@@ -3,7 +3,8 @@
 The draft model keeps its own static KV cache. `seen[b]` counts the committed tokens of row b
 whose K/V are in that cache; each round it first catches up on the committed tokens it has not
 seen (the whole prompt on the first round, then usually the target's last token, or two tokens
-after a fully accepted round), then decodes K steps, feeding each guess to the next step.
+after a fully accepted round): that forward gives the first guess, and K - 1 decode steps the
+rest, each fed the guess before it.
 Rejected guesses are rolled back (by the round, through `rollback`) by truncating its cache
 to the accepted length: O(1).
 

@@ -22,7 +22,7 @@ numpy.asarray accepts). Bad arguments raise ValueError with the same message in 
 backends; the C++ side mirrors the helpers below word for word.
 
 This module knows token ids only: no models, no tokenizer, no torch import. The drafter that
-uses it lives in specrt/drafters/ngram.py.
+uses it lives in specrt/spec/drafters/ngram.py.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from specrt.errors import ConfigError
-from specrt.spec.config import SpecConfig
+from specrt.spec.config import NEEDS_DRAFT, SpecConfig
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import Drafter
 from specrt.spec.drafters.ngram import NgramDrafter
@@ -24,9 +24,7 @@ def build_planner(spec: SpecConfig | None, draft_model: Drafter | None,
     k = spec.num_speculative_tokens
     if spec.method == "draft_model":
         if draft_model is None:
-            raise ConfigError("speculative method 'draft_model' needs a draft model: pass "
-                              "LLM(draft=DIR), --draft DIR, or \"model\" in the speculative "
-                              "config")
+            raise ConfigError(NEEDS_DRAFT)
         return FixedPlanner(draft_model, k)
     ngram = NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "ngram":

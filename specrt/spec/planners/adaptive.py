@@ -13,7 +13,7 @@ tokens the rows are expected to still commit: as many as they have committed so 
 MIN_HORIZON, at most their budget and HORIZON).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
-  and K is at most the match length). Its acceptance is kept per matched length n: a guess
+  and K is at most the number of tokens the match offers). Its acceptance is kept per matched length n: a guess
   that follows a 3-token match is right far more often than one after a 1-token match, and
   one average would overrate the second and underrate the first. A match whose text has
   agreed with its source for COPYING tokens or more is a copy in progress and has its own
@@ -119,7 +119,6 @@ class Decision:
 
     feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none)
     probe: str | None = None        # the state probed, if not a choice on merit
-    batch: int = 1                  # requests in the round's passes (costs grow with them)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -235,7 +234,7 @@ class AdaptivePlanner:
                 if state.idle_rounds + 1 >= state.probe_gap:
                     name, k, probe = state.drafter, 1, state.name
                     break
-        return self._plan(ctx, name, k, probe, matches, batch)
+        return self._plan(ctx, name, k, probe, matches)
 
     def _catch_up(self, ctx: DraftContext, rows: list[int]) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
@@ -263,16 +262,14 @@ class AdaptivePlanner:
         return max(1.0, _mean(min(remaining[b], max(generated[b], MIN_HORIZON), HORIZON)
                               for b in rows))
 
-    def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
-              batch: int) -> Plan:
+    def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches) -> Plan:
         if k == 0:
-            return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
-                                                             batch=batch))
+            return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active)))
         if name == "ngram":
             feeds = tuple(self._ngram_state(n) if n else None for _, n in matches)
-            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, batch=batch))
+            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, batch))
+        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
                 verify_seconds) -> None:
