@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install build test compile-check demo bench bench-llamacpp clean
+.PHONY: install build test compile-check demo bench-llamacpp clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ test: build compile-check
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 # Every Triton kernel variant the launchers can pick, compiled for sm_90 and sm_80 with the
-# triton wheel's ptxas: no GPU needed, ~1.5 min on 2 cores. Fails on a compile error, a bf16
+# triton wheel's ptxas: no GPU needed, under a minute on 2 cores. Fails on a compile error, a bf16
 # register spill, shared memory over a target's limit, or a missing ptxas (never skips).
 compile-check: $(STAMP)
 	$(PY) -m specrt.kernels.compile_check

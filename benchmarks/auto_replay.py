@@ -33,8 +33,8 @@ benchmarks.e2e reports. So a replay measures the planner's decisions, not whethe
 are right (an e2e run measures both); and the teacher-forced forward runs the prefill path,
 whose rounding may flip a near-tie the decode path would not.
 
-`--max-new-tokens N` replays each trace's first N tokens as a request of N tokens (e2e runs
-64). Prints per prompt the best fixed setting, `auto`, their ratio and `auto`'s plan mix, then
+`--max-new-tokens N` replays each trace's first N tokens as a request of N tokens (the e2e
+runs in RESULTS.md use --max-new-tokens 64). Prints per prompt the best fixed setting, `auto`, their ratio and `auto`'s plan mix, then
 per set the lowest and mean ratio; writes the section "auto replayed" of benchmarks/RESULTS.md
 (--no-record to skip).
 """
@@ -80,7 +80,7 @@ def build_parser():
                           "0: every round drafts K)")
     rep.add_argument("--max-new-tokens", type=int, default=None,
                      help="replay each trace's first N tokens only, as a request with that "
-                          "budget (benchmarks.e2e runs 64; default: all that was recorded)")
+                          "budget (64: the e2e runs in RESULTS.md; default: all that was recorded)")
     return p
 
 

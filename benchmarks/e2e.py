@@ -8,7 +8,7 @@ rewrite (the answer copies a paragraph of the prompt), explain, story. Chat temp
 
 Methods, all on the same model pair and dtype in the same process:
   specrt  plain; draft_model:K and ngram:K (prompt_lookup_min 1, max 3) for K in --ks;
-          auto:8 (adaptive drafter and K)
+          auto:16 (adaptive drafter and K; --auto-k)
   HF      hf:plain (`generate`), hf:assisted:K (`assistant_model=` the same draft, constant
           K: num_assistant_tokens=K, schedule "constant", confidence threshold off) and
           hf:lookup:K (`prompt_lookup_num_tokens=K`, max_matching_ngram_size 3), K in --hf-k
@@ -35,10 +35,10 @@ e2e_speedup.png, e2e_theory.png and e2e_auto_choices.png; JSON on the last line.
   llama.cpp best and specrt plain / llama.cpp plain; records the section "specrt vs
   llama.cpp" of RESULTS.md instead of "End-to-end speedup". Pass --no-hf to leave HF out.
 
---quick: one prompt per task, K in {2, 4}, auto:8, HF with K = 4 only, and 64 new tokens
+--quick: one prompt per task, K in {2, 4}, auto:16, HF with K = 4 only, and 64 new tokens
 (unless --max-new-tokens is given), for a run of well under 10 minutes.
 Full run: 12 prompts x 15 methods (specrt: plain, draft_model and ngram at K = 1, 2, 4, 8,
-auto:8; HF: plain, assisted and lookup at K = 4, 8) = 180 generations of 128 tokens. HF's
+auto:16; HF: plain, assisted and lookup at K = 4, 8) = 180 generations of 128 tokens. HF's
 K defaults to {4, 8} because its best K was 4 or 8 on every task in every run so far (and
 in the issue's reference numbers) while HF's K = 1, 2 rows would add ~25 min at HF's speed;
 --hf-k 1,2,4,8 runs them. The progress bar's ETA tells early how long a run will take.
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auto-k", type=int, default=16, help="num_speculative_tokens of auto "
                    "(default 16, as the library's)")
     p.add_argument("--methods", default=None, help="only these, e.g. plain,ngram:4,"
-                   "draft_model:4,auto:8 (a name without :K means every K in --ks); hf:plain, "
+                   "draft_model:4,auto:16 (a name without :K means every K in --ks); hf:plain, "
                    "hf:assisted:K, hf:lookup:K entries replace the default HF set")
     p.add_argument("--hf-k", default=None, help="K values of the HF methods (default 4,8; "
                    "4 with --quick)")

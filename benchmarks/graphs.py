@@ -2,7 +2,7 @@
 
 Run: python -m benchmarks.graphs              (on a GPU: Qwen2.5-Coder-0.5B shapes, bf16)
      python -m benchmarks.graphs --quick      (tiny model; on CPU in seconds)
-     --out DIR also writes the JSON to DIR/graphs.json.
+     Writes the JSON to --out/graphs.json (default benchmarks/results).
 
 A random-weight draft model with Qwen2.5-Coder-0.5B-Instruct's shapes (vocab 151936, hidden
 896, intermediate 4864, 24 layers, 14 / 2 heads, q/k/v bias, untied head, rope_theta 1e6) is
