@@ -166,3 +166,16 @@ def test_build_id_names_the_build_or_the_library(monkeypatch):
     assert cpu_gemv.build_id() == (cpu_gemv._gemv.build_id() if cpu_gemv.AVAILABLE else "library")
     monkeypatch.setattr(cpu_gemv, "AVAILABLE", False)
     assert cpu_gemv.build_id() == "library"
+
+
+def test_the_streaming_read_reads_contiguous_cpu_tensors_and_refuses_views():
+    """The memory-read floor probe (csrc/cpu/stream_read.cpp, or torch.sum without it) reads
+    whole tensors; a strided view would send it past its storage, so it is refused first."""
+    from specrt.kernels.cpu import bandwidth
+
+    t = torch.ones(1 << 16)
+    assert bandwidth.read_seconds([t, t[:100]], threads=1) > 0
+    with pytest.raises(ValueError, match="contiguous CPU tensors"):
+        bandwidth.read_seconds([torch.ones(8).expand(4, 8)])
+    with pytest.raises(ValueError, match="contiguous CPU tensors"):
+        bandwidth.read_seconds([torch.ones(16, 16).t()])

@@ -187,3 +187,15 @@ def test_padded_pass_matches_torch_ref(dirs, monkeypatch):
     for b, n in enumerate((11, 8, 7)):
         torch.testing.assert_close(caches[1].k[:, b, :, :n], caches[0].k[:, b, :, :n],
                                    atol=2e-4, rtol=2e-4)
+
+
+def test_the_backends_limits_are_the_kernels_and_the_spec_configs():
+    """The backend names its kernels' limits without importing Triton (a CPU install may lack
+    it), and the acceptance kernels bound K themselves: each copy must equal its source."""
+    from specrt.kernels.triton import acceptance, matmul, verify_attention
+    from specrt.spec.config import MAX_SPECULATIVE_TOKENS
+
+    assert cuda_backend.KERNEL_HEAD_DIMS == verify_attention.HEAD_DIMS
+    assert cuda_backend.MAX_MATMUL_ROWS == matmul.MAX_ROWS
+    assert cuda_backend.MAX_KERNEL_T == MAX_SPECULATIVE_TOKENS + 1
+    assert acceptance.MAX_K == MAX_SPECULATIVE_TOKENS

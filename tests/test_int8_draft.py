@@ -133,7 +133,7 @@ def test_reference_is_close_to_the_float_product():
     assert ((got - want).norm() / want.norm()) < 0.02       # ~1% for int8 weights + activations
 
 
-@pytest.mark.parametrize("bad", ["K", "dtype", "bias"])
+@pytest.mark.parametrize("bad", ["K", "dtype", "bias", "scale", "device"])
 def test_bad_operands_raise_value_error(bad):
     x, qw, b, _ = _operands(torch.float32, 2, 8, 128)
     if bad == "K":
@@ -144,9 +144,19 @@ def test_bad_operands_raise_value_error(bad):
     elif bad == "dtype":
         with pytest.raises(ValueError, match="bfloat16 or float32"):
             gemv_int8.linear(x.double(), qw)
-    else:
+    elif bad == "bias":
         with pytest.raises(ValueError, match="bias"):
             gemv_int8.linear(x, qw, b[:3])
+    elif bad == "scale":          # a stride-0 view would be read past its one element
+        strided = gemv_int8.Int8Weight(qw.data, qw.scale[:1].expand(8), qw.packed_rows)
+        with pytest.raises(ValueError, match="contiguous fp32 scale"):
+            gemv_int8.kernel_linear(x, strided)
+    else:                         # no pointer of another device may reach the C++ kernel
+        off_cpu = gemv_int8.Int8Weight(qw.data, qw.scale.to("meta"), qw.packed_rows)
+        with pytest.raises(ValueError, match="on the CPU"):
+            gemv_int8.kernel_linear(x, off_cpu)
+        with pytest.raises(ValueError, match="bias"):
+            gemv_int8.kernel_linear(x, qw, b.to("meta"))
 
 
 @pytest.fixture(scope="module")

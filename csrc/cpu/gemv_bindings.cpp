@@ -14,7 +14,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_gemv, m) {
-  m.doc() = "Skinny matrix products y = x @ W.T (+ b) for CPU decoding (AVX-512).";
+  m.doc() = "Skinny matrix products y = x @ W.T (+ b) for CPU decoding (AVX-512 or AVX2).";
   m.def(
       "gemv_bf16",
       [](uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t out, bool out_f32, int64_t M,
@@ -65,7 +65,7 @@ PYBIND11_MODULE(_gemv, m) {
         py::gil_scoped_release release;
         return specrt::stream_read(reinterpret_cast<const void*>(data), nbytes, threads);
       },
-      "read nbytes once with AVX-512 loads on `threads` threads (the memory-read floor)");
+      "read nbytes once with AVX-512 or AVX2 loads on `threads` threads (the memory-read floor)");
   m.def("int8_supported", &specrt::cpu_supports_int8, "AVX-512 VNNI, or AVX2 (the int8 product runs)");
   m.def("int8_packed_rows", &specrt::int8_packed_rows,
         "the int8 weight layout here: 16 (groups of 16 rows, AVX-512 VNNI) or 0 (row-major)");

@@ -9,7 +9,7 @@ namespace specrt {
 // How a projection's weight is stored.
 enum class WeightFormat : int {
   bf16 = 0,   // [N, K]
-  int8 = 1,   // [N, K] uint8 = int8 + 128, fp32 row scales [N] (gemv_int8.cpp)
+  int8 = 1,   // uint8 = int8 + 128 in gemv_int8's layout (gemv_int8.h), fp32 row scales [N]
   int4 = 2,   // [N, K / 2] nibbles + 8, fp32 group scales [N, K / 64] (gemv_int4.cpp)
 };
 

@@ -11,7 +11,6 @@
 
 #include "../build_id.h"
 #include "cpu_features.h"
-#include "gemv_int8.h"
 #include "layers.h"
 
 namespace py = pybind11;
@@ -68,7 +67,7 @@ struct Stack {
 };
 
 PYBIND11_MODULE(_cpu_layers, m) {
-  m.doc() = "The decoder layer loop of a CPU decode/verify pass in one call (AVX-512, bf16).";
+  m.doc() = "The decoder layer loop of a CPU decode/verify pass in one call (AVX-512 or AVX2, bf16).";
   py::class_<Stack>(m, "Stack")
       .def(py::init<const std::vector<LayerT>&, uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t,
                     int64_t, int64_t, int64_t, int64_t, float, float>(),
@@ -82,6 +81,4 @@ PYBIND11_MODULE(_cpu_layers, m) {
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 or AVX2/FMA/F16C available on this CPU");
-  m.def("cpu_level", &specrt::cpu_level, "the level the kernels run at here: avx512, avx2 or none");
-  m.def("int8_supported", &specrt::cpu_supports_int8, "AVX-512 VNNI, or AVX2 (the int8 product runs)");
 }

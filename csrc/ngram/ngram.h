@@ -23,7 +23,7 @@ using Token = int32_t;
 constexpr int64_t kMaxToken = 2147483647;  // INT32_MAX
 
 // Throw std::invalid_argument unless k >= 1 / 1 <= min_n <= max_n. The messages are
-// mirrored word for word by the Python fallback (specrt/drafters/ngram_index.py).
+// mirrored word for word by the Python fallback (specrt/spec/drafters/ngram_index.py).
 void check_k(int k);
 void check_ngram_sizes(int min_n, int max_n);
 

@@ -1,7 +1,7 @@
 // Python bindings for the n-gram matcher (module specrt._ngram). Bindings only: the
 // algorithm lives in ngram.cpp. This file's job is to turn Python token containers into
 // validated int32/int64 spans without running Python code per token, and to raise the same
-// ValueError messages as the pure-Python fallback in specrt/drafters/ngram_index.py.
+// ValueError messages as the pure-Python fallback in specrt/spec/drafters/ngram_index.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

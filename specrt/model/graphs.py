@@ -7,7 +7,8 @@ allocated once, at construction: its input and output buffers and the KV cache i
 (positions and lengths are device tensors inside the cache, moved by the captured kernels
 themselves). Per shape there is one runner:
 
-- StaticForward (here): one target forward of T tokens (benchmarks and tests).
+- StaticForward (here): one forward of T tokens (the cost calibration of a graphed engine,
+  benchmarks and tests).
 - StaticVerify (`specrt.engine.static_round`): the verify pass with acceptance (greedy, or
   with rejection sampling for sampled rows) and the target cache's rollback; one per
   (B, T = K + 1, greedy or sampled).

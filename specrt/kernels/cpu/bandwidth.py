@@ -38,7 +38,12 @@ def method() -> str:
 
 
 def read_seconds(tensors: list[torch.Tensor], threads: int | None = None) -> float:
-    """Wall seconds to read every byte of `tensors` once (CPU, contiguous)."""
+    """Wall seconds to read every byte of `tensors` once (CPU, contiguous: a strided view's
+    numel * element_size bytes are not all its own, so it is refused)."""
+    bad = [tuple(t.shape) for t in tensors if not (t.is_cpu and t.is_contiguous())]
+    if bad:
+        raise ValueError(f"read_seconds: tensors must be contiguous CPU tensors, got shape "
+                         f"{bad[0]} strided or off the CPU")
     threads = threads or torch.get_num_threads()
     t0 = time.perf_counter()
     for t in tensors:

@@ -25,7 +25,7 @@ def require(available: bool, fn: str, module: str) -> None:
     ISA: it would die of SIGILL) fails as an error; callers ask `usable` first."""
     if not available:
         raise RuntimeError(f"{fn}: {module} is not built, is disabled, or this CPU lacks "
-                           "the ISA it needs (AVX-512 F/BW/VL/BF16 or AVX2 + FMA + F16C; VNNI for int8 / int4); "
+                           "the ISA it needs (AVX-512 F/BW/VL/BF16 or AVX2 + FMA + F16C; AVX-512 VNNI for int4); "
                            "check usable() first")
 
 

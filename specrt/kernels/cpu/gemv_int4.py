@@ -116,9 +116,11 @@ def _check(x, weight: Int4Weight, bias, out_dtype) -> None:
     N, K = weight.shape
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()
             and weight.scale.dtype == torch.float32 and weight.scale.is_contiguous()
-            and weight.scale.shape == (N, K // GROUP) and K % CHUNK == 0):
+            and weight.scale.shape == (N, K // GROUP) and K % CHUNK == 0
+            and weight.data.is_cpu and weight.scale.is_cpu):
         raise checks.fail(fn, "weight", f"uint8 data [N, K / 2] and fp32 scale [N, K / {GROUP}] "
-                          f"with K a multiple of {CHUNK}",
-                          f"{weight.data.dtype} {tuple(weight.data.shape)}, "
-                          f"{weight.scale.dtype} {tuple(weight.scale.shape)}")
+                          f"with K a multiple of {CHUNK}, both on the CPU",
+                          f"{weight.data.dtype} {tuple(weight.data.shape)} on "
+                          f"{weight.data.device}, {weight.scale.dtype} "
+                          f"{tuple(weight.scale.shape)} on {weight.scale.device}")
     check_operands(fn, x, N, K, bias, out_dtype)

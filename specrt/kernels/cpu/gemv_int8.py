@@ -91,7 +91,7 @@ def pack(weight: Int8Weight, rows: int = 16) -> Int8Weight:
                          f"{tuple(weight.data.shape)} (packed_rows={weight.packed_rows})")
     N, K = weight.shape
     G = data_shape(N, K, rows)[0]
-    data = torch.full((G * rows, K), 128, dtype=torch.uint8)
+    data = torch.full((G * rows, K), 128, dtype=torch.uint8, device=weight.data.device)
     data[:N] = weight.data
     data = data.view(G, rows, K // 4, 4).permute(0, 2, 1, 3).contiguous()   # [G, K/4, rows, 4]
     return Int8Weight(data, weight.scale, rows)
@@ -186,10 +186,13 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
     layout = data_shape(N, K, weight.packed_rows)
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()
             and weight.data.shape == layout and weight.scale.dtype == torch.float32
-            and weight.scale.shape == (N,)):
-        raise checks.fail(fn, "weight", f"uint8 data {list(layout)} and fp32 scale [N]",
-                          f"{weight.data.dtype} {tuple(weight.data.shape)}, "
-                          f"{weight.scale.dtype} {tuple(weight.scale.shape)}")
+            and weight.scale.shape == (N,) and weight.scale.is_contiguous()
+            and weight.data.is_cpu and weight.scale.is_cpu):
+        raise checks.fail(fn, "weight", f"uint8 data {list(layout)} and contiguous fp32 scale "
+                          "[N], both on the CPU",
+                          f"{weight.data.dtype} {tuple(weight.data.shape)} on "
+                          f"{weight.data.device}, {weight.scale.dtype} "
+                          f"{tuple(weight.scale.shape)} on {weight.scale.device}")
     if K % BLOCK:
         raise checks.fail(fn, "weight", f"[N, K] with K a multiple of {BLOCK}", f"K = {K}")
     check_operands(fn, x, N, K, bias, out_dtype)
@@ -203,8 +206,9 @@ def check_operands(fn: str, x, N: int, K: int, bias, out_dtype) -> None:
     if x.dtype not in checks.FLOATS:
         raise checks.fail(fn, "x", "bfloat16 or float32", x.dtype)
     if bias is not None and not (isinstance(bias, torch.Tensor) and bias.shape == (N,)
-                                 and bias.dtype == x.dtype and bias.is_contiguous()):
-        raise checks.fail(fn, "bias", f"[{N}] contiguous {x.dtype} like x",
+                                 and bias.dtype == x.dtype and bias.is_contiguous()
+                                 and bias.is_cpu):
+        raise checks.fail(fn, "bias", f"[{N}] contiguous {x.dtype} like x, on the CPU",
                           f"{getattr(bias, 'dtype', None)} {tuple(getattr(bias, 'shape', ()))}")
     if out_dtype not in (None, x.dtype, torch.float32):
         raise checks.fail(fn, "out_dtype", f"{x.dtype} (that of x) or torch.float32", out_dtype)

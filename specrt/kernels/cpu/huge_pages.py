@@ -22,7 +22,7 @@ import torch
 
 ENV_VAR = "SPECRT_HUGE_PAGES"
 PAGE = 2 << 20           # the huge page size on x86-64 and most arm64 kernels
-CHUNK = 128 << 20        # tensors smaller than this share mappings of this size
+CHUNK = 128 << 20        # tensors up to CHUNK / 2 share mappings of this size; larger get their own
 ALIGN = 64               # every tensor starts on a cache line
 MIN_BYTES = 1 << 20      # smaller tensors (norms, biases) stay where they are
 _SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"

@@ -1,6 +1,6 @@
 """The decoder layer loop of a bf16 CPU decode or verify pass in one C++ call (specrt._cpu_layers).
 
-The specification is the per-op loop of `specrt.model.backends.cpu_native` (`CpuNative.layers`):
+The specification is the per-op loop of `specrt.model.backends.cpu_native` (`CpuNative.layers_per_op`):
 the same kernels (specrt._gemv, specrt._cpu_ops) called in the same order, so the two give the
 same bits; here the 9 calls per layer run from C++ with reused scratch buffers, without a
 Python call, a tensor check and an allocation each (~15% of a 0.5B draft step, ~3% of a 1.5B
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from specrt.kernels.cpu import checks, extension
-from specrt.kernels.cpu import gemv_int4, gemv_int8
+from specrt.kernels.cpu import gemv, gemv_int4, gemv_int8
 
 _layers, AVAILABLE = extension.load("specrt._cpu_layers", "SPECRT_CPU_LAYERS",
                                     "the C++ layer loop", "the per-op layer loop")
@@ -101,7 +101,7 @@ def _vector(t: torch.Tensor, n: int) -> int | None:
 # format -> (its code in layers.h, weight dtype, weight shape, scale shape, kernel usable) for
 # a projection [n, k]
 _FORMATS = {
-    "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, True),
+    "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, gemv.AVAILABLE),
     "int8": lambda n, k: (1, torch.uint8, gemv_int8.data_shape(n, k), (n,),
                           gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0),
     "int4": lambda n, k: (2, torch.uint8, (n, k // 2), (n, k // gemv_int4.GROUP),

@@ -8,7 +8,8 @@ K + 1 decode steps (in bf16 too: PyTorch's attention does not).
 
 The PyTorch functions in specrt/model/backends/torch_ref.py (`rms_norm`, `apply_rope`, `sdpa_attention`)
 are the specification and the fallback; the model takes this path only for CPU bf16/fp32
-decode and verify passes (`usable`) and SDPA for prefills. Every function checks its tensors
+decode and verify passes of at most MAX_ROWS tokens a row (`specrt.model.backends.cpu_native`)
+and SDPA for prefills. Every function checks its tensors
 (dtype, shape, strides, device, cache bounds) and raises ValueError before a pointer reaches
 C++, which trusts what it is given.
 """
@@ -33,17 +34,12 @@ def build_id() -> str:
     return _cpu_ops.build_id() if AVAILABLE else "library"
 
 
-def usable(dtype: torch.dtype, device: torch.device, rows: int) -> bool:
-    return (AVAILABLE and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
-            and 0 < rows <= MAX_ROWS)
-
-
 def _bf16(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [M, H] -> RMSNorm(x) * weight [H], as model.rms_norm."""
+    """x [M, H] -> RMSNorm(x) * weight [H], as `backends.torch_ref.rms_norm`."""
     checks.require(AVAILABLE, "rms_norm", "specrt._cpu_ops")
     checks.floating("rms_norm", "x", x, "[M, H]")
     m, h = x.shape

@@ -79,8 +79,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class TorchReference:
-    """The specification backend. Subclasses override `attention_for` (which attention a
-    pass uses) and `linear` (how weights are multiplied); the layer loop stays here."""
+    """The specification backend. Subclasses override `linear` (how weights are multiplied)
+    and `hidden` / `hidden_static` (a whole pass: the CPU backend's C++ layer loop, the CUDA
+    backend's fused kernels); this class's layer loop is what they must reproduce."""
 
     name = "torch_ref"
     # Up to how many new tokens per row a row's results are guaranteed not to depend on which
@@ -126,7 +127,7 @@ class TorchReference:
         cache.lengths[:B] += T
         return rms_norm(x, model.norm, model.cfg.rms_norm_eps)
 
-    # --- attention choice: overridden by the CUDA backend ------------------------------------
+    # --- attention choice -------------------------------------------------------------------
     def attention_for(self, model, cache, pos: torch.Tensor, rows: Pass):
         """attend(q [B, T, Hq, D], k_cache, v_cache [Bmax, Hkv, S, D]) -> [B, T, Hq, D] over
         the keys any query of this pass may see."""
