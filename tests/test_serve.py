@@ -475,3 +475,23 @@ def test_server_speculative_flag_none_means_plain_as_the_generate_cli():
                                                              "num_speculative_tokens": 3}
     with pytest.raises(ArgumentError):
         speculative_from_flag("nope", has_draft=True)
+
+
+def test_an_empty_speculative_object_is_a_config_not_plain_decoding(server, client):
+    """{} is a speculative config with every key at its default (draft_model, K = 4), as
+    SpecConfig.parse reads it; only false asks for plain decoding."""
+    key = 'vllm:spec_decode_num_drafts_total{model_name="tiny"}'
+    for body, drafts in (({}, True), (False, False)):
+        before = server.metrics().get(key, 0)
+        complete(client, PROMPTS[0], max_tokens=12, extra_body={"speculative": body})
+        server.wait_idle()
+        assert (server.metrics().get(key, 0) > before) == drafts, body
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_bad_input_before_anything_loads(port, capsys):
+    from specrt.serve.cli import main
+
+    assert main(["--model", "/nonexistent", "--port", port]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--port" in err[0] and "65535" in err[0], err

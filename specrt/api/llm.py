@@ -128,6 +128,12 @@ class LLM:
         max_k = check_int("max_k", max_k, 1, MAX_SPECULATIVE_TOKENS)
         return self.scheduler.call(lambda: self.engine.cost_model(max_k))
 
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a slot, over every engine (the default draft's and any other a
+        speculative config named)."""
+        return sum(s.pending for s in list(self._schedulers.values()))
+
     def close(self) -> None:
         """Cancel every request and stop the scheduler threads."""
         for scheduler in self._schedulers.values():

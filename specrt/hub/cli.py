@@ -5,12 +5,13 @@
     python -m specrt.models list               what is cached, with sizes
     python -m specrt.models convert PATH.gguf OUT_DIR   a user's own Qwen2 / Llama GGUF
 
-Exit status as in every specrt command (specrt.errors.run_command): 0 done, 2 bad input (an
+Exit status as in every specrt command (specrt.commands.run_command): 0 done, 2 bad input (an
 unknown name, a model not fetched yet, an unusable SPECRT_CACHE, a missing or unsupported GGUF,
 an existing OUT_DIR), 1 a failed fetch or conversion (network or disk), 130 on Ctrl-C.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -22,10 +23,10 @@ from pathlib import Path
 
 from specrt.commands import OneLineParser, run_command
 from specrt.errors import ArgumentError, ModelFetchError, NotRegularFileError, SpecrtError
-from specrt.hub.fetch import cached_models, fetch, fetch_command
+from specrt.hub.fetch import cache_lock, cached_models, fetch
 from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
 from specrt.hub.paths import cache_dir, is_present, model_dir
-from specrt.hub.registry import KNOWN_MODELS, spec_for
+from specrt.hub.registry import KNOWN_MODELS, fetch_command, spec_for
 from specrt.logs import configure_logging
 
 
@@ -34,20 +35,19 @@ def _human(n: int) -> str:
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return str(n)
 
 
 def _check_names(names: list[str]) -> None:
     """An unknown name is the user's typo (exit 2), not a failed fetch (exit 1)."""
     for name in names:
-        if name not in KNOWN_MODELS:
-            raise ArgumentError(f"unknown model {name!r}; known models: "
-                                f"{', '.join(KNOWN_MODELS)}")
+        try:
+            spec_for(name)
+        except ModelFetchError as e:
+            raise ArgumentError(str(e)) from None
 
 
 def _cmd_path(name: str) -> int:
     _check_names([name])
-    spec_for(name)
     if not is_present(name):
         raise SpecrtError(f"{name} is not in the cache ({model_dir(name)}); fetch it with "
                               f"`{fetch_command(name)}`")
@@ -66,7 +66,8 @@ def _cmd_list() -> int:
         print(f"{name:<{width}}  {kind:<4}  {_human(size):>8}  {path}")
     missing = [n for n in KNOWN_MODELS if not is_present(n)]
     if missing:
-        print(f"not fetched: {', '.join(missing)}")
+        print("not fetched: " + ", ".join(f"{n} ({KNOWN_MODELS[n].description})"
+                                          for n in missing))
     return 0
 
 
@@ -90,8 +91,12 @@ def _check_convert_paths(gguf: Path, out: Path) -> None:
 def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
     _check_convert_paths(gguf, out)
     start = time.perf_counter()
+    # A conversion into the cache's models/ holds the cache lock: a fetch removes every
+    # unlocked .tmp-* entry there as the leftover of an interrupted run.
+    in_cache = out.resolve().parent == (cache_dir() / "models").resolve()
     try:
-        convert_gguf(gguf, out, progress=progress)
+        with cache_lock(progress) if in_cache else contextlib.nullcontext():
+            convert_gguf(gguf, out, progress=progress)
     except UnsupportedGGUF as e:
         raise UnsupportedGGUF(f"cannot convert {gguf}: {e}") from None
     except OSError as e:

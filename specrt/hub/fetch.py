@@ -33,7 +33,8 @@ from pathlib import Path
 from specrt.errors import ModelFetchError
 from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
 from specrt.hub.paths import cache_dir, gguf_path, is_present, model_dir
-from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, ModelSpec, spec_for
+from specrt.hub.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, ModelSpec, fetch_command,
+                                 spec_for)
 
 __all__ = ["verify_file", "ensure_gguf", "ensure_model", "fetch", "cached_models",
            "fetch_command"]
@@ -42,10 +43,6 @@ log = logging.getLogger("specrt.hub")
 _TMP_PREFIX = ".tmp-"
 _READ_CHUNK = 1 << 22
 _STALE_AFTER_S = 3600      # a `.tmp-*` this old is no conversion in progress
-
-
-def fetch_command(name: str) -> str:
-    return f"python -m specrt.models fetch {name}"
 
 
 def _say(msg: str, progress: bool) -> None:
@@ -73,7 +70,7 @@ def verify_file(path, size: int, sha256: str) -> None:
 
 
 @contextlib.contextmanager
-def _cache_lock(progress: bool):
+def cache_lock(progress: bool):
     """Hold `$SPECRT_CACHE/.lock`; while held, any `.tmp-*` entry is a leftover and is removed."""
     root = cache_dir()
     for sub in ("models", "gguf"):
@@ -206,7 +203,7 @@ def _explained_os_errors():
 def ensure_gguf(name: str, progress: bool = True) -> Path:
     """The verified GGUF of model `name`, downloading it first if it is not cached."""
     spec = spec_for(name)
-    with _explained_os_errors(), _cache_lock(progress):
+    with _explained_os_errors(), cache_lock(progress):
         return _ensure_gguf_locked(spec, progress)
 
 
@@ -241,7 +238,7 @@ def ensure_model(name: str, progress: bool = True) -> Path:
     if is_present(name):
         _remove_stale_leftovers(progress)
         return model_dir(name)
-    with _explained_os_errors(), _cache_lock(progress):
+    with _explained_os_errors(), cache_lock(progress):
         return _ensure_model_locked(spec, progress)
 
 

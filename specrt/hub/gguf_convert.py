@@ -20,7 +20,7 @@ back with `unpermute_rows`, head by head. A GGUF without `output.weight` has tie
 GGUF lists dimensions fastest-first; the arrays `GGUFReader` exposes are already row-major
 [out, in], which is the Hugging Face layout.
 
-This module knows nothing about where GGUF files come from (see `specrt.models`).
+This module knows nothing about where GGUF files come from (see `specrt.hub.fetch`).
 """
 from __future__ import annotations
 

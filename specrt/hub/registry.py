@@ -56,6 +56,11 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
+def fetch_command(name: str) -> str:
+    """The command that fetches known model `name`."""
+    return f"python -m specrt.models fetch {name}"
+
+
 def spec_for(name: str) -> ModelSpec:
     if name not in KNOWN_MODELS:
         raise ModelFetchError(f"unknown model {name!r}; known models: {', '.join(KNOWN_MODELS)}")

@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 
 from specrt.errors import ModelFetchError, SpecrtError
-from specrt.hub.paths import model_dir
-from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
+from specrt.hub.paths import is_present, model_dir
+from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, fetch_command
 
 __all__ = ["resolve_model_dir", "resolve_pair", "HUB_FILES"]
 
@@ -36,11 +36,10 @@ def resolve_model_dir(model: str | Path) -> Path:
     if path.is_dir():
         return path
     if str(model) in KNOWN_MODELS:
-        path = model_dir(str(model))
-        if path.is_dir():
-            return path
+        if is_present(str(model)):
+            return model_dir(str(model))
         raise SpecrtError(f"model {model!r} is not fetched yet; run: "
-                          f"python -m specrt.models fetch {model}")
+                          f"{fetch_command(str(model))}")
     if isinstance(model, str) and _HUB_ID.fullmatch(model):
         return _from_hub(model)
     raise SpecrtError(f"model directory {path} does not exist; pass a Hugging Face-style "

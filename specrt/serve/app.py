@@ -18,6 +18,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.background import BackgroundTask
 
 from specrt.api.async_llm import AsyncLLM
 from specrt.serve import schemas
@@ -33,14 +34,13 @@ CHAT_MAX_TOKENS = 256          # a chat request's budget when it names none (cap
 class ServeConfig:
     served_model_name: str
     default_speculative: dict | None     # applied to requests that do not say otherwise
-    chat_max_tokens: int = CHAT_MAX_TOKENS
 
 
 class _State:
     def __init__(self, allm: AsyncLLM, config: ServeConfig):
         self.allm, self.config = allm, config
         self.llm = allm.llm
-        self.metrics = ServerMetrics(config.served_model_name, lambda: allm.llm.scheduler.pending)
+        self.metrics = ServerMetrics(config.served_model_name, lambda: allm.llm.pending)
         self.created = int(time.time())
 
 
@@ -91,8 +91,11 @@ async def _respond(state: _State, request: Request, body, chat: bool):
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         events = (chat_events if chat else completion_events)(gen, first, rid, name,
                                                               include_usage)
+        # The body closes the generation when it ends; a client gone before the body starts
+        # (Starlette then never starts it) is settled by the background task.
         return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                                 headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(gen.close))
     try:
         text = await _unless_disconnected(request, collect(gen, first))
     except Exception as e:      # noqa: BLE001
@@ -155,13 +158,13 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         raise APIError("a request's speculative config may not name a draft \"model\"; the "
                        "server's draft is set with --draft", param="speculative")
     else:
-        spec = body.speculative or None           # false: plain decoding
+        spec = None if body.speculative is False else body.speculative   # false: plain
     parsed = SpecConfig.parse(spec)
     max_tokens = body.token_budget()
     if max_tokens is None:
         room = state.llm.max_seq_len - len(ids) - (parsed.num_speculative_tokens + 1
                                                    if parsed is not None else 0)
-        default = state.config.chat_max_tokens if chat else 16
+        default = CHAT_MAX_TOKENS if chat else schemas.COMPLETION_MAX_TOKENS
         max_tokens = max(1, min(default, room))   # no room: the engine says why (400)
     elif max_tokens < 1:
         raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")

@@ -2,8 +2,8 @@
 
 Flags follow `vllm serve` where vLLM has them (--model, --served-model-name, --host, --port,
 --speculative-config, --max-model-len, --max-num-seqs, --dtype, --device). With no --model it
-serves the default pair, like `python -m specrt.generate`. This is an edge: it configures
-logging (the `specrt` logger) and prints nothing else.
+serves the default pair, like `python -m specrt.generate`. This is an edge: it configures the
+root logger (specrt's records and uvicorn's) and prints nothing else.
 """
 from __future__ import annotations
 
@@ -79,8 +79,10 @@ def _serve(args) -> int:
 
     from specrt.api.async_llm import AsyncLLM
     from specrt.hub.resolve import resolve_pair
+    from specrt.checks import check_int
     from specrt.serve.app import ServeConfig, build_app
 
+    check_int("--port", args.port, 0, 65535, fix="a TCP port (0: any free one)")
     model, draft = resolve_pair(args.model, args.draft, progress=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     spec = speculative_from_flag(args.speculative_config, draft is not None)

@@ -31,6 +31,7 @@ class Generation:
         self._arrived = arrived
         self._last: float | None = None              # arrival of the previous chunk
         self._counted = False                        # in the in-flight gauge
+        self._failed = False                         # counted as a failure by its caller
         self._closed = False
 
     async def start(self) -> StreamChunk:
@@ -50,6 +51,9 @@ class Generation:
             chunk = await self._stream.__anext__()
         except StopAsyncIteration:     # the engine cancelled it (the LLM is closing)
             chunk = StreamChunk("", [], "cancelled")
+        except Exception:              # a failure: its caller counts it, `close` does not abort
+            self._failed = True
+            raise
         now = time.perf_counter()
         if self._last is None:
             self.metrics.first_token(now - self._arrived)
@@ -75,7 +79,7 @@ class Generation:
         self._closed = True
         if self._counted:
             self.metrics.ended()
-        if self.finish_reason is None and self._last is not None:
+        if self.finish_reason is None and self._last is not None and not self._failed:
             self.metrics.finished("abort", self.completion_tokens,
                                   time.perf_counter() - self._arrived, None)
         await self._stream.aclose()             # runs AsyncLLM.stream's finally: cancel

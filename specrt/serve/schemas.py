@@ -18,6 +18,8 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled"
 Number = Union[StrictInt, StrictFloat]
 
 
+COMPLETION_MAX_TOKENS = 16     # a completion's budget when it names none (OpenAI's default)
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -48,7 +50,7 @@ class _Sampling(_Base):
 
 class CompletionRequest(_Sampling):
     prompt: Union[StrictStr, list[StrictInt]]
-    max_tokens: Optional[StrictInt] = 16                     # OpenAI's default
+    max_tokens: Optional[StrictInt] = COMPLETION_MAX_TOKENS
 
     def token_budget(self) -> Optional[int]:
         return self.max_tokens
