@@ -156,13 +156,13 @@ def _read_prompt_file(path: str) -> str:
                             f"({e.__class__.__name__}: {e})") from None
 
 
-def _check_fits(req: _Request, spec) -> None:
+def _check_length(req: _Request, spec) -> None:
     """prompt + max_new_tokens (+ K + 1) must fit in --max-seq-len: known before the load for
     token ids (a text prompt counts as at least one token here; the engine checks the rest)."""
-    from specrt.engine.request import check_fits
+    from specrt.engine.request import check_length
 
     n = len(req.prompt) if isinstance(req.prompt, list) else 1
-    check_fits(n, req.max_new_tokens, spec, req.llm.max_seq_len, "--max-seq-len")
+    check_length(n, req.max_new_tokens, spec, req.llm.max_seq_len, "--max-seq-len")
 
 
 def _run(args) -> int:
@@ -174,7 +174,7 @@ def _run(args) -> int:
     model, draft = resolve_pair(req.llm.model, req.llm.draft, progress=True)
     spec = SpecConfig.parse(default_speculative(draft is not None)) if req.spec == "default" \
         else req.spec
-    _check_fits(req, spec)
+    _check_length(req, spec)
     dtype = str(req.llm.dtype).removeprefix("torch.")
     print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "
           f"{req.llm.device})", file=sys.stderr)

@@ -69,10 +69,10 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
     spec = request.spec
     if spec is not None and spec.method == "draft_model" and not has_draft:
         raise ConfigError(NEEDS_DRAFT)
-    check_fits(len(p), n, spec, max_seq_len)
+    check_length(len(p), n, spec, max_seq_len)
 
 
-def check_fits(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None,
+def check_length(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None,
                max_seq_len: int, raise_flag: str = "max_seq_len") -> None:
     """prompt + max_new_tokens (+ K + 1 when speculating) must fit in max_seq_len positions;
     raise_flag: how the caller spells the setting to raise (a CLI: --max-seq-len)."""
