@@ -67,14 +67,15 @@ def test_rollback_then_forward_equals_fresh_prefix(tiny_noeos_dir):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_a_cache_longer_than_the_rotary_tables_is_refused(tiny_noeos_dir):
+def test_an_engine_longer_than_the_rotary_tables_is_refused(tiny_noeos_dir):
     """Positions past the tables the model was loaded for would be clamped: wrong, silently."""
+    from specrt.engine.engine import Engine
     from specrt.errors import ConfigError
 
     model = Transformer.from_dir(tiny_noeos_dir, max_seq_len=64)
-    assert model.new_cache(1, 64).max_seq_len == 64
-    with pytest.raises(ConfigError, match="load it with max_seq_len >= 65"):
-        model.new_cache(1, 65)
+    assert model.max_positions == 64 and Engine(model, max_seq_len=64).max_seq_len == 64
+    with pytest.raises(ConfigError, match="target model was loaded for \\(64 positions\\)"):
+        Engine(model, max_seq_len=65)
 
 
 def test_sharded_checkpoint_loads(tmp_path):

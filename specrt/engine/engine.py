@@ -71,6 +71,11 @@ class Engine:
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
         draft_stop = check_draft_stop(draft_stop)
+        for name, model in (("target", target), ("draft", draft)):
+            if model is not None and max_seq_len > model.max_positions:
+                raise ConfigError(f"max_seq_len {max_seq_len} is longer than the {name} model "
+                                  f"was loaded for ({model.max_positions} positions); load it "
+                                  f"with max_seq_len >= {max_seq_len}")
         self.target = target
         self.draft = draft
         self.max_batch_size = max_batch_size

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specrt.errors import CapacityError, ConfigError
+from specrt.errors import CapacityError
 from specrt.model.backends import Backend, Linear, Pass, select_backend
 from specrt.model.backends.torch_ref import rope_tables
 from specrt.model.config import ModelConfig
@@ -101,13 +101,14 @@ class Transformer:
         model.source = str(Path(model_dir).resolve())
         return model
 
+    @property
+    def max_positions(self) -> int:
+        """Positions the rotary tables were built for (the max_seq_len it was loaded with):
+        every path clamps a position past them, which is silently wrong for generation (the
+        engine refuses longer sequences; a cost calibration's timing does not care)."""
+        return self.cos.shape[0]
+
     def new_cache(self, max_batch_size: int, max_seq_len: int) -> StaticKVCache:
-        """A cache of max_seq_len positions a row: at most the positions this model's rotary
-        tables were built for (every path clamps a position past them, silently wrong)."""
-        if max_seq_len > self.cos.shape[0]:
-            raise ConfigError(f"a cache of {max_seq_len} positions is longer than this model "
-                              f"was loaded for ({self.cos.shape[0]}); load it with "
-                              f"max_seq_len >= {max_seq_len}")
         return StaticKVCache(self.cfg.num_layers, max_batch_size, self.cfg.num_kv_heads,
                              max_seq_len, self.cfg.head_dim, self.dtype, self.device)
 
