@@ -34,9 +34,9 @@ are right (an e2e run measures both); and the teacher-forced forward runs the pr
 whose rounding may flip a near-tie the decode path would not.
 
 `--max-new-tokens N` replays each trace's first N tokens as a request of N tokens (the e2e
-runs in RESULTS.md use --max-new-tokens 64). Prints per prompt the best fixed setting, `auto`, their ratio and `auto`'s plan mix, then
-per set the lowest and mean ratio; writes the section "auto replayed" of benchmarks/RESULTS.md
-(--no-record to skip).
+runs in RESULTS.md use --max-new-tokens 64). Prints per prompt the best fixed setting,
+`auto`, their ratio and `auto`'s plan mix, then per set the lowest and mean ratio; writes the
+section "auto replayed" of benchmarks/RESULTS.md (--no-record to skip).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Benchmark: the draft model's stop (`draft_stop`) on and off, interleaved in one run.
 
-Run: python -m benchmarks.draft_stop [--sets tuning,held-out] [--methods auto,draft_model:3,draft_model:5]
-                                     [--stops 0,0.5] [--repeats 2] [--max-new-tokens 64]
+Run: python -m benchmarks.draft_stop [--sets tuning,held-out]
+         [--methods auto,draft_model:3,draft_model:5] [--stops 0,0.5] [--repeats 2]
+         [--max-new-tokens 64]
 
 One `LLM` (the default pair unless --model / --draft); for each prompt of the chosen sets (the
 prompt files of benchmarks.auto_replay, in the chat template), plain decoding once (the

@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--trace", action="store_true", help="print one line per round to stderr")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="run each round on static runners: the draft loop and the verify pass (with the rollback) as two CUDA graph replays (default: on with CUDA; every round then drafts K)")
+                   help="run each round on static runners: the draft loop and the verify "
+                        "pass (with the rollback) as two CUDA graph replays (default: on with "
+                        "CUDA; every round then drafts K)")
     return p
 
 

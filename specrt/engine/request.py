@@ -73,7 +73,7 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
 
 
 def check_length(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None,
-               max_seq_len: int, raise_flag: str = "max_seq_len") -> None:
+                 max_seq_len: int, raise_flag: str = "max_seq_len") -> None:
     """prompt + max_new_tokens (+ K + 1 when speculating) must fit in max_seq_len positions;
     raise_flag: how the caller spells the setting to raise (a CLI: --max-seq-len)."""
     k = spec.num_speculative_tokens if spec is not None else 0
