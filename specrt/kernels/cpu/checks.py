@@ -25,8 +25,8 @@ def require(available: bool, fn: str, module: str) -> None:
     ISA: it would die of SIGILL) fails as an error; callers ask `usable` first."""
     if not available:
         raise RuntimeError(f"{fn}: {module} is not built, is disabled, or this CPU lacks "
-                           "the ISA it needs (AVX-512 F/BW/VL/BF16 or AVX2 + FMA + F16C; AVX-512 VNNI for int4); "
-                           "check usable() first")
+                           "the ISA it needs (AVX-512 F/BW/VL/BF16 or AVX2 + FMA + F16C; "
+                           "AVX-512 VNNI for int4); check usable() first")
 
 
 def floating(fn: str, name: str, t: object, layout: str) -> None:

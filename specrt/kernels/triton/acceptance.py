@@ -128,7 +128,7 @@ def _rejection_partial_kernel(
     j = tl.arange(0, BLOCK_K)
     j_valid = j < K
     x = tl.load(draft_ptr + b64 * stride_xb + j, mask=j_valid, other=-1).to(tl.int64)
-    x_valid = j_valid & (x >= 0) & (x < V)      # a draft id past V is no draft: no read past the row
+    x_valid = j_valid & (x >= 0) & (x < V)      # an id past V is no draft: no read past the row
     p_x = tl.load(tp_ptr + b64 * stride_tb + j.to(tl.int64) * stride_tk + x,
                   mask=x_valid, other=0.0).to(tl.float32)
     if HAS_DRAFT_PROBS:

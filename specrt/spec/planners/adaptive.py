@@ -13,9 +13,9 @@ tokens the rows are expected to still commit: as many as they have committed so 
 MIN_HORIZON, at most their budget and HORIZON).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
-  and K is at most the number of tokens the match offers). Its acceptance is kept per matched length n: a guess
-  that follows a 3-token match is right far more often than one after a 1-token match, and
-  one average would overrate the second and underrate the first. A match whose text has
+  and K is at most the number of tokens the match offers). Its acceptance is kept per matched
+  length n: a guess that follows a 3-token match is right far more often than one after a
+  1-token match, and one average would overrate the second and underrate the first. A match whose text has
   agreed with its source for COPYING tokens or more is a copy in progress and has its own
   state ("ngram/copy"). A copy goes on until the text departs from its source, as likely at
   one position as at the next: that state keeps one acceptance for every position, learnt
