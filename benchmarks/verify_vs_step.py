@@ -7,10 +7,10 @@ holds a P-token prefix (P = 200 and 2000; --quick: 200 only), time one `Transfor
 of T new tokens, T in {1, 2, 4, 8, 16, 17}, exactly as the engine calls it (full logits,
 all rows valid). Median of --repeats (default 10; --quick: 5) repeats after warm-up, the T
 values taking turns within each repeat (so the ratio to T = 1 is paired: the median of each
-repeat's ratio), the cache rolled back to P before every forward (`cache.truncate`); CUDA
-events on CUDA. The prefix is a real prefill of seeded random token ids. Reports ms and the ratio to T = 1 (the seed study: 17
-tokens cost 1.2x one token on a GPU), the draft-step / target-step cost ratio (the seed study:
-9.9 / 30.9 ms = 0.32), a PNG of latency vs T, and JSON on the last line.
+repeat's ratio), the cache rolled back to P before every forward (`cache.truncate`); CUDA events
+on CUDA. The prefix is a real prefill of seeded random token ids. Reports ms and the ratio
+to T = 1 (the seed study: 17 tokens cost 1.2x one token on a GPU), the draft-step / target-step cost
+ratio (the seed study: 9.9 / 30.9 ms = 0.32), a PNG of latency vs T, and JSON on the last line.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The decoder layer loop of a bf16 CPU decode or verify pass in one C++ call (specrt._cpu_layers).
 
 The specification is the per-op loop of `specrt.model.backends.cpu_native`
-(`CpuNative.layers_per_op`): the same kernels (specrt._gemv, specrt._cpu_ops) called in the same order, so the two give the
-same bits; here the 9 calls per layer run from C++ with reused scratch buffers, without a
-Python call, a tensor check and an allocation each (~15% of a 0.5B draft step, ~3% of a 1.5B
-target step; benchmarks/RESULTS.md).
+(`CpuNative.layers_per_op`): the same kernels (specrt._gemv, specrt._cpu_ops) called in the same
+order, so the two give the same bits; here the 9 calls per layer run from C++ with reused
+scratch buffers, without a Python call, a tensor check and an allocation each (~15% of a 0.5B
+draft step, ~3% of a 1.5B target step; benchmarks/RESULTS.md).
 
 A `Stack` is built once per model: every weight is checked then (dtype, shape, contiguity) and
 the model keeps them alive; each `run` checks the pass's own tensors and bounds. Models it does

@@ -15,14 +15,14 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the number of tokens the match offers). Its acceptance is kept per matched
   length n: a guess that follows a 3-token match is right far more often than one after a
-  1-token match, and one average would overrate the second and underrate the first. A match whose text has
-  agreed with its source for COPYING tokens or more is a copy in progress and has its own
-  state ("ngram/copy"). A copy goes on until the text departs from its source, as likely at
-  one position as at the next: that state keeps one acceptance for every position, learnt
-  from every guess it sees (per-token weight COPY_WEIGHT), so a copy that keeps being
-  accepted is drafted up to K_max within a few rounds instead of K creeping up one
-  position at a time (each position learnt only once a round has drafted that far). A
-  match is weighed at least as well as a shorter one would be (`_ngram_weighed`);
+  1-token match, and one average would overrate the second and underrate the first. A match
+  whose text has agreed with its source for COPYING tokens or more is a copy in progress and has
+  its own state ("ngram/copy"). A copy goes on until the text departs from its source, as likely
+  at one position as at the next: that state keeps one acceptance for every position, learnt
+  from every guess it sees (per-token weight COPY_WEIGHT), so a copy that keeps being accepted
+  is drafted up to K_max within a few rounds instead of K creeping up one position at a time
+  (each position learnt only once a round has drafted that far). A match is weighed at least as
+  well as a shorter one would be (`_ngram_weighed`);
 - the draft model, K = 1..K_max, run only when it wins. K is the most it drafts: it stops a
   row's round after a guess it is unsure of (`draft_stop`), so a round often costs less than
   it is priced at, and acceptance is learnt from the guesses it did draft (a round whose
