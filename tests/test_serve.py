@@ -495,3 +495,35 @@ def test_a_port_out_of_range_is_bad_input_before_anything_loads(port, capsys):
     assert main(["--model", "/nonexistent", "--port", port]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--port" in err[0] and "65535" in err[0], err
+
+
+def test_a_failure_mid_stream_is_counted_once_as_a_failure(server, monkeypatch):
+    """A request whose round fails after its first chunk ends with an error event, counted as
+    a failed request (500) and not also as an abort."""
+    from specrt.engine import engine as engine_module
+
+    poison = tuple(server.llm.encode("def poisoned(x):"))
+    real_round = engine_module.run_round
+
+    def run_round(target, cache, planner, ctx, *args, **kwargs):
+        if any(tuple(h[:len(poison)]) == poison for h in ctx.histories):
+            raise RuntimeError("injected mid-stream fault")
+        return real_round(target, cache, planner, ctx, *args, **kwargs)
+
+    server.wait_idle()
+    monkeypatch.setattr(engine_module, "run_round", run_round)
+    m0 = server.metrics()
+    status, _, body = server.raw("POST", "/v1/completions", {
+        "model": "tiny", "prompt": list(poison), "max_tokens": 8, "stream": True})
+    server.wait_idle()
+    m1 = server.metrics()
+    monkeypatch.undo()
+    events = body.decode()
+    assert status == 200 and "injected mid-stream fault" in events and "data: [DONE]" in events
+
+    def delta(part):
+        return sum(v - m0.get(k, 0) for k, v in m1.items() if part in k and "_created" not in k)
+
+    assert delta('request_failure_total{model_name="tiny",status="500"}') == 1
+    assert delta('finished_reason="abort"') == 0
+    assert m1['vllm:num_requests_running{model_name="tiny"}'] == 0
