@@ -13,9 +13,9 @@ Methods, all on the same model pair and dtype in the same process:
           K: num_assistant_tokens=K, schedule "constant", confidence threshold off) and
           hf:lookup:K (`prompt_lookup_num_tokens=K`, max_matching_ngram_size 3), K in --hf-k
 For each prompt every method runs back to back (the order rotated per repeat and prompt,
-reversed on every other one), so machine drift hits them all alike; speed is new tokens / wall time of the whole call
-(prefill included) and a task's speed is its total tokens / total time. Every speculative
-output is compared token for token with plain greedy of the same engine.
+reversed on every other one), so machine drift hits them all alike; speed is new tokens / wall
+time of the whole call (prefill included) and a task's speed is its total tokens / total time.
+Every speculative output is compared token for token with plain greedy of the same engine.
 
 Prints per task x method: tokens/s, speedup vs plain, acceptance rate, mean acceptance length,
 tokens per target pass, draft share of time, mismatches; specrt's best per task vs HF's best;

@@ -4,8 +4,8 @@ per generation), run every prompt x method back to back, and return Measurement 
 For each prompt every method runs back to back, in an order that rotates with the repeat and
 the prompt and is reversed on every other one (`run_order`), so machine drift, and whatever
 the runs before a method leave behind, hits them all alike. A generation's time is the wall
-time of the whole call, prefill included. Nothing here prints except the progress bar on stderr; the
-report renders the records.
+time of the whole call, prefill included. Nothing here prints except the progress bar on
+stderr; the report renders the records.
 """
 from __future__ import annotations
 

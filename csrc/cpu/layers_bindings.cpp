@@ -67,7 +67,8 @@ struct Stack {
 };
 
 PYBIND11_MODULE(_cpu_layers, m) {
-  m.doc() = "The decoder layer loop of a CPU decode/verify pass in one call (AVX-512 or AVX2, bf16).";
+  m.doc() = "The decoder layer loop of a CPU decode/verify pass in one call "
+            "(AVX-512 or AVX2, bf16).";
   py::class_<Stack>(m, "Stack")
       .def(py::init<const std::vector<LayerT>&, uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t,
                     int64_t, int64_t, int64_t, int64_t, float, float>(),

@@ -16,7 +16,8 @@ template <typename T>
 static T* p(uintptr_t a) { return reinterpret_cast<T*>(a); }
 
 PYBIND11_MODULE(_cpu_ops, m) {
-  m.doc() = "Per-layer CPU ops of a decode/verify step (AVX-512 or AVX2): norms, SwiGLU, RoPE + attention.";
+  m.doc() = "Per-layer CPU ops of a decode/verify step (AVX-512 or AVX2): norms, SwiGLU, "
+            "RoPE + attention.";
   m.def(
       "rms_norm",
       [](bool bf16, uintptr_t x, uintptr_t w, float eps, uintptr_t out, int64_t M, int64_t H) {

@@ -15,7 +15,6 @@ from specrt.spec.sampling import SamplingParams
 _ids = itertools.count()
 
 
-
 def new_request_id() -> str:
     return f"req-{next(_ids)}"
 

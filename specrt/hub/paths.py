@@ -32,10 +32,10 @@ def state_file(env: str, name: str) -> Path:
     A directory where the file belongs is a CachePathError."""
     raw = os.environ.get(env, "").strip()
     path = Path(raw).expanduser() if raw else cache_dir() / name
-    if os.path.isdir(path) and raw:
-        raise CachePathError(f"{env}={raw!r} is a directory; point it at a file such as "
-                             f"{Path(raw).expanduser() / name} (or unset it)")
     if os.path.isdir(path):
+        if raw:
+            raise CachePathError(f"{env}={raw!r} is a directory; point it at a file such as "
+                                 f"{path / name} (or unset it)")
         raise CachePathError(f"{path} is a directory; remove it, or set {env} to a file path")
     return path
 

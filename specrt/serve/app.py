@@ -27,7 +27,6 @@ from specrt.serve.generation import Generation, chat_events, collect, completion
 from specrt.serve.metrics import ServerMetrics
 from specrt.spec.config import SpecConfig
 
-CHAT_MAX_TOKENS = 256          # a chat request's budget when it names none (capped by room)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +163,7 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
     if max_tokens is None:
         room = state.llm.max_seq_len - len(ids) - (parsed.num_speculative_tokens + 1
                                                    if parsed is not None else 0)
-        default = CHAT_MAX_TOKENS if chat else schemas.COMPLETION_MAX_TOKENS
+        default = schemas.CHAT_MAX_TOKENS if chat else schemas.COMPLETION_MAX_TOKENS
         max_tokens = max(1, min(default, room))   # no room: the engine says why (400)
     elif max_tokens < 1:
         raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")

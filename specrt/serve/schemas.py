@@ -19,6 +19,7 @@ Number = Union[StrictInt, StrictFloat]
 
 
 COMPLETION_MAX_TOKENS = 16     # a completion's budget when it names none (OpenAI's default)
+CHAT_MAX_TOKENS = 256          # a chat request's budget when it names none (capped by room)
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -74,7 +75,7 @@ class ChatMessage(_Base):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[StrictInt] = None                   # None: room left, at most 256
+    max_tokens: Optional[StrictInt] = None        # None: room left, at most CHAT_MAX_TOKENS
     max_completion_tokens: Optional[StrictInt] = None        # OpenAI's newer name for it
 
     def token_budget(self) -> Optional[int]:

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from specrt.kernels.cpu import checks
 from specrt.kernels.cpu.gemv import AVAILABLE as _GEMV_AVAILABLE, _gemv
-from specrt.kernels.cpu.gemv_int8 import BLOCK, call_kernel, check_operands, dequantized_rows
+from specrt.kernels.cpu.gemv_int8 import (BLOCK, call_kernel, check_operands, dequantized_rows,
+                                          describe)
 
 # int4 runs with AVX-512 VNNI only (no AVX2 variant: on such CPUs int8 is the quantized draft).
 AVAILABLE = _GEMV_AVAILABLE and bool(_gemv.int4_supported())
@@ -119,8 +120,5 @@ def _check(x, weight: Int4Weight, bias, out_dtype) -> None:
             and weight.scale.shape == (N, K // GROUP) and K % CHUNK == 0
             and weight.data.is_cpu and weight.scale.is_cpu):
         raise checks.fail(fn, "weight", f"uint8 data [N, K / 2] and fp32 scale [N, K / {GROUP}] "
-                          f"with K a multiple of {CHUNK}, both on the CPU",
-                          f"{weight.data.dtype} {tuple(weight.data.shape)} on "
-                          f"{weight.data.device}, {weight.scale.dtype} "
-                          f"{tuple(weight.scale.shape)} on {weight.scale.device}")
+                          f"with K a multiple of {CHUNK}, both on the CPU", describe(weight))
     check_operands(fn, x, N, K, bias, out_dtype)

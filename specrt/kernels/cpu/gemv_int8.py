@@ -189,13 +189,17 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
             and weight.scale.shape == (N,) and weight.scale.is_contiguous()
             and weight.data.is_cpu and weight.scale.is_cpu):
         raise checks.fail(fn, "weight", f"uint8 data {list(layout)} and contiguous fp32 scale "
-                          "[N], both on the CPU",
-                          f"{weight.data.dtype} {tuple(weight.data.shape)} on "
-                          f"{weight.data.device}, {weight.scale.dtype} "
-                          f"{tuple(weight.scale.shape)} on {weight.scale.device}")
+                          "[N], both on the CPU", describe(weight))
     if K % BLOCK:
         raise checks.fail(fn, "weight", f"[N, K] with K a multiple of {BLOCK}", f"K = {K}")
     check_operands(fn, x, N, K, bias, out_dtype)
+
+
+def describe(weight) -> str:
+    """A quantized weight's data and scale as an error shows them (int8 here, int4 in
+    gemv_int4): dtype, shape and device of each."""
+    return ", ".join(f"{t.dtype} {tuple(t.shape)} on {t.device}"
+                     for t in (weight.data, weight.scale))
 
 
 def check_operands(fn: str, x, N: int, K: int, bias, out_dtype) -> None:
