@@ -527,3 +527,72 @@ def test_a_failure_mid_stream_is_counted_once_as_a_failure(server, monkeypatch):
     assert delta('request_failure_total{model_name="tiny",status="500"}') == 1
     assert delta('finished_reason="abort"') == 0
     assert m1['vllm:num_requests_running{model_name="tiny"}'] == 0
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
+    """A client gone after the handler answered, before the response head went out: the body
+    (which closes the generation when it ends) never starts, yet the request is cancelled and
+    counted as an abort, and the running gauge goes back to 0. Driven through the ASGI app
+    itself, the only way to lose the client at exactly that point: under ASGI spec 2.3 (what
+    uvicorn's HTTP speaks) Starlette learns it from `receive`, under 2.4 from `send` failing."""
+    server.wait_idle()
+    body = json.dumps({"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 1500,
+                       "temperature": 0, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version},
+             "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", server.port)}
+
+    async def drive() -> list[str]:
+        sent, answered, messages = [], asyncio.Event(), [
+            {"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await answered.wait()          # the client goes once the handler has answered
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message["type"])
+            if message["type"] == "http.response.start":
+                answered.set()
+                if spec_version == "2.4":
+                    raise OSError("the client is gone")
+                await asyncio.Event().wait()     # the head never goes out
+
+        await server.app(scope, receive, send)
+        return sent
+
+    key = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"}'
+    aborts = server.metrics().get(key, 0)
+    sent = asyncio.run(asyncio.wait_for(drive(), TIMEOUT))
+    assert sent == ["http.response.start"]           # no body byte was sent
+    m = server.metrics()
+    assert m['vllm:num_requests_running{model_name="tiny"}'] == 0
+    assert m[key] == aborts + 1
+    server.wait_idle()                    # cancelled: long before its 1500 tokens
+
+
+def test_the_waiting_gauge_counts_every_engines_queue(tiny_noeos_dir, tiny_draft_dir):
+    """Requests queued on the engine of a draft "model" a library caller named (beside the
+    server's, in one process) are in vllm:num_requests_waiting, not only the default's."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, dtype="float32")
+    spec = {"method": "draft_model", "model": str(tiny_draft_dir), "num_speculative_tokens": 3}
+    key = 'vllm:num_requests_waiting{model_name="tiny"}'
+    with Server(llm, spec=None) as s:
+        runs = [llm.submit(list(range(1, 9)), max_new_tokens=1000, speculative=spec)
+                for _ in range(3)]
+        try:
+            waiting = s.metrics()[key]          # one slot: at most one of the three runs
+            assert llm.scheduler.pending == 0 and waiting >= 2
+        finally:
+            for run in runs:
+                run.handle.cancel()
+        deadline = time.monotonic() + TIMEOUT
+        while llm.pending:
+            assert time.monotonic() < deadline, "the cancelled requests stayed queued"
+            time.sleep(0.01)
+        assert s.metrics()[key] == 0

@@ -18,7 +18,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from specrt.api.async_llm import AsyncLLM
 from specrt.serve import schemas
@@ -26,7 +26,6 @@ from specrt.serve.errors import APIError, as_api_error, error_response, install_
 from specrt.serve.generation import Generation, chat_events, collect, completion_events
 from specrt.serve.metrics import ServerMetrics
 from specrt.spec.config import SpecConfig
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +89,7 @@ async def _respond(state: _State, request: Request, body, chat: bool):
         rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         events = (chat_events if chat else completion_events)(gen, first, rid, name,
                                                               include_usage)
-        # The body closes the generation when it ends; a client gone before the body starts
-        # (Starlette then never starts it) is settled by the background task.
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"},
-                                 background=BackgroundTask(gen.close))
+        return _GenerationStream(events, gen)
     try:
         text = await _unless_disconnected(request, collect(gen, first))
     except Exception as e:      # noqa: BLE001
@@ -110,6 +105,25 @@ async def _respond(state: _State, request: Request, body, chat: bool):
         out = schemas.completion(schemas.new_id("cmpl"), name, text, gen.finish_reason,
                                  gen.usage())
     return JSONResponse(out)
+
+
+class _GenerationStream(StreamingResponse):
+    """A generation's server-sent events. The body closes the generation when it ends; so
+    does the response, for a client gone before the body started (Starlette then never starts
+    it: under ASGI spec 2.3 it returns, under 2.4 it raises ClientDisconnect)."""
+
+    def __init__(self, events, gen: Generation):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._generation = gen
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass                            # nobody is left to answer
+        finally:
+            await self._generation.close()
 
 
 async def _unless_disconnected(request: Request, work):
