@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 @dataclass(frozen=True)
 class Method:
     engine: str          # "specrt" | "hf" | "llamacpp"
@@ -151,6 +150,7 @@ class MethodSummary:
     tokens_per_target_pass: float | None = None
     draft_share: float | None = None      # drafting time / total time
     plans: dict | None = None             # auto's plan histogram, most used first
+    repeat_tok_s: tuple[float, ...] = ()  # tokens / time of each repeat over the prompts
 
     def json(self) -> dict:
         m = self.method
@@ -179,6 +179,9 @@ class TaskSummary:
     auto_tok_s: float | None = None
     auto_vs_plain: float | None = None
     auto_vs_best_fixed: float | None = None
+    # ... against the fixed setting a user would have picked from the other repeats (the
+    # geometric mean over the repeats; None with one repeat): see e2e_summary.out_of_sample
+    auto_vs_chosen_fixed: float | None = None
 
     def json(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

@@ -241,3 +241,26 @@ def test_every_method_moves_through_the_sweep_across_repeats():
     ends = [run_order(methods, 0, r, 3)[k] for r in range(3) for k in (0, -1)]
     assert ends.count("m9") < 3           # the last-listed method is not at an end every time
     assert run_order([], 0, 0, 3) == []
+
+
+def test_auto_against_the_fixed_setting_chosen_on_the_other_repeats():
+    """Two fixed settings equally fast but noisy: the best of them picked on the same repeats
+    reads high (auto, as fast as either, is below 100% of it), the one chosen on the other
+    repeats does not; a setting truly faster is chosen whichever repeat is left out."""
+    from benchmarks.e2e_records import Method, MethodSummary
+    from benchmarks.e2e_summary import out_of_sample
+
+    def row(kind, k, *speeds):
+        return MethodSummary(method=Method("specrt", kind, k), prompts=1, new_tokens=1,
+                             seconds=1.0, tok_s=max(speeds), mismatches=0, first_diffs=(None,),
+                             repeat_tok_s=speeds)
+
+    auto = row("auto", 16, 10.0, 10.0, 10.0)
+    a, b = row("ngram", 8, 12.0, 8.0, 10.0), row("draft_model", 2, 8.0, 12.0, 10.0)
+    # left out 0: b (12 vs 9 over repeats 1, 2) -> 10/8; 1: a -> 10/8; 2: a or b (tie) -> 10/10
+    assert out_of_sample(auto, [a, b]) == pytest.approx((10 / 8 * 10 / 8 * 1.0) ** (1 / 3))
+    assert auto.tok_s / max(a.tok_s, b.tok_s) < 1.0 < out_of_sample(auto, [a, b])
+    fast = row("draft_model", 5, 20.0, 19.0, 21.0)
+    assert out_of_sample(auto, [a, b, fast]) == pytest.approx(
+        (10 / 20 * 10 / 19 * 10 / 21) ** (1 / 3))
+    assert out_of_sample(row("auto", 16, 10.0), [row("ngram", 8, 9.0)]) is None
