@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from specrt.kernels.cpu import gemv, ops
+from specrt.kernels.cpu import gemv, gemv_int4, gemv_int8, layers, ops
 
 ROOT = Path(__file__).resolve().parents[1]
+CPUINFO = Path("/proc/cpuinfo")
 
 
 def _level(env_level: str | None) -> str:
@@ -23,6 +24,23 @@ def _level(env_level: str | None) -> str:
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
+
+
+@pytest.mark.skipif(not CPUINFO.exists(), reason="no /proc/cpuinfo to read the CPU's flags from")
+def test_every_extension_is_built_at_the_best_level_the_cpu_flags_allow():
+    """The flags as the kernel lists them, read apart from the extensions' own check
+    (csrc/cpu/cpu_features.h): a build that lost a level, or an extension, fails here instead of
+    leaving its tests skipped and decode slower."""
+    line = next(x for x in CPUINFO.read_text().splitlines() if x.startswith("flags"))
+    flags = set(line.split(":", 1)[1].split())
+    avx2 = {"avx2", "fma", "f16c"} <= flags
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags and \
+        os.environ.get("SPECRT_CPU_LEVEL") != "avx2"           # forced down: AVX2
+    want = "avx512" if avx512 else "avx2" if avx2 else "none"
+    assert gemv.LEVEL == want
+    assert gemv.AVAILABLE == ops.AVAILABLE == layers.AVAILABLE == (want != "none")
+    vnni = want == "avx512" and "avx512_vnni" in flags
+    assert gemv_int8.AVAILABLE == (vnni or avx2) and gemv_int4.AVAILABLE == vnni
 
 
 @pytest.mark.skipif(not gemv.AVAILABLE, reason="no CPU kernels here (neither AVX-512 nor AVX2)")

@@ -67,7 +67,7 @@ import specrt
 repo, commit, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 out = {}
 for key, model in (("main", repo), ("pinned", f"{repo}@{commit}")):
-    llm = specrt.LLM(model)
+    llm = specrt.LLM(model, dtype="float32")   # as the expected tokens below
     res = llm.generate(prompt, max_new_tokens=12, chat=False)
     out[key] = {"dir": str(llm.model_dir), "tokens": res.token_ids}
 for key, model in (("unknown", "tiny-org/no-such-model"), ("bad_rev", f"{repo}@v9")):
