@@ -35,4 +35,6 @@ def install() -> None:
         from triton.runtime.interpreter import InterpreterBuilder
     except ImportError:
         return
+    # a renamed hook would leave the interpreter's own dot in place, silently
+    assert hasattr(InterpreterBuilder, "create_dot"), "triton's interpreter dot hook moved"
     InterpreterBuilder.create_dot = _dot
