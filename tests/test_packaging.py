@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,6 +111,29 @@ def test_sdist_has_what_the_build_needs(dists):
               "csrc/cpu/ops.h", "csrc/cpu/ops.cpp", "specrt/__init__.py"):
         assert f in names, f"{f} missing from the sdist"
     assert not any(n.endswith(".so") for n in names)
+
+
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalised (PEP 503)."""
+    name = re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_declared_dependency_is_pinned_in_the_lock_file():
+    """requirements.txt is what CI installs: a dependency pyproject declares (or an extra of
+    it) that the lock file does not pin arrives at whatever version the day's resolver picks,
+    and one it pins that nothing declares is an undeclared dependency."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_name(r) for r in project["dependencies"]}
+    for extra in project["optional-dependencies"].values():
+        declared |= {_name(r) for r in extra if _name(r) != "specrt"}
+    pinned = {_name(line) for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    build = {"pybind11", "setuptools"}          # build-system requirements, pinned for builds
+    assert declared <= pinned, f"declared, not pinned: {sorted(declared - pinned)}"
+    assert pinned - build <= declared, f"pinned, not declared: {sorted(pinned - build - declared)}"
 
 
 def test_wheel_metadata(dists):
