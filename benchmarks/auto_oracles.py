@@ -1,7 +1,7 @@
 """Benchmark: what `auto` would gain from knowing what it cannot know, replayed on the traces.
 
 Run: python -m benchmarks.auto_replay record     (once: the traces)
-     python -m benchmarks.auto_oracles [--budgets 64,128,512] [--draft-priors 0.6,0.7]
+     python -m benchmarks.auto_oracles [--budgets 64,128] [--draft-priors 0.6,0.7]
                                        [--sets held-out,verify]
 
 `auto` plans from two guesses about a request it has just started: how often the draft model's
@@ -22,25 +22,27 @@ machine's calibration) answers one of them with the truth, or with another rule:
                     constant `auto` ships with, tried at other values.
 
 Traces are cut at each budget (an answer longer than the budget stops there; one that ended
-sooner keeps its end). Prints per prompt set and rule: the mean and lowest `auto` / best fixed
-setting, and the lowest `auto` / plain. Measures nothing on the clock.
+sooner keeps its end); a budget past the one a trace was recorded with and stopped at is
+refused (its answer would replay as ended there). Prints per prompt set and rule: the mean and
+lowest `auto` / best fixed setting, and the lowest `auto` / plain. Measures nothing on the clock.
 """
 from __future__ import annotations
 
 import json
 import statistics
 
-from benchmarks.auto_replay import FIXED, TRACES, _load_traces, replay
+from benchmarks.auto_replay import FIXED, TRACES, _load_traces, cut_all, fixed_methods, replay
 from benchmarks.harness import cli, report
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 
 
 def build_parser():
     p = cli.parser("benchmarks.auto_oracles", __doc__)
     cli.add_common_args(p, out=False)
     p.add_argument("--traces", default=str(TRACES))
-    p.add_argument("--budgets", default="64,128,512",
-                   help="max_new_tokens values to replay at (default 64,128,512)")
+    p.add_argument("--budgets", default=None,
+                   help="max_new_tokens values to replay at, none past the traces' recorded "
+                        "budget (default: 64 and that budget, 64,128 as `record` writes them)")
     p.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
     p.add_argument("--draft-priors", default="",
                    help="also replay auto with these draft-model priors, e.g. 0.6,0.7")
@@ -77,10 +79,9 @@ def planners(trace: dict, draft_priors=()) -> dict:
 
 def replay_budget(traces: dict, budget: int, fixed: list[str], auto: str, costs,
                   draft_priors=()) -> list[dict]:
+    """One row per trace, `traces` already cut to `budget` (auto_replay.cut_all)."""
     rows = []
-    for key, full in traces.items():
-        trace = dict(full, output=full["output"][:budget], draft=full["draft"][:budget],
-                     max_new_tokens=budget)
+    for key, trace in traces.items():
         best = max(replay(trace, m, costs)[0] for m in fixed)
         plain = replay(trace, "plain", costs)[0]
         speeds = {rule: replay(trace, auto, costs, cls)[0]
@@ -109,12 +110,7 @@ def main(argv=None) -> int:
     import specrt
 
     args = build_parser().parse_args(argv)
-    try:
-        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
-    except ValueError:
-        cli.fail(f"--budgets: expected comma-separated integers, got {args.budgets!r}")
-    if not budgets or min(budgets) < 2:
-        cli.fail("--budgets: give at least one budget of 2 tokens or more")
+    cli.setup_torch(args.threads, args.device)
     try:
         priors = list(dict.fromkeys(float(p) for p in args.draft_priors.split(",") if p.strip()))
     except ValueError:
@@ -129,16 +125,24 @@ def main(argv=None) -> int:
         cli.fail(f"--sets: no traces of {', '.join(unknown)} in {args.traces}; recorded sets: "
                  f"{', '.join(known)}")
     traces = {k: t for k, t in data["traces"].items() if not sets or t["set"] in sets}
-    target_dir, draft_dir = resolve_models(args)
+    if args.budgets is None:
+        recorded = min(t.get("max_new_tokens", len(t["output"])) for t in traces.values())
+        budgets = sorted({min(64, recorded), recorded})
+    else:
+        budgets = cli.positive_ints(args.budgets, "--budgets")
+    if min(budgets) < 2:
+        cli.fail("--budgets: give budgets of 2 tokens or more (the first is the prefill's)")
+    by_budget = {b: cut_all(traces, b, "--budgets") for b in dict.fromkeys(budgets)}
+    target_dir, draft_dir = resolve_with_draft(args, "auto and the fixed settings draft with it")
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     step = costs.verify_pass([1])
     print(f"costs: target step {step * 1e3:.1f} ms; verify(T) / step for T = 2..9: "
           + " ".join(f"{costs.verify_pass([t]) / step:.2f}" for t in range(2, 10))
           + f"; the draft's catch-up on 90 tokens: {costs.draft_pass([90]) / step:.2f} steps")
-    fixed = [m.strip() for m in FIXED.split(",")]
-    rows = [r for b in budgets
-            for r in replay_budget(traces, b, fixed, f"auto:{args.auto_k}", costs, priors)]
+    fixed = fixed_methods(FIXED)
+    rows = [r for b, cut in by_budget.items()
+            for r in replay_budget(cut, b, fixed, f"auto:{args.auto_k}", costs, priors)]
     print("auto / best fixed setting, mean / lowest, and the lowest auto / plain, per rule:")
     print(report.table(["budget", "set", *rows[0]["auto"]], summary(rows),
                        "rl" + "r" * len(rows[0]["auto"])))

@@ -34,9 +34,10 @@ are right (an e2e run measures both); and the teacher-forced forward runs the pr
 whose rounding may flip a near-tie the decode path would not.
 
 `--max-new-tokens N` replays each trace's first N tokens as a request of N tokens (the e2e
-runs in RESULTS.md use --max-new-tokens 64). Prints per prompt the best fixed setting,
-`auto`, their ratio and `auto`'s plan mix, then per set the lowest and mean ratio; writes the
-section "auto replayed" of benchmarks/RESULTS.md (--no-record to skip).
+runs in RESULTS.md use --max-new-tokens 64); an N past the budget a trace was recorded with and
+stopped at is refused (its answer would replay as ended there). Prints per prompt the best
+fixed setting, `auto`, their ratio and `auto`'s plan mix, then per set the lowest and mean
+ratio; writes the section "auto replayed" of benchmarks/RESULTS.md (--no-record to skip).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.harness import cli, report
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 from specrt.spec.config import DRAFT_STOP
 
 SECTION = "## auto replayed on recorded traces (benchmarks/auto_replay.py)"
@@ -80,7 +81,8 @@ def build_parser():
                           "0: every round drafts K)")
     rep.add_argument("--max-new-tokens", type=int, default=None,
                      help="replay each trace's first N tokens only, as a request with that "
-                          "budget (64: the e2e runs in RESULTS.md; default: all that was recorded)")
+                          "budget, at most the recorded one (64: the e2e runs in RESULTS.md; "
+                          "default: all that was recorded)")
     return p
 
 
@@ -165,14 +167,33 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
     return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted
 
 
+def ran_to_budget(trace: dict) -> bool:
+    """Whether the recorded answer stopped at its budget (recorded max_new_tokens; a trace
+    without one counts as stopped there) rather than ending on its own."""
+    return len(trace["output"]) >= trace.get("max_new_tokens", len(trace["output"]))
+
+
 def cut(trace: dict, n: int) -> dict:
     """The trace of a request whose budget was n tokens: its first n (all, if it ended
-    sooner)."""
-    short = dict(trace, output=trace["output"][:n], draft=trace["draft"][:n],
-                 max_new_tokens=min(n, trace.get("max_new_tokens", n)))
+    sooner). ValueError for n past the recorded budget of a trace that ran to it: what it would
+    have said next was not recorded."""
+    if ran_to_budget(trace) and n > len(trace["output"]):
+        raise ValueError(f"recorded to its budget of {len(trace['output'])} tokens, not {n}")
+    short = dict(trace, output=trace["output"][:n], draft=trace["draft"][:n], max_new_tokens=n)
     if "confidence" in trace:
         short["confidence"] = trace["confidence"][:n]
     return short
+
+
+def cut_all(traces: dict, n: int, what: str) -> dict:
+    """`cut` of every trace, or exit 2 naming the option (`what`) and the budget that fits."""
+    stopped = [len(t["output"]) for t in traces.values() if ran_to_budget(t)]
+    if stopped and n > min(stopped):
+        cli.fail(f"{what}: {sum(s < n for s in stopped)} of {len(traces)} traces stopped at "
+                 f"a recorded budget below {n} tokens (the lowest {min(stopped)}), and replayed "
+                 f"at {n} their answers would end there as if finished: use at most "
+                 f"{min(stopped)}, or record the traces again with --max-new-tokens {n}")
+    return {k: cut(t, n) for k, t in traces.items()}
 
 
 def replay_all(traces: dict, fixed: list[str], auto: str, costs,
@@ -255,7 +276,7 @@ def record(args) -> int:
         cli.fail(f"--sets: unknown set(s) {', '.join(unknown) or '(none given)'}; choose from "
                  f"{', '.join(PROMPT_SETS)}")
     path = Path(args.traces)
-    target_dir, draft_dir = resolve_models(args)
+    target_dir, draft_dir = resolve_with_draft(args, "the traces hold its guesses")
     kept = {}
     if path.is_file():
         old = json.loads(path.read_text())
@@ -284,20 +305,20 @@ def replay_command(args) -> int:
         cli.fail(f"--draft-stop must be a probability in [0, 1], got {args.draft_stop}")
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         cli.fail("--max-new-tokens must be at least 2 (the first token is the prefill's)")
+    fixed = fixed_methods(args.fixed)
     path = Path(args.traces)
     data = _load_traces(path)
     if args.draft_stop and any("confidence" not in t for t in data["traces"].values()):
         cli.fail(f"{path} was recorded without the draft's confidences, which --draft-stop "
                  f"{args.draft_stop:g} needs: record the traces again (python -m "
                  "benchmarks.auto_replay record) or replay with --draft-stop 0")
-    target_dir, draft_dir = resolve_models(args)
-    llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
-    costs = llm.cost_model(args.auto_k)        # timed where the rounds run
-    fixed = [m.strip() for m in args.fixed.split(",") if m.strip()]
-    auto = f"auto:{args.auto_k}"
     traces = data["traces"]
     if args.max_new_tokens is not None:
-        traces = {k: cut(t, args.max_new_tokens) for k, t in traces.items()}
+        traces = cut_all(traces, args.max_new_tokens, "--max-new-tokens")
+    target_dir, draft_dir = resolve_with_draft(args, "auto and the fixed settings draft with it")
+    llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
+    costs = llm.cost_model(args.auto_k)        # timed where the rounds run
+    auto = f"auto:{args.auto_k}"
     rows = replay_all(traces, fixed, auto, costs, args.draft_stop)
     text = render(rows, auto)
     print(text)
@@ -312,12 +333,25 @@ def replay_command(args) -> int:
     return 0
 
 
+def fixed_methods(text: str) -> list[str]:
+    """The fixed settings of a comma-separated METHOD:K list (--fixed), as `replay` takes them,
+    or exit 2 naming the entry that is not draft_model:K or ngram:K."""
+    return [f"{m}:{k}" for m, k in cli.method_ks(text, "--fixed", ("draft_model", "ngram"))]
+
+
 def _load_traces(path) -> dict:
     path = Path(path)
     if not path.is_file():
         cli.fail(f"no traces at {path}: record them first (python -m benchmarks.auto_replay "
                  "record)")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data["traces"], dict) or not data["traces"]:
+            raise ValueError("no traces in it")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        cli.fail(f"{path} is not a traces file ({type(e).__name__}: {e}): record them again "
+                 "(python -m benchmarks.auto_replay record)")
+    return data
 
 
 def main(argv=None) -> int:

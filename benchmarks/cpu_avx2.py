@@ -30,10 +30,11 @@ from pathlib import Path
 from unittest import mock
 
 from benchmarks.harness import cli, machine, report, timing
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## AVX2 kernels (benchmarks/cpu_avx2.py)"
-METHODS = (("plain", None), ("draft_model:3", {"method": "draft_model", "num_speculative_tokens": 3}),
+METHODS = (("plain", None),
+           ("draft_model:3", {"method": "draft_model", "num_speculative_tokens": 3}),
            ("auto", {"method": "auto", "num_speculative_tokens": 8}))
 
 
@@ -74,13 +75,17 @@ def steps(args, target_dir, draft_dir) -> tuple[str, dict]:
     from specrt.spec.drafters.draft_model import draft_head_rows
 
     load = Transformer.from_dir
-    models = {"target fp32, torch_ref (old default)": load(target_dir, "float32", "cpu", 512, backend="torch_ref"),
-              "target bf16, torch_ref": load(target_dir, "bfloat16", "cpu", 512, backend="torch_ref"),
+    ref = {"backend": "torch_ref"}
+    models = {"target fp32, torch_ref (old default)": load(target_dir, "float32", "cpu", 512,
+                                                           **ref),
+              "target bf16, torch_ref": load(target_dir, "bfloat16", "cpu", 512, **ref),
               "target bf16, AVX2 kernels (new default)": load(target_dir, "bfloat16", "cpu", 512)}
     head = draft_head_rows(ModelConfig.from_dir(draft_dir), Tokenizer(target_dir))
-    models |= {"draft fp32, torch_ref (old default)": load(draft_dir, "float32", "cpu", 512, backend="torch_ref", head_rows=head),
+    models |= {"draft fp32, torch_ref (old default)": load(draft_dir, "float32", "cpu", 512,
+                                                           head_rows=head, **ref),
                "draft bf16, AVX2 kernels": load(draft_dir, "bfloat16", "cpu", 512, head_rows=head),
-               "draft int8, AVX2 kernels (new default)": load(draft_dir, "bfloat16", "cpu", 512, quant="int8", head_rows=head)}
+               "draft int8, AVX2 kernels (new default)": load(draft_dir, "bfloat16", "cpu", 512,
+                                                              quant="int8", head_rows=head)}
     times = {name: [] for name in models}
     with torch.inference_mode():
         for r in cli.progress(range(args.rounds), desc="step rounds", disable=args.no_progress):
@@ -89,11 +94,14 @@ def steps(args, target_dir, draft_dir) -> tuple[str, dict]:
                 times[name].append(_step_times(models[name], torch))
     med = {name: [statistics.median(t[i] for t in v) * 1e3 for i in range(3)]
            for name, v in times.items()}
-    rows = [(name, f"{p:.1f}", f"{s:.1f}", f"{v:.1f}", f"{v / s:.2f}") for name, (p, s, v) in med.items()]
+    rows = [(name, f"{p:.1f}", f"{s:.1f}", f"{v:.1f}", f"{v / s:.2f}")
+            for name, (p, s, v) in med.items()]
     text = report.markdown_table(("model", "prefill ms/token", "decode step ms", "verify(5) ms",
                                   "verify(5) / step"), rows, "lrrrr")
-    t_old, t_new = med["target fp32, torch_ref (old default)"], med["target bf16, AVX2 kernels (new default)"]
-    d_old, d_new = med["draft fp32, torch_ref (old default)"], med["draft int8, AVX2 kernels (new default)"]
+    t_old = med["target fp32, torch_ref (old default)"]
+    t_new = med["target bf16, AVX2 kernels (new default)"]
+    d_old = med["draft fp32, torch_ref (old default)"]
+    d_new = med["draft int8, AVX2 kernels (new default)"]
     d_bf16 = med["draft bf16, AVX2 kernels"]
     ratios = {"target decode step, old / new": t_old[1] / t_new[1],
               "target prefill, old / new": t_old[0] / t_new[0],
@@ -118,7 +126,8 @@ def _engine(old: bool, target_dir, draft_dir):
 def end_to_end(args, target_dir, draft_dir) -> tuple[str, dict]:
     prompts = json.loads((Path(__file__).parent / "prompts.json").read_text())["tasks"]
     items = [(task, entries[0]) for task, entries in prompts.items()]
-    engines = {"old": _engine(True, target_dir, draft_dir), "new": _engine(False, target_dir, draft_dir)}
+    engines = {"old": _engine(True, target_dir, draft_dir),
+               "new": _engine(False, target_dir, draft_dir)}
     rows, out = [], {}
     for task, item in cli.progress(items, desc="prompts", disable=args.no_progress):
         for name in (("old", "new") if len(rows) % 2 == 0 else ("new", "old")):
@@ -150,7 +159,7 @@ def main(argv=None) -> int:
     cli.setup_torch(args.threads, "cpu")
     from specrt.kernels.cpu import gemv
 
-    target_dir, draft_dir = resolve_models(args)
+    target_dir, draft_dir = resolve_with_draft(args, "its steps are measured")
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("AVX2 kernels vs the PyTorch path", info, {"kernel level": gemv.LEVEL})
     if gemv.LEVEL == "avx512":
@@ -169,8 +178,8 @@ def main(argv=None) -> int:
     if args.record:
         report.record_section(SECTION, report.results_preamble(info, args.note) + "\n" + body,
                               Path(args.results_md))
-    print(json.dumps({"steps": js["ms"], "ratios": js["ratios"],
-                      "e2e": {k: v for k, v in js.get("e2e", {}).items()}}))
+    report.emit_json({"steps": js["ms"], "ratios": js["ratios"],
+                     "e2e": {k: v for k, v in js.get("e2e", {}).items()}})
     return 0
 
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from benchmarks import e2e_plan
 from benchmarks.harness import cli, machine, report
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## Quantized drafts (benchmarks/draft_quant.py)"
 PROMPTS = Path(__file__).with_name("prompts.json")
@@ -44,10 +44,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (--quick: 48)")
     p.add_argument("--ks", default=None, help="draft_model K values (default 2,4; --quick: 4)")
     p.add_argument("--step-repeats", type=int, default=5)
-    p.add_argument("--drafts", default="bfloat16,int8,int4", help="draft forms to compare, the "
-                   "first the reference of the ratios: bfloat16 (the model dtype, whole "
-                   "vocabulary), int8, int4")
+    p.add_argument("--drafts", default=None, help="draft forms to compare, the first the "
+                   "reference of the ratios: --dtype (unquantized, whole vocabulary), int8, "
+                   "int4 (default: all three, --dtype first)")
     return p
+
+
+def parse_args(args) -> tuple[int, int, list[int], list[str | None], dict]:
+    """(prompts per task, new tokens, the Ks, the draft forms as `quant=` takes them (None: the
+    unquantized --dtype), task -> its first prompts), checked before any model loads."""
+    from specrt.model.backends.quantized import QUANT_FORMATS
+
+    n_prompts = (1 if args.quick else 3) if args.prompts_per_task is None \
+        else args.prompts_per_task
+    max_new = (48 if args.quick else 128) if args.max_new_tokens is None else args.max_new_tokens
+    if n_prompts < 1 or max_new < 2 or args.step_repeats < 1:
+        cli.fail("--prompts-per-task and --step-repeats must be >= 1, --max-new-tokens >= 2")
+    ks = cli.positive_ints(args.ks or ("4" if args.quick else "2,4"), "--ks")
+    names = [f.strip() for f in (args.drafts or f"{args.dtype},int8,int4").split(",")
+             if f.strip()]
+    known = (args.dtype, *QUANT_FORMATS)
+    if bad := [f for f in names if f not in known]:
+        cli.fail(f"--drafts: {bad[0]!r} is not a draft form; use "
+                 f"{', '.join(known)} (the unquantized form is this run's --dtype, "
+                 f"{args.dtype})")
+    if not names or len(set(names)) != len(names):
+        cli.fail(f"--drafts: give each form once, at least one, got {args.drafts!r}")
+    tasks = tuple(e2e_plan.prompt_tasks(args.prompts))
+    by_task: dict[str, list] = {}
+    for pr in e2e_plan.load_prompts(args.prompts, tasks, n_prompts):
+        by_task.setdefault(pr.task, []).append(pr)
+    return n_prompts, max_new, ks, [None if f == args.dtype else f for f in names], by_task
 
 
 def step_costs(models: dict, repeats: int) -> dict[str, float]:
@@ -80,11 +107,9 @@ def main(argv=None) -> int:
     from specrt.model.config import ModelConfig
     from specrt.spec.drafters.draft_model import draft_head_rows
 
+    n_prompts, max_new, ks, forms, tasks = parse_args(args)
     cli.setup_torch(args.threads, args.device)
-    target_dir, draft_dir = resolve_models(args)
-    n_prompts = args.prompts_per_task or (1 if args.quick else 3)
-    max_new = args.max_new_tokens or (48 if args.quick else 128)
-    ks = [int(k) for k in (args.ks or ("4" if args.quick else "2,4")).split(",")]
+    target_dir, draft_dir = resolve_with_draft(args, "its forms are compared")
     info = machine.machine_info(args.threads, args.device)
     report.print_header("Quantized drafts side by side", info)
 
@@ -93,7 +118,6 @@ def main(argv=None) -> int:
     # as LLM loads them: unquantized = draft_dtype/draft_vocab of the model, quantized = the
     # default shortlist
     rows = draft_head_rows(ModelConfig.from_dir(draft_dir), tok)
-    forms = [None if f == args.dtype else f for f in args.drafts.split(",")]
     drafts = {}
     for q in forms:
         t0 = time.perf_counter()
@@ -116,12 +140,11 @@ def main(argv=None) -> int:
     methods += [(f"auto:8 {q}", q, SpecConfig(method="auto", num_speculative_tokens=8))
                 for q in drafts]
 
-    tasks = json.loads(Path(args.prompts).read_text())["tasks"]
     rows = []
     for t, (task, items) in enumerate(tasks.items()):
-        for i, item in enumerate(items[:n_prompts]):
-            ids = tuple(tok.encode_messages(item["messages"]) if "messages" in item
-                        else tok.encode(item["prompt"], chat=True))
+        for i, item in enumerate(items):
+            ids = tuple(tok.encode_messages([{"role": r, "content": c} for r, c in item.text])
+                        if isinstance(item.text, tuple) else tok.encode(item.text, chat=True))
             order = methods[(t + i) % len(methods):] + methods[:(t + i) % len(methods)]
             plain_out = None
             results = {}
@@ -137,12 +160,12 @@ def main(argv=None) -> int:
                 results[label] = (out, time.perf_counter() - t0, stats)
             plain_out = results["plain"][0]
             for label, (out, wall, stats) in results.items():
-                rows.append({"task": task, "prompt": item["id"], "method": label,
+                rows.append({"task": task, "prompt": item.id, "method": label,
                              "tokens": len(out), "seconds": wall,
                              "drafted": stats["num_draft_tokens"],
                              "accepted": stats["num_accepted_tokens"],
                              "drafts": stats["num_drafts"], "exact": out == plain_out})
-            log(f"{task}/{item['id']}: " + ", ".join(
+            log(f"{task}/{item.id}: " + ", ".join(
                 f"{lab} {len(o) / w:.1f}" for lab, (o, w, _) in results.items()))
 
     table, summary = summarize(rows, [m[0] for m in methods], list(drafts))
@@ -159,8 +182,8 @@ def main(argv=None) -> int:
     if args.record:
         report.record_section(SECTION, report.results_preamble(info, args.note)
                               + "\n```\n" + text + "\n```\n", Path(args.results_md))
-    print(json.dumps({"steps": steps, "ratios": ratios, "summary": summary,
-                      "mismatches": mismatches, "rows": rows}))
+    report.emit_json({"steps": steps, "ratios": ratios, "summary": summary,
+                      "mismatches": mismatches, "rows": rows})
     return 0
 
 

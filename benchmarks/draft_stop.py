@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.auto_replay import PROMPT_SETS, encode_item, prompt_items
 from benchmarks.harness import cli, report, timing
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## The draft model's stop on and off (benchmarks/draft_stop.py)"
 
@@ -50,13 +50,8 @@ def parse_args(args) -> tuple[list[str], list[tuple[str, int]], list[float]]:
     if unknown or not sets:
         cli.fail(f"--sets: unknown set(s) {', '.join(unknown) or '(none given)'}; choose from "
                  f"{', '.join(PROMPT_SETS)}")
-    methods = []
-    for tok in (t.strip() for t in args.methods.split(",") if t.strip()):
-        name, _, k = tok.partition(":")
-        if name not in ("auto", "draft_model") or (name == "draft_model" and not k):
-            cli.fail(f"--methods: {tok!r} is not auto[:K] or draft_model:K (the stop is the "
-                     "draft model's)")
-        methods.append((name, cli.positive_ints(k or "16", f"K of {tok!r}")[0]))
+    methods = cli.method_ks(args.methods, "--methods", ("auto", "draft_model"), {"auto": 16},
+                            why="the stop is the draft model's")
     try:
         stops = [float(s) for s in args.stops.split(",") if s.strip()]
     except ValueError:
@@ -74,9 +69,7 @@ def main(argv=None) -> int:
     cli.setup_torch(args.threads, args.device)
     import specrt
 
-    target_dir, draft_dir = resolve_models(args)
-    if draft_dir is None:
-        cli.fail("the stop is the draft model's: pass --draft (or use the default pair)")
+    target_dir, draft_dir = resolve_with_draft(args, "the stop is the draft model's")
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
     drafter = llm.engine.draft_drafter
 

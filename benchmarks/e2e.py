@@ -20,8 +20,10 @@ Every speculative output is compared token for token with plain greedy of the sa
 Prints per task x method: tokens/s, speedup vs plain, acceptance rate, mean acceptance length,
 tokens per target pass, draft share of time, mismatches; specrt's best per task vs HF's best;
 goals as PASS/FAIL; where specrt stands vs the seed study. Writes the section
-"End-to-end speedup" of benchmarks/RESULTS.md (--no-record to skip), benchmarks/results/e2e.json,
-e2e_speedup.png, e2e_theory.png and e2e_auto_choices.png; JSON on the last line.
+"End-to-end speedup" of benchmarks/RESULTS.md (--no-record to skip; with another --prompts file
+than benchmarks/prompts.json, a section of its own whose heading ends "on FILE"),
+benchmarks/results/e2e.json, e2e_speedup.png, e2e_theory.png and e2e_auto_choices.png; JSON on
+the last line.
 
 --llamacpp (llama.cpp built once by `make bench-llamacpp`; without it this exits 2 saying so):
   llamacpp:plain (llama-completion), llamacpp:draft:K (llama-speculative-simple --spec-type
@@ -49,7 +51,8 @@ import argparse
 from pathlib import Path
 
 from benchmarks import e2e_llamacpp, e2e_measure, e2e_plan, e2e_plots, e2e_report, e2e_summary
-from benchmarks.harness import cli, machine, report
+from benchmarks.e2e_records import RunConfig
+from benchmarks.harness import cli, machine, report, results
 
 SECTION = "## End-to-end speedup (benchmarks/e2e.py)"
 PROMPTS = Path(__file__).resolve().parent / "prompts.json"
@@ -92,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def section(heading: str, config: RunConfig) -> str:
+    """`heading`, naming the prompts file where it is not the tuning set (PROMPTS), so a run on
+    another set records a section of its own instead of overwriting the tuning set's."""
+    if config.prompts.resolve() == PROMPTS:
+        return heading
+    return f"{heading} on {results.shown_path(config.prompts)}"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     config = e2e_plan.build_config(args)
@@ -112,11 +123,12 @@ def main(argv=None) -> int:
         e2e_llamacpp.print_report(side)
         payload["llamacpp"] = side.json()
         if args.record:
-            report.record_section(e2e_llamacpp.SECTION, e2e_llamacpp.markdown(
-                result, side, args.note), args.results_md)
+            report.record_section(section(e2e_llamacpp.SECTION, config),
+                                  e2e_llamacpp.markdown(result, side, args.note),
+                                  args.results_md)
     elif args.record:
-        report.record_section(SECTION, e2e_report.markdown(result, pngs, args.note),
-                              args.results_md)
+        report.record_section(section(SECTION, config),
+                              e2e_report.markdown(result, pngs, args.note), args.results_md)
     report.emit_json(payload, out / "e2e.json")
     return 0
 

@@ -2,13 +2,18 @@
 decode-only tokens/s per task x method of both systems, and per task specrt best / llama.cpp
 best and specrt plain / llama.cpp plain; its text table, RESULTS.md section and JSON.
 
-Decode-only = tokens made after the prompt's pass / the time after it: llama.cpp's own timing
-lines (benchmarks/llamacpp/parse.py), specrt's result time less its prefill. The two phases are
-not cut alike where a draft model runs: llama-speculative-simple feeds the prompt to its draft
-model before its decode clock starts (`common_speculative_process`, in its "encoded" time), while
-specrt's draft catches up on the prompt in its first round, after the first token, inside the
-decode phase. So every task also gets the whole request (prompt pass + decode, model loading
-excluded in both): generated tokens / wall time, the comparison both systems' timings cut alike.
+Decode-only = the tokens the phase after the prompt's pass made / its time: llama.cpp's own
+timing lines (benchmarks/llamacpp/parse.py), specrt's result time less its prefill. specrt's and
+llama-completion's prompt pass makes the first token, so their decode phase counts the tokens
+after it; llama-speculative-simple's prompt pass stops one token short, so its decode phase also
+makes (and counts) the first token. Nor are the phases cut alike where a draft model runs:
+llama-speculative-simple feeds the prompt to its draft model before its decode clock starts
+(`common_speculative_process`, in its "encoded" time), while specrt's draft catches up on the
+prompt in its first round, after the first token, inside the decode phase. So every task also
+gets the whole request (prompt pass + decode, model loading excluded in both): every token the
+request generated (`generated_tokens`: the first and EOS included; llama-speculative-simple's
+last round may run one past the budget, and that token's time is in its wall too) / wall time,
+the comparison both systems' timings cut alike.
 A task's speed is its total tokens / total seconds over the task's prompts (medians over the
 repeats). Derives and renders only: it measures nothing.
 
@@ -23,8 +28,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks.e2e_records import E2EResult, Measurement, Method
-from benchmarks.harness import cli, compare, report
-from benchmarks.llamacpp.commands import NGRAM_N
+from benchmarks.harness import cli, compare, report, results
+from benchmarks.llamacpp.commands import NGRAM_N, decode_counts_first_token
 
 SECTION = "## specrt vs llama.cpp (benchmarks/e2e.py --llamacpp)"
 NAN = float("nan")
@@ -43,7 +48,7 @@ class Row:
     tokens: int
     seconds: float
     tok_s: float
-    whole_tok_s: float           # the whole request: (decode tokens + the first) / wall time
+    whole_tok_s: float           # the whole request: generated_tokens / wall time
     vs_own_plain: float          # this tok/s / its own system's plain tok/s
     accept: float | None         # accepted / drafted tokens; None for plain
     mismatches: int              # prompts whose tokens differ from its own system's plain
@@ -94,6 +99,14 @@ def _accept(rs: list[Measurement]) -> float | None:
     return _ratio(sum(a for _, a in da), sum(d for d, _ in da))
 
 
+def generated_tokens(r: Measurement) -> int:
+    """Every token the request generated: its decode phase's count, plus the first token where
+    the prompt's pass made it (specrt, llama-completion; llama-speculative-simple counts it)."""
+    m = r.method
+    first_counted = m.engine == "llamacpp" and decode_counts_first_token(m.kind)
+    return r.decode_tokens + (0 if first_counted else 1)
+
+
 def _rows(task: str, records: list[Measurement], order: tuple[Method, ...]) -> list[Row]:
     """The task's rows in run order (the two systems' methods alternating)."""
     by: dict[Method, list[Measurement]] = {m: [] for m in order}
@@ -103,7 +116,7 @@ def _rows(task: str, records: list[Measurement], order: tuple[Method, ...]) -> l
     by = {m: rs for m, rs in by.items() if rs}
     speed = {m: _ratio(sum(r.decode_tokens for r in rs), sum(r.decode_seconds for r in rs))
              for m, rs in by.items()}
-    whole = {m: _ratio(sum(r.decode_tokens + 1 for r in rs), sum(r.wall for r in rs))
+    whole = {m: _ratio(sum(generated_tokens(r) for r in rs), sum(r.wall for r in rs))
              for m, rs in by.items()}
     return [Row(task=task, method=m.label, engine=m.engine,
                 tokens=sum(r.decode_tokens for r in rs),
@@ -193,9 +206,10 @@ def print_report(side: SideBySide) -> None:
           "from the same system's plain (llama.cpp: its text re-encoded)")
     print(report.table(ROW_HEADERS, row_cells(side), ROW_ALIGN))
     print()
-    print("per task: specrt vs llama.cpp, decode-only tokens/s; then the whole request (prompt "
-          "pass + decode: llama.cpp's draft reads the prompt before its decode clock starts, "
-          "specrt's after the first token)")
+    print("per task: specrt vs llama.cpp, decode-only tokens/s (llama.cpp's speculative decode "
+          "phase also makes the first token; its draft reads the prompt before its decode "
+          "clock starts, specrt's after the first token); then the whole request (prompt pass "
+          "+ decode, every token generated / wall time)")
     print(report.table(TASK_HEADERS, task_cells(side), TASK_ALIGN))
     print()
     for line in facts(side):
@@ -210,11 +224,14 @@ def markdown(result: E2EResult, side: SideBySide, note: str | None) -> str:
         report.results_preamble(info, note),
         f"Models: target `{c.target.name}`, draft `{c.draft.name if c.draft else '-'}`; specrt "
         f"{c.dtype}, llama.cpp bf16 GGUF from its own converter; {c.max_new_tokens} new "
-        f"tokens, greedy, chat template; {side.prompts} prompt(s), {c.repeats} repeat(s) "
+        f"tokens, greedy, chat template; {side.prompts} prompt(s) from "
+        f"`{results.shown_path(c.prompts)}`, {c.repeats} repeat(s) "
         "(median), specrt's and llama.cpp's methods alternating within each prompt's sweep. "
-        "Decode-only tokens/s, and the whole request's (prompt pass + decode, loading excluded): "
-        "llama-speculative-simple feeds its draft model the prompt before its decode clock "
-        "starts, specrt's draft catches up in its first round, inside the decode phase. "
+        "Decode-only tokens/s, and the whole request's (prompt pass + decode, loading excluded; "
+        "every token generated / wall time): llama-speculative-simple feeds its draft model the "
+        "prompt before its decode clock starts, specrt's draft catches up in its first round, "
+        "inside the decode phase; and llama-speculative-simple's decode phase also makes (and "
+        "counts) the first token, specrt's and llama-completion's start after it. "
         f"{result.elapsed / 60:.1f} min in all.",
         "",
         "llama.cpp: the vendored tree of the `llama-cpp-python==0.3.36` sdist, built by `make "

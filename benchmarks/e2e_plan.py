@@ -54,7 +54,8 @@ def build_config(args) -> RunConfig:
                      max_seq_len=args.max_seq_len, tasks=tasks,
                      prompts_per_task=args.prompts_per_task, repeats=args.repeats,
                      methods=tuple(methods), quick=args.quick,
-                     show_progress=not args.no_progress, notes=tuple(notes),
+                     show_progress=not args.no_progress, prompts=Path(args.prompts),
+                     notes=tuple(notes),
                      llamacpp_dir=lc_dir, llamacpp_timeout=args.llamacpp_timeout)
 
 
@@ -135,22 +136,52 @@ def plan_methods(args, has_draft: bool) -> tuple[list[Method], list[str]]:
     return methods, notes
 
 
+PROMPT_FORMAT = ('{"tasks": {"TASK": [{"id": "...", "prompt": "..."} or {"id": "...", '
+                 '"messages": [{"role": "...", "content": "..."}, ...]}, ...]}}')
+
+
 def prompt_tasks(path: str) -> dict:
-    """The "tasks" of a prompts file (benchmarks/prompts.json format)."""
+    """The "tasks" of a prompts file (benchmarks/prompts.json format): at least one task."""
     try:
-        return json.loads(Path(path).read_text())["tasks"]
-    except (OSError, ValueError, KeyError) as e:
-        cli.fail(f"cannot read prompts from {path}: {e}")
+        text = Path(path).read_text()
+    except OSError as e:
+        cli.fail(f"cannot read the prompts file {path}: {e.strerror or e}")
+    try:
+        tasks = json.loads(text)["tasks"]
+    except (ValueError, KeyError, TypeError) as e:
+        cli.fail(f"{path} is not a prompts file ({type(e).__name__}: {e}); the format: "
+                 f"{PROMPT_FORMAT}")
+    if not isinstance(tasks, dict) or not tasks:
+        cli.fail(f"{path} has no tasks; the format: {PROMPT_FORMAT}")
+    return tasks
+
+
+def _prompt(path: str, task: str, item) -> Prompt:
+    """One item of a task, or exit 2 naming it."""
+    try:
+        text = item["prompt"] if "prompt" in item else tuple(
+            (m["role"], m["content"]) for m in item["messages"])
+        ok = isinstance(item["id"], str) and (isinstance(text, str) or (
+            text and all(isinstance(x, str) for m in text for x in m)))
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        cli.fail(f"{path}: an item of task {task!r} is not a prompt ({str(item)[:60]}); the "
+                 f"format: {PROMPT_FORMAT}")
+    return Prompt(task, item["id"], text)
 
 
 def load_prompts(path: str, tasks: tuple[str, ...], per_task: int) -> list[Prompt]:
     """The first `per_task` prompts of each task in the prompts file, task by task. A prompt is
-    a text ("prompt", sent as one user message) or a conversation ("messages")."""
+    a text ("prompt", sent as one user message) or a conversation ("messages"). Exits 2 on a
+    file without tasks, a task that is not there or has no prompts, and a malformed item."""
     data = prompt_tasks(path)
     out = []
     for t in tasks:
         if t not in data:
             cli.fail(f"task {t!r} is not in {path} (it has {', '.join(data)})")
-        out += [Prompt(t, p["id"], p["prompt"] if "prompt" in p else tuple(
-            (m["role"], m["content"]) for m in p["messages"])) for p in data[t][:per_task]]
+        if not isinstance(data[t], list) or not data[t]:
+            cli.fail(f"task {t!r} of {path} has no prompts: give it some, or leave it out "
+                     "with --tasks")
+        out += [_prompt(path, t, p) for p in data[t][:per_task]]
     return out

@@ -66,6 +66,7 @@ class RunConfig:
     methods: tuple[Method, ...]
     quick: bool
     show_progress: bool
+    prompts: Path        # the prompts file (--prompts)
     notes: tuple[str, ...] = ()     # what planning added or skipped, said in the report
     llamacpp_dir: Path | None = None    # the `make bench-llamacpp` cache folder (--llamacpp)
     llamacpp_timeout: float = 600.0     # s, per llama.cpp process
@@ -81,7 +82,8 @@ class RunConfig:
     def json(self) -> dict:
         return {"target": str(self.target), "draft": str(self.draft) if self.draft else None,
                 "dtype": self.dtype, "max_new_tokens": self.max_new_tokens,
-                "tasks": list(self.tasks), "prompts_per_task": self.prompts_per_task,
+                "prompts": str(self.prompts), "tasks": list(self.tasks),
+                "prompts_per_task": self.prompts_per_task,
                 "repeats": self.repeats, "methods": [m.label for m in self.methods],
                 "quick": self.quick,
                 "llamacpp_dir": str(self.llamacpp_dir) if self.llamacpp_dir else None}

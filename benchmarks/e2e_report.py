@@ -166,7 +166,7 @@ def markdown(result: E2EResult, pngs: tuple[Path, ...], note: str | None) -> str
         f"Models: target `{c.target.name}`, draft `{c.draft.name if c.draft else '-'}`"
         f", {c.dtype}, {c.device}; {c.max_new_tokens} new tokens, greedy, chat "
         f"template; {_prompts_per_task(result)} prompt(s) per task from "
-        f"`benchmarks/prompts.json`, all methods back to back per prompt. Speed = new "
+        f"`{results.shown_path(c.prompts)}`, all methods back to back per prompt. Speed = new "
         f"tokens / wall time of the call (prefill included). {result.elapsed / 60:.1f} min in "
         f"all; load average at the end {info['load_average_end'][0]:.2f}."
         + "".join(f" Note: {n}." for n in c.notes),

@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--quick", action="store_true",
                    help="tiny model (hidden 64, 2 layers, vocab 1000), few repeats")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--device", default=None, type=cli.device_arg,
+                   help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32", "float16"],
                    help="default bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--shapes", choices=["qwen0.5b", "tiny"], default=None,

@@ -14,13 +14,12 @@ matter, so run it with both --order values. JSON on the last line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
 from benchmarks.harness import cli, machine, report
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +59,7 @@ def main(argv=None) -> int:
         cli.fail(f"huge pages are off here (THP mode {huge_pages.thp_mode()!r}, "
                  f"{huge_pages.ENV_VAR}={os.environ.get(huge_pages.ENV_VAR)!r}): "
                  "nothing to compare")
-    target_dir, draft_dir = resolve_models(args)
+    target_dir, draft_dir = resolve_with_draft(args, "its weights are measured")
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("decode steps: weights in huge pages vs 4 KiB pages", info,
                         {"order": args.order, "THP mode": huge_pages.thp_mode()})
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
                                 rows, "lrrrrrr"))
     print(f"\nAnonHugePages grew by {huge_mb:.0f} MiB over the loads; {args.rounds} rounds, "
           f"load order {args.order}")
-    print(json.dumps({"order": args.order, "anon_huge_mib": huge_mb, **out}))
+    report.emit_json({"order": args.order, "anon_huge_mib": huge_mb, **out})
     return 0
 
 

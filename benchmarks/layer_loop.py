@@ -5,8 +5,9 @@ Run: python -m benchmarks.layer_loop [--rounds N]        (--help for the knobs)
 The default pair's target (bf16) and its draft as `LLM` loads it, int8 (the default), int4
 (`draft_dtype="int4"`) and bf16 (`draft_dtype="bfloat16"`), all scoring the 65,536-id
 shortlist, each on the CPU-native backend. Each round times 10 decode steps at position 60 of
-every model with the fused loop (`specrt.kernels.cpu.layers`) and with the per-op loop (`CpuNative.layers_per_op`), the order
-alternating from round to round, so the machine's drift hits both alike. Prints median ms per
+every model with the fused loop (`specrt.kernels.cpu.layers`) and with the per-op loop
+(`CpuNative.layers_per_op`), the order alternating from round to round, so the machine's drift
+hits both alike. Prints median ms per
 step, the speedup, draft step / target step for both loops, and the bytes of weights a step
 reads relative to the target's (the floor under the step ratio of a memory-bound step); writes
 the section "C++ layer loop" of benchmarks/RESULTS.md (--no-record to skip); JSON on the last
@@ -15,13 +16,12 @@ line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 from benchmarks.harness import cli, machine, report
-from benchmarks.harness.model_dirs import resolve_models
+from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## C++ layer loop (benchmarks/layer_loop.py)"
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from specrt.spec.drafters.draft_model import draft_head_rows
 
     cli.setup_torch(args.threads, "cpu")
-    target_dir, draft_dir = resolve_models(args)
+    target_dir, draft_dir = resolve_with_draft(args, "its step is measured")
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("C++ layer loop vs per-op loop", info)
     target = Transformer.from_dir(target_dir, "bfloat16", "cpu", 512)
@@ -87,8 +87,8 @@ def main(argv=None) -> int:
                               + f"\nMedian ms per decode step, {args.rounds} interleaved "
                               "rounds of 10 steps at position 60:\n\n" + text + "\n",
                               Path(args.results_md))
-    print(json.dumps({"ms": {f"{k[0]} {'fused' if k[1] else 'per-op'}": v
-                             for k, v in ms.items()}, "ratios": ratios}))
+    report.emit_json({"ms": {f"{k[0]} {'fused' if k[1] else 'per-op'}": v
+                            for k, v in ms.items()}, "ratios": ratios})
     return 0
 
 

@@ -19,7 +19,6 @@ output-head shortlist included).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -135,7 +134,7 @@ def main(argv=None) -> int:
     print(report.table(["pass", f"A {args.base} ms", "B worktree ms", "A / B per round"],
                        [[n, f"{a:.2f}", f"{b:.2f}", f"{r:.3f}"]
                         for n, a, b, r in zip(names, med["A"], med["B"], ratio)]))
-    print(json.dumps({"base": args.base, "ms": med, "a_over_b": dict(zip(PASSES, ratio))}))
+    report.emit_json({"base": args.base, "ms": med, "a_over_b": dict(zip(PASSES, ratio))})
     return 0
 
 

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import time
 
 import numpy as np
 import psutil
 
-from specrt import _ngram
+from benchmarks.harness import cli, report
 from specrt.drafters.ngram_index import PyNgramIndex, py_propose
+
+try:
+    from specrt import _ngram
+except ImportError:             # not built: main() says how to build it
+    _ngram = None
 
 LENGTHS = (1_000, 32_000, 1_000_000)
 
@@ -116,6 +120,12 @@ def worst_extend(stream: np.ndarray, min_n: int, max_n: int) -> tuple[float, flo
     return statistics.median(samples), max(samples)
 
 
+def disagree(a: str, b: str, length: int, state: int, got_a, got_b) -> None:
+    """Exit 1 saying which providers proposed differently, and where (a bug, not bad input)."""
+    cli.fail(f"{a} and {b} disagree at {length:,} tokens, timed state {state}: {got_a} vs "
+             f"{got_b}; every provider must propose the same tokens", code=1)
+
+
 def bench_length(stream, length, args):
     """Seconds per call for each provider at one history length (medians over states)."""
     history = stream[:length]
@@ -152,7 +162,8 @@ def bench_length(stream, length, args):
         t_py, draft_py = time_call(lambda: py.propose(k), args.budget, 20_000)
         times["cpp index"].append(t_cpp)
         times["python index"].append(t_py)
-        assert draft_py == draft, (length, s)
+        if draft_py != draft:
+            disagree("python index", "cpp index", length, s, draft_py, draft)
         matched += bool(draft)
         if s >= scan_states:
             continue
@@ -163,7 +174,8 @@ def bench_length(stream, length, args):
                          ("python scan", lambda: py_propose(upto_list, k, min_n, max_n))):
             t, other = time_call(fn, args.budget, 2_000)
             times[name].append(t)
-            assert other == draft, (name, length, s)
+            if other != draft:
+                disagree(name, "cpp index", length, s, other, draft)
     print(f"  {length:>9,} tokens: {matched}/{states} timed states had a match; building the "
           f"first {base - steps:,} took {build['cpp index']:.3f} s (cpp), "
           f"{build['python index']:.3f} s (python)")
@@ -198,6 +210,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.01,
                         help="seconds of repeated calls per timed state and provider")
     args = parser.parse_args()
+    if _ngram is None:
+        cli.fail("specrt._ngram (the C++ n-gram index) is not built: run `make build`")
 
     stream = token_stream(max(LENGTHS), args.vocab)
     # Memory first, while the heap holds little else that a fresh index could reuse.
@@ -243,8 +257,9 @@ def main() -> None:
         "cpp_100x_python_index_at_32k": speedup_index >= 100,
         "cpp_index_1m_under_100mb": rss_mb < 100,
     }
-    print("goals: " + ", ".join(f"{name}={'met' if ok else 'NOT met'}" for name, ok in goals.items()))
-    print(json.dumps({
+    print("goals: " + ", ".join(f"{name}={'met' if ok else 'NOT met'}"
+                                for name, ok in goals.items()))
+    report.emit_json({
         "benchmark": "ngram",
         "config": {"k": args.k, "min_n": args.min_n, "max_n": args.max_n, "vocab": args.vocab,
                    "states": args.states},
@@ -262,7 +277,7 @@ def main() -> None:
         "cpp_extend_one_token_us_median_to_1m": round(extend_median * 1e6, 3),
         "cpp_extend_one_token_ms_worst_to_1m": round(extend_max * 1e3, 2),
         "goals": goals,
-    }))
+    })
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 250,000)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", type=cli.device_arg,
+                   help="cpu (default), cuda or cuda:N")
     p.add_argument("--out", default=str(results.DEFAULT_OUT))
     cli.add_record_args(p)
     p.add_argument("--no-progress", action="store_true")

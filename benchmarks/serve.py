@@ -264,14 +264,19 @@ def main(argv=None) -> int:
     clients = cli.positive_ints(args.clients, "--clients", unique_sorted=True)
     if args.prompts_per_client < 1:
         cli.fail("--prompts-per-client must be >= 1")
-    cli.setup_torch(args.threads, args.device)
-    target, draft = resolve_models(args)
     from specrt.api.cli import default_speculative
+    from specrt.errors import SpecrtError
     from specrt.spec.config import SpecConfig
 
-    spec = json.loads(args.spec_config) if args.spec_config else default_speculative(
-        draft is not None)
-    SpecConfig.parse(spec)
+    if args.spec_config is not None:
+        try:
+            SpecConfig.parse(args.spec_config)          # JSON text: checked, then sent as is
+        except SpecrtError as e:
+            cli.fail(f"--spec-config: {e}")
+    cli.setup_torch(args.threads, args.device)
+    target, draft = resolve_models(args)
+    spec = json.loads(args.spec_config) if args.spec_config is not None else \
+        default_speculative(draft is not None)
     prompts = load_prompts()
     out = cli.out_dir(args)
     info = machine.machine_info(args.threads, args.device)

@@ -152,3 +152,64 @@ def test_replay_rejects_a_budget_below_two_tokens(capsys):
         auto_replay.main(["replay", "--max-new-tokens", "1"])
     assert err.value.code == 2
     assert "--max-new-tokens must be at least 2" in capsys.readouterr().err
+
+
+def _traces_file(tmp_path, **traces) -> str:
+    import json
+
+    path = tmp_path / "traces.json"
+    path.write_text(json.dumps({"target": "t", "draft": "d", "traces": traces}))
+    return str(path)
+
+
+def test_a_trace_cut_by_its_budget_is_not_replayed_past_it():
+    """A trace that ran to its recorded budget does not say how the answer went on: a longer
+    budget is refused, not replayed as an answer that ended there. One that ended on its own
+    replays at any budget as a request of that budget."""
+    stopped = {"set": "tuning", "prompt": [1], "output": [2, 3, 4, 5], "draft": [2, 3, 4, 5],
+               "max_new_tokens": 4}
+    ended = dict(stopped, max_new_tokens=8)
+    assert auto_replay.cut(stopped, 3)["max_new_tokens"] == 3
+    assert auto_replay.cut(stopped, 4)["output"] == stopped["output"]
+    with pytest.raises(ValueError, match="budget of 4 tokens"):
+        auto_replay.cut(stopped, 5)
+    long = auto_replay.cut(ended, 512)
+    assert long["output"] == ended["output"] and long["max_new_tokens"] == 512
+    assert auto_replay.cut_all({"a": ended}, 512, "--budgets")["a"] == long
+
+
+@pytest.mark.parametrize("main, argv, needle", [
+    ("oracles", ["--budgets", "64,128,512"], "--budgets: 1 of 1 traces stopped at a recorded "
+                                             "budget below 512 tokens (the lowest 128)"),
+    ("oracles", ["--budgets", "64,x"], "--budgets must be comma-separated integers"),
+    ("oracles", ["--device", "gpu"], "--device must be cpu, cuda or cuda:N"),
+    ("replay", ["--max-new-tokens", "200"], "use at most 128"),
+    ("replay", ["--fixed", "draft_model:2,draft_modle:3"],
+     "--fixed: 'draft_modle:3' is not draft_model:K or ngram:K"),
+    ("replay", ["--fixed", "ngram"], "--fixed: 'ngram' is not draft_model:K or ngram:K"),
+    ("replay", ["--fixed", "ngram:0"], "--fixed: K of 'ngram:0' must be positive")])
+def test_replays_refuse_bad_budgets_and_methods_before_loading(main, argv, needle, capsys,
+                                                               tmp_path):
+    from benchmarks import auto_oracles
+
+    out = list(range(128))
+    path = _traces_file(tmp_path, **{"tuning:code:a": {
+        "set": "tuning", "prompt": [1], "output": out, "draft": out, "confidence": [1.0] * 128,
+        "max_new_tokens": 128}})
+    run = auto_oracles.main if main == "oracles" else \
+        lambda a: auto_replay.main(["replay", "--no-record", *a])
+    with pytest.raises(SystemExit) as err:
+        run([*argv, "--traces", path, "--model", "/nonexistent"])
+    assert err.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["replay"], ["record"]])
+def test_replay_needs_a_draft_with_a_custom_target(argv, tiny_noeos_dir, capsys, tmp_path):
+    path = _traces_file(tmp_path, **{"tuning:code:a": {
+        "set": "tuning", "prompt": [1], "output": [2, 3], "draft": [2, 3],
+        "confidence": [1.0, 1.0], "max_new_tokens": 2}})
+    with pytest.raises(SystemExit) as err:
+        auto_replay.main([*argv, "--model", str(tiny_noeos_dir), "--traces", path])
+    assert err.value.code == 2
+    assert "--model was given without --draft" in capsys.readouterr().err

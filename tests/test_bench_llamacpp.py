@@ -91,6 +91,33 @@ def test_prompt_ids_count_must_match_the_listing():
     assert parse.prompt_ids("no verbose prompt here") == ()
 
 
+def test_both_tools_whole_request_counts_every_generated_token():
+    """llama-completion's eval runs are the tokens after the first (its prompt pass made that
+    one); llama-speculative-simple's decoded count holds every token (its prompt pass stops one
+    token short): 3 rounds accepting 10 drafts = 13 tokens, the first included. The whole
+    request counts the tokens generated alike for specrt and both tools."""
+    from benchmarks.e2e_llamacpp import generated_tokens
+    from benchmarks.e2e_records import Measurement, Method
+
+    spec = parse.speculative_simple(SPECULATIVE_STDOUT, SPECULATIVE_STDERR, PROMPT)
+    assert spec.decode_tokens == spec.accepted + 3
+    plain = parse.completion(COMPLETION_STDOUT, COMPLETION_STDERR)
+    assert not commands.decode_counts_first_token("plain")
+    assert all(commands.decode_counts_first_token(k) for k in commands.KINDS[1:])
+
+    def rec(method, decode_tokens):
+        return Measurement(task="t", prompt="p", method=method, prompt_tokens=39, ids=(),
+                           wall=1.0, walls=(1.0,), first_diff=None, a=float("nan"),
+                           drafted_rounds=0, rejections=0, stats=None,
+                           decode_tokens=decode_tokens, decode_seconds=1.0)
+
+    assert generated_tokens(rec(Method("llamacpp", "plain"), plain.decode_tokens)) == 8
+    assert generated_tokens(rec(Method("llamacpp", "draft", 4), spec.decode_tokens)) == 13
+    assert generated_tokens(rec(Method("llamacpp", "ngram-map-k", 4), 13)) == 13
+    # specrt's decode phase (timing.decode_phase) is the tokens after the first, as plain's
+    assert generated_tokens(rec(Method("specrt", "draft_model", 3), 12)) == 13
+
+
 def test_speculative_simple_reads_decoded_line_and_draft_counts():
     t = parse.speculative_simple(SPECULATIVE_STDOUT, SPECULATIVE_STDERR, PROMPT)
     assert t.text == "In C,\nAha, aha,\nIn C."
@@ -213,7 +240,9 @@ def test_side_by_side_ranks_each_system_by_decode_and_by_the_whole_request():
     assert (line.specrt_best_whole, line.llamacpp_best_whole) == ("draft_model:3",
                                                                   "llamacpp:plain")
     assert line.best_whole_ratio == pytest.approx((10 / 2.5) / (10 / 4.0))
-    assert [r.whole_tok_s for r in side.rows] == pytest.approx([2.5, 2.5, 4.0, 10 / 4.5])
+    # 9 decode tokens: specrt and llama-completion made the first token before them (10 in
+    # all), llama-speculative-simple's 9 include it
+    assert [r.whole_tok_s for r in side.rows] == pytest.approx([2.5, 2.5, 4.0, 9 / 4.5])
     # a saved run (e2e.json) renders the same lines again
     from benchmarks.e2e_llamacpp import from_saved
     payload = {"config": {"tasks": ["code"], "methods": [m.label for m in methods]},
@@ -264,3 +293,31 @@ def test_auto_against_the_fixed_setting_chosen_on_the_other_repeats():
     assert out_of_sample(auto, [a, b, fast]) == pytest.approx(
         (10 / 20 * 10 / 19 * 10 / 21) ** (1 / 3))
     assert out_of_sample(row("auto", 16, 10.0), [row("ngram", 8, 9.0)]) is None
+
+
+def test_prompts_files_are_checked_before_the_run(tmp_path, capsys):
+    """benchmarks.e2e: a prompts file with no tasks, an empty task or a malformed item exits 2
+    naming it, before any model loads; a file other than the tuning set records a section of
+    its own."""
+    import json
+    from types import SimpleNamespace
+
+    from benchmarks import e2e, e2e_plan
+
+    def load(tasks, only=None):
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps({"tasks": tasks}))
+        with pytest.raises(SystemExit) as err:
+            e2e_plan.load_prompts(str(path), only or tuple(e2e_plan.prompt_tasks(path)), 1)
+        assert err.value.code == 2
+        return capsys.readouterr().err
+
+    assert "has no tasks" in load({})
+    assert "task 'code'" in load({"code": [], "story": [{"id": "a", "prompt": "x"}]})
+    assert "is not a prompt" in load({"code": [{"id": "a"}]})
+    assert "is not a prompt" in load({"code": [{"id": "a", "messages": "hi"}]})
+    assert "'edit' is not in" in load({"code": [{"id": "a", "prompt": "x"}]}, ("edit",))
+    tuning = SimpleNamespace(prompts=e2e.PROMPTS)
+    assert e2e.section(e2e.SECTION, tuning) == e2e.SECTION
+    other = e2e.section(e2e.SECTION, SimpleNamespace(prompts=tmp_path / "p.json"))
+    assert other.startswith(e2e.SECTION) and other.endswith("p.json")

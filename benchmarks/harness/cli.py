@@ -8,6 +8,7 @@ model_dirs' business.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -31,7 +32,8 @@ def add_common_args(p: argparse.ArgumentParser, draft: bool = True, out: bool = 
         p.add_argument("--draft", help="draft model directory (default: the fetched "
                        "qwen2.5-coder-0.5b-instruct when --model is not given)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--device", default="cpu", type=device_arg,
+                   help="cpu (default), cuda or cuda:N")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     if out:
         p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for PNG/JSON "
@@ -64,6 +66,31 @@ def positive_ints(s: str, what: str, unique_sorted: bool = False) -> list[int]:
     if not vals or min(vals) < 1:
         fail(f"{what} must be positive integers, got {s!r}")
     return sorted(set(vals)) if unique_sorted else vals
+
+
+def method_ks(s: str, what: str, names: tuple[str, ...], default_k: dict[str, int] | None = None,
+              why: str = "") -> list[tuple[str, int]]:
+    """Parse a comma-separated list of METHOD:K (METHOD one of `names`, K a positive integer,
+    optional for a METHOD with a default in `default_k`) into (METHOD, K) pairs, or fail with a
+    message naming the option, the entry and the forms it takes (`why`: why only these)."""
+    default_k = default_k or {}
+    forms = " or ".join(f"{n}[:K]" if n in default_k else f"{n}:K" for n in names)
+    out = []
+    for tok in (t.strip() for t in s.split(",") if t.strip()):
+        name, _, k = tok.partition(":")
+        if name not in names or not (k or name in default_k):
+            fail(f"{what}: {tok!r} is not {forms}" + (f" ({why})" if why else ""))
+        out.append((name, positive_ints(k or str(default_k[name]), f"{what}: K of {tok!r}")[0]))
+    if not out:
+        fail(f"{what}: give at least one of {forms}")
+    return out
+
+
+def device_arg(s: str) -> str:
+    """--device: cpu, cuda or cuda:N, or fail naming the forms."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", s):
+        fail(f"--device must be cpu, cuda or cuda:N (N a GPU index), got {s!r}")
+    return s
 
 
 def setup_torch(threads: int, device: str = "cpu"):

@@ -2,14 +2,16 @@
 runtime. Every use of transformers' models in benchmarks/ goes through here.
 
 Greedy only: sampling options a checkpoint's generation_config may carry are switched off
-explicitly, so HF and specrt decode the same way. This module loads and generates; it does not
-time, print or judge the output.
+explicitly, so HF and specrt decode the same way. Loading and generating run on a thread that
+ends with the call (machine.on_own_thread), so HF's torch ops leave no OpenMP team alive beside
+an `LLM`'s. This module loads and generates; it does not time, print or judge the output.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from benchmarks.harness.cli import fail
+from benchmarks.harness.machine import on_own_thread
 
 
 def load(model_dir: Path, dtype: str, device: str = "cpu"):
@@ -22,10 +24,10 @@ def load(model_dir: Path, dtype: str, device: str = "cpu"):
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+        return on_own_thread(lambda: AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=getattr(torch, dtype)).to(device).eval(), "hf-load")
     except (OSError, ValueError) as e:
         fail(f"transformers cannot load {model_dir}: {e}")
-    return model.to(device).eval()
 
 
 def generate(model, ids: list[int], max_new_tokens: int, force_length: bool = False,
@@ -37,12 +39,16 @@ def generate(model, ids: list[int], max_new_tokens: int, force_length: bool = Fa
     x = torch.tensor([ids], dtype=torch.long, device=model.device)     # [1, prompt]
     eos = list(eos_ids) if eos_ids else model.generation_config.eos_token_id
     pad = eos[0] if isinstance(eos, (list, tuple)) else eos
-    with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                             temperature=None, top_p=None, top_k=None, repetition_penalty=None,
-                             max_new_tokens=max_new_tokens,
-                             min_new_tokens=max_new_tokens if force_length else None,
-                             eos_token_id=eos, pad_token_id=pad, **kwargs)
+
+    def run():
+        with torch.inference_mode():
+            return model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                  temperature=None, top_p=None, top_k=None,
+                                  repetition_penalty=None, max_new_tokens=max_new_tokens,
+                                  min_new_tokens=max_new_tokens if force_length else None,
+                                  eos_token_id=eos, pad_token_id=pad, **kwargs)
+
+    out = on_own_thread(run, "hf-generate")
     return out[0, len(ids):].tolist()                                  # out: [1, prompt + new]
 
 

@@ -1,4 +1,5 @@
-"""Facts about the machine a benchmark ran on, and two probes of how busy it is.
+"""Facts about the machine a benchmark ran on, two probes of how busy it is, and where torch
+work beside an `LLM` runs (`on_own_thread`).
 
 The machine is often shared, so every result carries the CPU, thread counts, load average and
 (on CPU) a contention probe: readers must be able to judge the noise. The facts are a plain
@@ -14,8 +15,11 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from benchmarks.harness.timing import measure, median
+
+T = TypeVar("T")
 
 
 def cpu_model() -> str:
@@ -64,6 +68,32 @@ def machine_info(threads: int, device: str = "cpu") -> dict:
     return info
 
 
+def on_own_thread(fn: Callable[[], T], name: str = "torch-work") -> T:
+    """fn() on a thread of its own that ends with it (torch's thread count as the caller's),
+    its result returned and its exception raised here. For torch work beside an `LLM`: a
+    parallel op run by a thread that stays alive (the main thread) leaves an OpenMP team there,
+    and with two teams on the machine's cores libgomp stops spinning, which slowed specrt's
+    decoding in the same process by 11-21% (benchmarks/RESULTS.md, "Kernel threads"). A team
+    dies with its thread."""
+    import torch
+
+    threads, box = torch.get_num_threads(), {}
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        try:
+            box["result"] = fn()
+        except BaseException as e:         # raised again on the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name=name)
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def contention_probe(threads: int) -> dict:
     """How long one small parallel op (x.mul_ over 1 MB) takes with `threads` threads vs one.
 
@@ -84,20 +114,7 @@ def contention_probe(threads: int) -> dict:
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts[20:]) * 1e6
 
-    # On a thread of its own, which ends with it: a parallel op run by the main thread leaves
-    # an OpenMP team there, and with two teams on the machine's cores libgomp stops spinning,
-    # which slowed specrt's decoding in the same process by 11-21% (benchmarks/RESULTS.md,
-    # "Kernel threads"). A team dies with its thread.
-    box = {}
-
-    def run() -> None:
-        torch.set_num_threads(threads)
-        box["one"], box["many"] = probe(1), probe(threads)
-
-    worker = threading.Thread(target=run, name="contention-probe")
-    worker.start()
-    worker.join()
-    one, many = box["one"], box["many"]
+    one, many = on_own_thread(lambda: (probe(1), probe(threads)), "contention-probe")
     ratio = many / one if one > 0 else float("nan")
     return {"us_1_thread": round(one, 1), f"us_{threads}_threads": round(many, 1),
             "ratio": round(ratio, 1), "contended": bool(threads > 1 and many > 500.0)}
@@ -105,12 +122,15 @@ def contention_probe(threads: int) -> dict:
 
 def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 7) -> dict:
     """Measured read bandwidth of this machine: x.sum() over an fp32 tensor of `nbytes`
-    (default 1 GiB, far larger than any cache), with the current torch thread count."""
+    (default 1 GiB, far larger than any cache), with the current torch thread count, on a
+    thread of its own (`on_own_thread`)."""
     import torch
 
-    x = torch.ones(nbytes // 4, dtype=torch.float32)    # ones: every page really allocated
-    times = measure(lambda: x.sum(), repeats, warmup=2)
-    del x
+    def timed() -> list[float]:
+        x = torch.ones(nbytes // 4, dtype=torch.float32)    # ones: every page really allocated
+        return measure(lambda: x.sum(), repeats, warmup=2)
+
+    times = on_own_thread(timed, "read-bandwidth")
     return {"gb_per_s": nbytes / median(times) / 1e9, "best_gb_per_s": nbytes / min(times) / 1e9,
             "bytes": nbytes, "repeats": repeats, "method": "fp32 tensor.sum() over 1 GiB",
             "threads": threads}

@@ -1,7 +1,8 @@
 """Which model directories a benchmark runs on: --model / --draft, or the fetched default pair.
 
 `default_pair()` is the only place in benchmarks/ that asks specrt (`specrt.hub`) where the
-default pair lives. Unlike `specrt.hub.resolve_pair`, nothing here downloads: a missing default model is an error that says how to fetch it.
+default pair lives. Unlike `specrt.hub.resolve_pair`, nothing here downloads: a missing default
+model is an error that says how to fetch it.
 """
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def resolve_models(args, need_draft: bool = True) -> tuple[Path, Path | None]:
     if need_draft and not args.model:
         return target, _check(default_pair()[1], "draft", True)
     return target, None
+
+
+def resolve_with_draft(args, why: str) -> tuple[Path, Path]:
+    """(target_dir, draft_dir) for a benchmark that needs the draft model (`why`: what for);
+    fails, before any model loads, when --model is given without --draft."""
+    target, draft = resolve_models(args)
+    if draft is None:
+        fail(f"a draft model is needed ({why}) and --model was given without --draft: pass "
+             "--draft DIR too, or neither for the default pair")
+    return target, draft

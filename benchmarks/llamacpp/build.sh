@@ -27,6 +27,15 @@ JOBS=${JOBS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
 
 say() { echo "[bench-llamacpp] $*"; }
+
+# The pair must be fetched before the build (~10 min), not found missing after it
+for m in "${PAIR[@]}"; do
+    [ -f "$DIR/gguf/$m-bf16.gguf" ] || [ -f "$MODELS/$m/config.json" ] || {
+        echo "error: $MODELS/$m not found; fetch the default pair first:" \
+            "python -m specrt.models fetch" >&2
+        exit 2; }
+done
+
 mkdir -p "$DIR"
 SRC="$DIR/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
 
@@ -66,9 +75,6 @@ mkdir -p "$DIR/gguf"
 for m in "${PAIR[@]}"; do
     out="$DIR/gguf/$m-bf16.gguf"
     [ -f "$out" ] && continue
-    [ -f "$MODELS/$m/config.json" ] || {
-        echo "error: $MODELS/$m not found; fetch the default pair first: python -m specrt.models fetch" >&2
-        exit 2; }
     say "converting $m to bf16 GGUF with llama.cpp's convert_hf_to_gguf.py"
     "$DIR/venv/bin/python" "$SRC/convert_hf_to_gguf.py" --outtype bf16 --outfile "$out.part" \
         "$MODELS/$m"

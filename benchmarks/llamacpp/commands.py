@@ -38,6 +38,13 @@ class Job:
     ctx: int                # context size (tokens)
 
 
+def decode_counts_first_token(kind: str) -> bool:
+    """Whether llama.cpp's decode-phase token count of `kind` includes the first generated
+    token: llama-speculative-simple's (every method but plain) does, its loop making that token;
+    llama-completion's prompt pass makes it, outside the count (benchmarks/llamacpp/parse.py)."""
+    return kind != "plain"
+
+
 def _common(job: Job) -> list[str]:
     t = str(job.threads)
     return ["-m", str(job.target), "-p", job.prompt, "-n", str(job.max_new_tokens),

@@ -3,10 +3,15 @@
 Decode-only speed is what llama.cpp itself reports for the phase after the prompt:
   llama-completion (plain)   the context's `eval time = T ms / N runs` line: N single-token
                              decode passes, each adding one token, over T (the prompt's pass
-                             is the separate `prompt eval time` line, not counted)
+                             is the separate `prompt eval time` line, not counted). The
+                             prompt's pass makes the first token, so N = generated - 1.
   llama-speculative-simple   `decoded N tokens in T seconds`: the whole loop after the prompt
-                             (drafting, verifying, sampling), N tokens accepted
-Pure functions of the text: no process is run here.
+                             (drafting, verifying, sampling). Its prompt pass stops one token
+                             short and the loop makes the first token, so N = every token
+                             generated (its `n_predict`: the first, and each round's accepted
+                             drafts + 1, EOS included).
+(examples/speculative-simple/speculative-simple.cpp and tools/completion/completion.cpp of the
+vendored tree.) Pure functions of the text: no process is run here.
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ class Timings:
     text: str                           # the generated text (prompt not included)
     prompt_tokens: int
     prompt_seconds: float
-    decode_tokens: int                  # tokens made by the decode phase
+    decode_tokens: int                  # tokens made by the decode phase (see above)
     decode_seconds: float
     drafted: int | None = None          # speculative-simple only
     accepted: int | None = None
