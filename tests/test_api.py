@@ -12,7 +12,9 @@ SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
+    # draft_stop 0: every round with SPEC drafts all 3 (the tiny draft is never sure)
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2,
+                      dtype="float32", draft_stop=0.0)
 
 
 def test_text_prompt_and_chat_template(llm):
@@ -45,12 +47,18 @@ def _first_text_with_a_stop_candidate(llm):
 @pytest.mark.parametrize("spec", [None, SPEC])
 def test_stop_string_cuts_text_and_ids(llm, spec):
     text = _first_text_with_a_stop_candidate(llm)
+    full = llm.generate("for i in range", max_new_tokens=40).token_ids
     stop = text[6:9]                                  # occurs in the answer; cut there
     cut = text.find(stop)
     res = llm.generate("for i in range", max_new_tokens=40, stop=[stop], speculative=spec)
     assert res.text == text[:cut]
     assert res.finish_reason == "stop"
     assert stop not in res.text
+    # the ids: the unstopped answer's, up to the token that completes the stop string
+    ids = res.token_ids
+    assert 0 < len(ids) < len(full) and ids == full[:len(ids)]
+    assert stop in llm.tokenizer.decode(ids) and stop not in llm.tokenizer.decode(ids[:-1])
+    assert res.stats["new_tokens"] == len(ids)
     streamed = "".join(c.text for c in llm.stream("for i in range", max_new_tokens=40,
                                                   stop=stop, speculative=spec))
     assert streamed == text[:cut]
@@ -110,11 +118,12 @@ def test_threads_share_one_llm(llm):
         except Exception as e:  # surfaced below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(4)]
     for th in threads:
         th.start()
     for th in threads:
-        th.join()
+        th.join(60)
+        assert not th.is_alive(), "a thread hung: its requests never finished"
     assert not errors
     assert len(results) == 20
     for (t, p, i), ids in results.items():
@@ -130,10 +139,22 @@ def test_batch_of_text_prompts_returns_list(llm):
 def test_request_joining_a_running_batch_gives_its_solo_tokens(llm):
     """Continuous batching: a request admitted while another is mid-generation joins at a
     round boundary and gives exactly the tokens it gives alone (and so does the other)."""
-    solo_a = llm.generate("Once upon a time", max_new_tokens=40, speculative=SPEC).token_ids
+    solo_a = llm.generate("Once upon a time", max_new_tokens=200, speculative=SPEC).token_ids
     solo_b = llm.generate("def add", max_new_tokens=20).token_ids
-    stream = llm.stream("Once upon a time", max_new_tokens=40, speculative=SPEC)
-    got_a = list(next(stream).token_ids)           # a is running: b joins its batch
-    got_b = llm.generate("def add", max_new_tokens=20).token_ids
-    got_a += [t for chunk in stream for t in chunk.token_ids]
+    engine = llm.engine
+    busy_at_reserve = []           # slots held when each request got its slot
+    reserve = engine.reserve
+
+    def spy(request, *args, **kwargs):
+        busy_at_reserve.append(sum(row is not None for row in engine.slots))
+        return reserve(request, *args, **kwargs)
+    engine.reserve = spy           # called on the scheduler's thread
+    try:
+        stream = llm.stream("Once upon a time", max_new_tokens=200, speculative=SPEC)
+        got_a = list(next(stream).token_ids)       # a is running (200 tokens): b joins it
+        got_b = llm.generate("def add", max_new_tokens=20).token_ids
+        got_a += [t for chunk in stream for t in chunk.token_ids]
+    finally:
+        del engine.reserve
+    assert busy_at_reserve == [0, 1], "b did not join a running batch"
     assert got_a == solo_a and got_b == solo_b

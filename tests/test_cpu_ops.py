@@ -100,10 +100,13 @@ def test_rope_attention_matches_reference(dtype, hq, hkv, d, starts, counts):
     qkv, kc, vc, cos, sin = _attention_case(dtype, M, hq, hkv, d, seed=M * B + d)
     want, want_k, want_v = _reference_attention(qkv, kc[:B], vc[:B], cos, sin, starts, counts,
                                                 hq)
+    kc0, vc0 = kc.clone(), vc.clone()
     got = cpu_ops.rope_attention(qkv, kc, vc, cos, sin, torch.tensor(starts),
                                  torch.tensor(counts), hq, d ** -0.5)
-    # the cache holds exactly what the reference writes (same roundings), and nothing else moved
+    # the cache holds exactly what the reference writes (same roundings), and nothing else moved:
+    # not the rest of rows :B (the reference keeps it), nor the rows past B
     assert torch.equal(kc[:B], want_k) and torch.equal(vc[:B], want_v)
+    assert torch.equal(kc[B:], kc0[B:]) and torch.equal(vc[B:], vc0[B:])
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
@@ -167,17 +170,23 @@ def test_bf16_greedy_speculative_output_equals_plain(tiny_noeos_dir, tiny_draft_
     """The product-level promise in bf16: every drafter, batch 1 and 3, token for token."""
     import specrt
 
+    # draft_stop 0: every draft-model round verifies all K (the tiny draft is never sure)
     llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="bfloat16", max_seq_len=256,
-                     max_batch_size=3)
+                     max_batch_size=3, draft_stop=0.0)
     prompts = [[5, 9, 2, 31, 7, 7, 1], [12, 3, 3, 3, 40, 8], [77, 1, 2, 77, 1, 2, 77, 1]]
     plain = [r.token_ids for r in llm.generate(prompts, max_new_tokens=48)]
     for spec in ({"method": "draft_model", "num_speculative_tokens": 4},
                  {"method": "ngram", "num_speculative_tokens": 3},
                  {"method": "auto", "num_speculative_tokens": 8}):
-        assert [r.token_ids for r in llm.generate(prompts, max_new_tokens=48,
-                                                  speculative=spec)] == plain, spec
-        for p, want in zip(prompts, plain):
-            assert llm.generate(p, max_new_tokens=48, speculative=spec).token_ids == want, spec
+        batch = llm.generate(prompts, max_new_tokens=48, speculative=spec)
+        assert [r.token_ids for r in batch] == plain, spec
+        singles = [llm.generate(p, max_new_tokens=48, speculative=spec) for p in prompts]
+        assert [r.token_ids for r in singles] == plain, spec
+        runs = batch + singles
+        assert sum(r.stats["num_draft_tokens"] for r in runs) > 0, spec
+        if spec["method"] == "draft_model":
+            assert all(r.stats["num_drafts"] > 0 for r in runs)
+            assert all(r.stats["num_draft_tokens"] == 4 * r.stats["num_drafts"] for r in runs)
 
 
 @needs_kernel
@@ -206,18 +215,28 @@ def test_a_pass_computes_only_the_real_tokens(tiny_noeos_dir, monkeypatch):
 
 @needs_kernel
 def test_bf16_greedy_output_in_a_batch_wider_than_one_pass_equals_alone(tiny_noeos_dir,
-                                                                         tiny_draft_dir):
+                                                                         tiny_draft_dir,
+                                                                         monkeypatch):
     """4 rows x 13 tokens = 52 > 32: the verify pass runs in chunks and its 52 rows of logits
     in one call; every row still gives its own tokens, bit for bit, in bf16."""
     import specrt
+    from specrt.model.backends import cpu_native
 
+    # draft_stop 0: every row drafts all 12 (the tiny draft is never sure: with a stop, each
+    # row would draft 1 and the pass would be 8 tokens wide)
     llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="bfloat16", max_seq_len=256,
-                     max_batch_size=4)
+                     max_batch_size=4, draft_stop=0.0)
     prompts = [[5, 9, 2, 31, 7, 7, 1], [12, 3, 3, 3, 40, 8], [77, 1, 2, 77, 1, 2, 77, 1], [4]]
     plain = [llm.generate(p, max_new_tokens=40).token_ids for p in prompts]
     spec = {"method": "draft_model", "num_speculative_tokens": 12}
+    passes = []                    # (tokens, chunks) of each pass through the C++ layers
+    real = cpu_native.chunks
+    monkeypatch.setattr(cpu_native, "chunks", lambda counts, most: passes.append(
+        (sum(counts), len(real(counts, most)))) or real(counts, most))
     got = llm.generate(prompts, max_new_tokens=40, speculative=spec)
     assert [r.token_ids for r in got] == plain
+    assert (52, 2) in passes, "no 52-token verify pass ran in chunks"
+    assert all(r.stats["num_draft_tokens"] == 12 * r.stats["num_drafts"] for r in got)
 
 
 def _good_attention(dtype=torch.float32):

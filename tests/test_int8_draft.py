@@ -161,8 +161,10 @@ def test_bad_operands_raise_value_error(bad):
 
 @pytest.fixture(scope="module")
 def pair(tiny_noeos_dir, tiny_draft_dir):
+    # draft_stop 0: every draft-model round drafts all K (the tiny draft is never sure)
     llms = {q: specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32",
-                          max_seq_len=256, draft_dtype=q) for q in ("int8", "float32")}
+                          max_seq_len=256, draft_dtype=q, draft_stop=0.0)
+            for q in ("int8", "float32")}
     yield llms
     for llm in llms.values():
         llm.close()
@@ -187,6 +189,7 @@ def test_int8_draft_greedy_equals_plain(pair, method):
     if method == "draft_model":
         assert spec[1].stats["num_draft_tokens"] > 0
         assert spec[1].stats["num_accepted_tokens"] > 0      # the quantized draft still agrees
+        assert all(r.stats["num_draft_tokens"] == 4 * r.stats["num_drafts"] for r in spec)
 
 
 @pytest.mark.parametrize("value", ["int3", "bfloat16", 8])

@@ -42,38 +42,67 @@ def test_draft_model_greedy_equals_plain_batch_3(llm, plain, k):
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_unrelated_draft_still_exact(tiny_noeos_dir, tiny_bad_draft_dir, plain, k):
-    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_bad_draft_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_bad_draft_dir, max_seq_len=256, max_batch_size=3,
+                     dtype="float32", draft_stop=0.0)
     results = llm.generate(PROMPTS[:3], max_new_tokens=40,
                            speculative={"method": "draft_model", "num_speculative_tokens": k})
     assert [r.token_ids for r in results] == [plain[tuple(p)] for p in PROMPTS[:3]]
     assert any(r.stats["num_accepted_tokens"] < r.stats["num_draft_tokens"] for r in results)
+    # every round verified all K drafts (the unrelated draft is never sure: with a draft stop
+    # each round would be K = 1)
+    assert all(r.stats["num_drafts"] > 0 for r in results)
+    assert all(r.stats["num_draft_tokens"] == k * r.stats["num_drafts"] for r in results)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_ngram_greedy_equals_plain(llm, plain, k):
     spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 2}
-    for p in PROMPTS:
-        assert llm.generate(p, max_new_tokens=40, speculative=spec).token_ids == plain[tuple(p)]
+    singles = [llm.generate(p, max_new_tokens=40, speculative=spec) for p in PROMPTS]
+    assert [r.token_ids for r in singles] == [plain[tuple(p)] for p in PROMPTS]
     results = llm.generate(PROMPTS[:3], max_new_tokens=40, speculative=spec)
     assert [r.token_ids for r in results] == [plain[tuple(p)] for p in PROMPTS[:3]]
+    # prompt lookup really drafted, and some drafts were right (not plain steps throughout)
+    for runs in (singles, results):
+        assert sum(r.stats["num_draft_tokens"] for r in runs) > 0
+        assert sum(r.stats["num_accepted_tokens"] for r in runs) > 0
 
 
-def test_eos_and_budget_cut_rounds(tiny_dir, tmp_path):
+def test_eos_and_budget_cut_rounds(tiny_noeos_dir, tmp_path, plain):
     """A round that commits several tokens stops at EOS (kept) and at max_new_tokens."""
-    from tests.tiny import make_model
+    import json
+    import shutil
 
-    draft = make_model(tmp_path / "d", "qwen2", seed=0)      # identical weights: always right
-    llm = specrt.LLM(tiny_dir, draft=draft, max_seq_len=256, dtype="float32")
-    eos = llm.eos_ids
+    # The target: tiny_noeos_dir's weights, with an EOS that plain greedy emits mid-answer
+    # (the first token of its answer to PROMPTS[0] that differs from the answer's first).
+    answer = plain[tuple(PROMPTS[0])]
+    eos = next(t for t in answer if t != answer[0])
+    target = shutil.copytree(tiny_noeos_dir, tmp_path / "target")
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    # The draft: the same weights, unquantized (draft_dtype "auto" is int8 on a CPU), drafting
+    # all K: always right, so every round commits K + 1 tokens unless EOS or the budget cuts it.
+    llm = specrt.LLM(target, draft=tiny_noeos_dir, max_seq_len=256, dtype="float32",
+                     draft_dtype="float32", draft_stop=0.0)
+    assert llm.eos_ids == {eos}
+    cut = set()          # the finish reasons of the runs whose last round was cut
     for p in PROMPTS:
         ref = llm.generate(p, max_new_tokens=33)
         spec = llm.generate(p, max_new_tokens=33,
                             speculative={"method": "draft_model", "num_speculative_tokens": 8})
         assert spec.token_ids == ref.token_ids
         assert spec.finish_reason == ref.finish_reason
-        assert len(spec.token_ids) <= 33
+        s = spec.stats
+        assert s["num_accepted_tokens"] == s["num_draft_tokens"] == 8 * s["num_drafts"] > 0
+        assert s["new_tokens"] == len(spec.token_ids)
         if spec.finish_reason == "eos":
-            assert spec.token_ids[-1] in eos and not set(spec.token_ids[:-1]) & eos
+            assert spec.token_ids[-1] == eos and eos not in spec.token_ids[:-1]
+            assert len(spec.token_ids) < 33
+        else:
+            assert spec.finish_reason == "length" and len(spec.token_ids) == 33
+            assert eos not in spec.token_ids
+        # the prefill commits 1 token and each round accepted + 1, unless its end was dropped
+        if s["new_tokens"] < s["target_passes"] + s["num_accepted_tokens"]:
+            cut.add(spec.finish_reason)
+    assert cut == {"eos", "length"}
 
 
 def test_metrics_are_consistent(llm):

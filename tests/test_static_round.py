@@ -48,9 +48,10 @@ def models(dirs):
             for name, make in (("torch_ref", lambda: "torch_ref"), ("cuda", cuda_backend.Cuda))}
 
 
-def generate(engine: Engine, prompts, spec: SpecConfig | None, params=None, budgets=BUDGETS
-             ) -> tuple[list[list[int]], int]:
-    """(each prompt's output, the rounds it took), all prompts admitted at once."""
+def generate(engine: Engine, prompts, spec: SpecConfig | None, params=None, budgets=BUDGETS,
+             record: list | None = None) -> tuple[list[list[int]], int]:
+    """(each prompt's output, the rounds it took), all prompts admitted at once; `record`
+    gets every step."""
     params = params or [SamplingParams()] * len(prompts)
     reqs = [Request(tuple(p), n, q, spec) for p, n, q in zip(prompts, budgets, params)]
     out = {r.request_id: [] for r in reqs}
@@ -61,6 +62,8 @@ def generate(engine: Engine, prompts, spec: SpecConfig | None, params=None, budg
     while steps:
         for s in steps:
             out[s.request_id] += s.new_tokens
+        if record is not None:
+            record += steps
         steps = engine.step()
         rounds += bool(steps)
         # the host mirrors (what eager passes and capacity checks read) match the device
@@ -156,9 +159,12 @@ def test_greedy_static_round_equals_plain(models, k, batch):
     assert all(s.ops > 0 for s in sections)
     assert {key[1] for key in engine.draft_drafter._loops} == {k}
     # n-gram drafts (host tokens, staged) through the same path
-    ngram, rounds = generate(engine, prompts, SpecConfig("ngram", k))
+    steps = []
+    ngram, rounds = generate(engine, prompts, SpecConfig("ngram", k), record=steps)
     assert ngram == plain
     assert len(sections) == engine.graphs.read_backs
+    # prompt lookup drafted, and was right at times (not plain steps throughout)
+    assert sum(len(s.draft_tokens) for s in steps) > 0 and sum(s.num_accepted for s in steps) > 0
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
