@@ -15,6 +15,12 @@ from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import NO_DRAFT, Proposal
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
+# Fixed costs where drafting pays: a memory-bound verify pass (T tokens cost a little more than
+# one) and a draft 20x cheaper than its target. The tiny draft is as big as its target, so on
+# the real clock's calibration auto may (rightly) never draft and a test of its output would
+# pass on plain rounds alone.
+PAYING = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
+                   draft=[0.05 + 0.01 * t for t in range(1, 33)])
 
 
 class OracleDrafter:
@@ -50,7 +56,19 @@ class OracleDrafter:
 
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3, dtype="float32")
+    return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3,
+                      dtype="float32")
+
+
+def _pin_costs(llm, spec, monkeypatch):
+    """Make `llm`'s auto planner for `spec` plan with PAYING costs (without a draft model: its
+    verify curve alone), and time nothing."""
+    def fixed(cls, target, draft, *args, **kwargs):
+        return PAYING if draft is not None else CostModel(verify=PAYING.verify, draft=[])
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(fixed))
+    planner = llm.engine.planner_for(SpecConfig(**spec))
+    # if it was built before (restored after the test, as the patch above)
+    monkeypatch.setattr(planner, "costs", fixed(CostModel, llm.engine.target, llm.engine.draft))
 
 
 def _run_with(llm, drafter, n_new, max_k=8):
@@ -92,24 +110,31 @@ def test_expected_tokens_formula():
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_auto_greedy_equals_plain(llm, batch):
+def test_auto_greedy_equals_plain(llm, batch, monkeypatch):
+    spec = {"method": "auto", "num_speculative_tokens": 6}
+    _pin_costs(llm, spec, monkeypatch)
     prompts = PROMPTS[:batch]
     plain = [llm.generate(p, max_new_tokens=48).token_ids for p in prompts]
-    res = llm.generate(prompts, max_new_tokens=48,
-                       speculative={"method": "auto", "num_speculative_tokens": 6})
+    res = llm.generate(prompts, max_new_tokens=48, speculative=spec)
     assert [r.token_ids for r in res] == plain
-    hist = res[0].stats["plan_histogram"]
-    assert sum(hist.values()) == res[0].stats["target_passes"] - 1   # every round planned
+    for r in res:
+        hist = r.stats["plan_histogram"]
+        assert sum(hist.values()) == r.stats["target_passes"] - 1   # every round planned
+        assert any(k.startswith("draft_model:") for k in hist), hist   # and it did draft
 
 
-def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir):
+def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir, monkeypatch):
     llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
+    spec = {"method": "auto", "num_speculative_tokens": 4}
+    _pin_costs(llm, spec, monkeypatch)
     prompt = [7, 8, 9, 10, 11, 12] * 6
     plain = llm.generate(prompt, max_new_tokens=40).token_ids
-    res = llm.generate(prompt, max_new_tokens=40,
-                       speculative={"method": "auto", "num_speculative_tokens": 4})
+    res = llm.generate(prompt, max_new_tokens=40, speculative=spec)
     assert res.token_ids == plain
-    assert all(k == "plain" or k.startswith("ngram:") for k in res.stats["plan_histogram"])
+    hist = res.stats["plan_histogram"]
+    assert all(k == "plain" or k.startswith("ngram:") for k in hist), hist
+    assert any(k.startswith("ngram:") for k in hist), hist               # it did draft
+    llm.close()
 
 
 def test_a_draft_and_its_target_are_calibrated_interleaved(llm, tmp_path, monkeypatch):
@@ -128,7 +153,12 @@ def test_a_draft_and_its_target_are_calibrated_interleaved(llm, tmp_path, monkey
         monkeypatch.setattr(model, "forward", timed)
     costs = CostModel.calibrate(target, draft, 3)
     timed_calls = order[2:]                                 # after one prefix forward each
-    assert timed_calls == ["target", "draft"] * (len(timed_calls) // 2)
+    # every timed T, in every repeat (a warm-up and _REPEATS; the narrow ones _DENSE_REPEATS)
+    points = calibration.timed_points(len(costs.verify))
+    dense = [t for t in points if t <= calibration._DENSE_T]
+    per_model = len(points) * (calibration._REPEATS + 1) \
+        + len(dense) * (calibration._DENSE_REPEATS - calibration._REPEATS)
+    assert timed_calls == ["target", "draft"] * per_model
     assert len(costs.verify) == len(costs.draft) >= 4
     saved = json.loads((tmp_path / "calibration.json").read_text())
     assert sum(" | beside " in k for k in saved) == 2
@@ -248,11 +278,20 @@ def test_calibration_prices_each_t_against_t1_of_the_same_repeat():
 def test_calibration_measures_a_cost_per_t(llm):
     costs = forward_seconds(llm.target, 5)
     assert len(costs) == 5 and all(c > 0 for c in costs)
-    assert costs == sorted(costs)                 # monotone in T by construction
     assert forward_seconds(llm.target, 5) is costs  # cached per model/dtype/device
     import json
     from specrt.spec.calibration import disk_path as _disk_path
     assert costs in json.loads(_disk_path().read_text()).values()
+
+
+def test_a_cost_curve_is_interpolated_between_timed_points_and_never_falls():
+    """Latency cannot fall as T grows: a timed point that reads faster than a narrower one
+    (timing noise) is raised to it, and so is what is interpolated after it."""
+    from specrt.spec.calibration import _curve
+
+    assert _curve({1: 1.0, 3: 2.0, 5: 1.5}, 5) == pytest.approx([1.0, 1.5, 2.0, 2.0, 2.0])
+    assert _curve({1: 2.0, 4: 1.0}, 4) == [2.0] * 4
+    assert _curve({1: 1.0, 2: 1.5, 4: 2.5}, 4) == pytest.approx([1.0, 1.5, 2.0, 2.5])
 
 
 class TwoKindsOfMatch:
@@ -366,12 +405,9 @@ def test_identical_requests_get_identical_plans_however_long_rounds_take(llm, mo
 
     spec = {"method": "auto", "num_speculative_tokens": 5}    # a planner of its own
     kw = dict(temperature=1.0, seed=7) if sampled else {}
-    # Fixed costs with a cheap draft, so that auto does speculate (the tiny draft is as big as
-    # its target: calibrated on the real clock, drafting sometimes never pays); only the
-    # rounds' clock is scrambled below.
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
-                      draft=[0.05 + 0.01 * t for t in range(1, 33)])
-    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a, **kw: costs))
+    # Fixed costs with a cheap draft, so that auto does speculate; only the rounds' clock is
+    # scrambled below.
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a, **kw: PAYING))
     llm.generate(PROMPTS[0], max_new_tokens=2, speculative=spec)
     runs = set()
     for trial in range(4):

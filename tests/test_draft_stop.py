@@ -15,6 +15,7 @@ from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext
 from specrt.spec.drafters.draft_model import DraftModelDrafter, confidence
 from specrt.spec.sampling import SamplingParams
+from tests.helpers import drain
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
 K = 6
@@ -139,11 +140,7 @@ def test_a_seeded_request_samples_the_same_alone_and_in_a_batch(llm):
     kw = dict(max_new_tokens=30, temperature=0.9, top_k=50,
               speculative={"method": "draft_model", "num_speculative_tokens": 4})
     alone = [llm.generate(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)]
-    runs = [llm.submit(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)]
-    for run in runs:
-        for _ in run.chunks():
-            pass
-    together = [run.result() for run in runs]
+    together = drain([llm.submit(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)])
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
     stats = [r.stats for r in alone]
     assert sum(s["num_drafts"] for s in stats) < sum(s["num_draft_tokens"] for s in stats) \

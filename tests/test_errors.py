@@ -1,26 +1,13 @@
 """Bad input gets one SpecrtError that names the problem and the fix, never a raw traceback."""
-import json
-import shutil
-
 import pytest
 
 import specrt
 from specrt.errors import SpecrtError
-
-
-def _copy(src, dst):
-    shutil.copytree(src, dst)
-    return dst
+from tests.helpers import copy_model, edit_json
 
 
 def _edit_config(d, **changes):
-    raw = json.loads((d / "config.json").read_text())
-    for k, v in changes.items():
-        if v is None and k in raw and k != "rope_scaling":
-            raw.pop(k)
-        else:
-            raw[k] = v
-    (d / "config.json").write_text(json.dumps(raw))
+    edit_json(d / "config.json", lambda raw: {**raw, **changes})
 
 
 def test_missing_model_dir(tmp_path):
@@ -29,28 +16,28 @@ def test_missing_model_dir(tmp_path):
 
 
 def test_missing_config_json(tiny_dir, tmp_path):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     (d / "config.json").unlink()
     with pytest.raises(SpecrtError, match=r"config.json does not exist"):
         specrt.LLM(d, dtype="float32")
 
 
 def test_bad_config_json(tiny_dir, tmp_path):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     (d / "config.json").write_text("{not json")
     with pytest.raises(SpecrtError, match="not valid JSON"):
         specrt.LLM(d, dtype="float32")
 
 
 def test_missing_weights(tiny_dir, tmp_path):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     (d / "model.safetensors").unlink()
     with pytest.raises(SpecrtError, match="no model weights"):
         specrt.LLM(d, dtype="float32")
 
 
 def test_corrupt_weights(tiny_dir, tmp_path):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     data = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(data[: len(data) // 3])
     with pytest.raises(SpecrtError, match="corrupt or truncated"):
@@ -60,7 +47,7 @@ def test_corrupt_weights(tiny_dir, tmp_path):
 def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     sd = load_file(d / "model.safetensors")
     sd.pop("model.layers.1.mlp.up_proj.weight")
     save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
@@ -73,7 +60,7 @@ def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
 
 
 def test_unknown_architecture(tiny_dir, tmp_path):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     _edit_config(d, architectures=["GPT2LMHeadModel"], model_type="gpt2")
     with pytest.raises(SpecrtError, match="unsupported architecture 'GPT2LMHeadModel'"):
         specrt.LLM(d, dtype="float32")
@@ -86,7 +73,7 @@ def test_unknown_architecture(tiny_dir, tmp_path):
     ({"use_sliding_window": True}, "use_sliding_window"),
 ])
 def test_unsupported_config_features(tiny_dir, tmp_path, changes, pattern):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     _edit_config(d, **changes)
     with pytest.raises(SpecrtError, match=pattern):
         specrt.LLM(d, dtype="float32")
@@ -143,14 +130,14 @@ def test_bad_dtype_and_device(tiny_dir):
 ])
 def test_config_value_names_field_value_and_fix(tiny_dir, tmp_path, changes, pattern):
     """More of this family, and the other bad-file families, in test_fuzz_files.py."""
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     _edit_config(d, **changes)
     with pytest.raises(SpecrtError, match=pattern + ".*fix"):
         specrt.LLM(d, dtype="float32")
 
 
 def test_sharded_index_weight_map_list(tiny_dir, tmp_path):
-    d = _copy(tiny_dir, tmp_path / "m")
+    d = copy_model(tiny_dir, tmp_path / "m")
     (d / "model.safetensors.index.json").write_text('{"weight_map": []}')
     with pytest.raises(SpecrtError, match="weight_map must be a non-empty object"):
         specrt.LLM(d, dtype="float32")

@@ -3,8 +3,8 @@ of `LLM(...)`, `generate`, `python -m specrt.generate` (in-process) and calibrat
 the explicit probe list of tests/bad_inputs.py.
 
 Outcomes are: success, or a SpecrtError (CLI: exit 2 and one `error:` line, no traceback) within
-a time bound. Bounded for CI: derandomized, a deadline per example, 250 examples in all (100 generate, 40 LLM(...), 80 CLI, 30
-calibration files; about 15 s on 2 cores).
+a time bound. Bounded for CI: derandomized, a deadline per example, 253 examples in all (100
+generate, 40 LLM(...), 80 CLI, 30 + 3 explicit calibration files; about 15 s on 2 cores).
 
 Probe (245 bad inputs: 56 LLM(...), 78 generate, 8 stream, 39 speculative configs, 51 generate
 CLI invocations, 8 models CLI invocations, 5 cache/calibration paths), measured with
@@ -17,11 +17,10 @@ import io
 import json
 import math
 import os
-import threading
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, example, given, settings, strategies as st
 
 import specrt
 from specrt.api import cli
@@ -30,6 +29,7 @@ from specrt.hub import cli as models_cli
 from specrt.hub.paths import cache_dir
 from specrt.spec import calibration
 from tests.bad_inputs import CASES
+from tests.helpers import run_bounded
 
 FUZZ = settings(max_examples=100, deadline=5000, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -45,20 +45,7 @@ def llm(tiny_dir):
 
 def _timed(fn):
     """('ok' | 'error' | 'traceback' | 'hang', value or exception), run in a thread."""
-    box = {}
-
-    def target():
-        try:
-            box["out"] = ("ok", fn())
-        except SpecrtError as e:
-            box["out"] = ("error", e)
-        except BaseException as e:            # noqa: BLE001 - that is what we count
-            box["out"] = ("traceback", e)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(SECONDS)
-    return box.get("out", ("hang", None))
+    return run_bounded(fn, SECONDS)
 
 
 def _cli(main, argv):
@@ -214,37 +201,55 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.float
                        | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
 
 
+VALID_CURVE = st.lists(st.floats(min_value=1e-6, max_value=10.0), min_size=1, max_size=8)
+
+
 @settings(FUZZ, max_examples=30, deadline=20000)
 @given(content=st.one_of(JSONISH.map(json.dumps), st.text(max_size=12),
                          st.lists(st.floats() | st.integers(-1, 2) | st.none(), max_size=40)
-                         .map(lambda v: json.dumps({"KEY": v}))))
+                         .map(lambda v: json.dumps({"KEY": v})),
+                         VALID_CURVE.map(lambda v: json.dumps({"KEY": v}))))
+@example(content=json.dumps({"KEY": [0.5, 0.25, 1.0, 2.0]}))      # valid: used as it is
+@example(content=json.dumps({"KEY": [0.5, 0.25, 1.0]}))           # valid, but not 4 long
+@example(content=json.dumps({"KEY": [0.5, 0.25, 1.0, -2.0]}))     # 4 long, not valid
 def test_fuzz_calibration_file(llm, tmp_path_factory, content):
+    """A cached entry under the model's key is used as it is if it is a valid curve of the
+    length asked for; anything else is measured again and the file rewritten with it."""
     path = tmp_path_factory.mktemp("cal") / "calibration.json"
     model = llm.target
-    key_probe = calibration.forward_seconds      # the entry point `auto` plans from
+    key = calibration.calibration_key(model, 4)   # what forward_seconds keys one model by
+    text = content.replace("KEY", key)
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raw = None
+    entry = raw.get(key) if isinstance(raw, dict) else None
+    usable = calibration.valid_entry(key, entry) and len(entry) == 4
+    event("entry used as it is" if usable else "measured again")
+    measured = []
+    real_measure = calibration._measure
     old = os.environ.get("SPECRT_CALIBRATION")
     os.environ["SPECRT_CALIBRATION"] = str(path)
+    calibration._measure = lambda *a: (measured.append(a), real_measure(*a))[1]
     try:
         calibration._cache.clear()
-        path.write_text(content.replace("KEY", _key(model, 4)))
-        curve = key_probe(model, 4)
+        path.write_text(text)
+        curve = calibration.forward_seconds(model, 4)     # the entry point `auto` plans from
         assert len(curve) == 4 and all(math.isfinite(x) and x > 0 for x in curve)
+        assert bool(measured) != usable, (usable, entry)
+        if usable:
+            assert curve == [float(x) for x in entry]
         saved = json.loads(path.read_text())
         assert isinstance(saved, dict)
         assert all(calibration.valid_entry(k, v) for k, v in saved.items())
+        assert saved[key] == curve                      # a re-measured curve replaced it
     finally:
+        calibration._measure = real_measure
         calibration._cache.clear()
         if old is None:
             os.environ.pop("SPECRT_CALIBRATION", None)
         else:
             os.environ["SPECRT_CALIBRATION"] = old
-
-
-def _key(model, max_t):
-    import torch
-
-    return "|".join(map(str, (model.source, model.dtype, model.device, torch.get_num_threads(),
-                              max_t, calibration.cpu_name(), model.backend.build_id)))
 
 
 def test_auto_survives_a_bad_calibration_file(tiny_dir, tmp_path, monkeypatch, caplog):

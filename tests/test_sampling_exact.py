@@ -14,6 +14,7 @@ from specrt.kernels import rejection_sample
 from specrt.kernels.reference import draw_randomness
 from specrt.model import Transformer
 from specrt.spec.sampling import param_row, sample, warp, warp_rows
+from tests.helpers import drain
 from tests.tiny import make_model
 
 # The seed study's five-word example: the target prefers "the", the draft prefers "a".
@@ -22,7 +23,10 @@ P = torch.tensor([0.40, 0.15, 0.20, 0.15, 0.10])
 Q = torch.tensor([0.17, 0.43, 0.20, 0.10, 0.10])
 
 
-def test_seed_study_pair_overlaps_by_072():
+def test_fixture_data_is_the_seed_study_pair():
+    """A guard of this file's own data, not of specrt: P and Q are the pair whose numbers
+    benchmarks/RESULTS.md and test_kernels.py quote (two distributions, sum min(p, q) = 0.72)."""
+    assert P.sum().item() == pytest.approx(1.0) and Q.sum().item() == pytest.approx(1.0)
     assert torch.minimum(P, Q).sum().item() == pytest.approx(0.72)
 
 
@@ -99,6 +103,8 @@ VOCAB = 12
 PROMPT = [1, 2, 3, 1, 2]
 BATCH = 2500
 ROUNDS = 8            # 20,000 samples per method
+SPEC_SEED = 1000      # request i of round r gets seed + r * BATCH + i: the speculative runs
+PLAIN_SEED = SPEC_SEED + BATCH * ROUNDS   # and plain sampling's use disjoint seeds
 
 
 @pytest.fixture(scope="module")
@@ -125,23 +131,33 @@ def _exact_joint(model_dir, params) -> np.ndarray:
     return joint
 
 
-def _samples(llm, params, spec) -> tuple[np.ndarray, int, int]:
-    """(counts of each 3-token output, draft tokens, rounds that drafted)"""
+def _samples(llm, params, spec, seed) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """(counts of each 3-token output, draft tokens, rounds that drafted, counts of each output
+    among the requests that drafted at least once)"""
     counts = np.zeros((VOCAB,) * 3)
+    drafting = np.zeros((VOCAB,) * 3)
     drafted = rounds = 0
     for r in range(ROUNDS):
         # one seed per request: each request's randomness is its own
         runs = [llm.submit(PROMPT, max_new_tokens=3, temperature=params.temperature,
-                           top_k=params.top_k, top_p=params.top_p, seed=1000 + r * BATCH + i,
+                           top_k=params.top_k, top_p=params.top_p, seed=seed + r * BATCH + i,
                            speculative=spec) for i in range(BATCH)]
-        for run in runs:
-            for _ in run.chunks():
-                pass
-            res = run.result()
+        for res in drain(runs):
             counts[tuple(res.token_ids)] += 1
             drafted += res.stats["num_draft_tokens"]
             rounds += res.stats["num_drafts"]
-    return counts, drafted, rounds
+            drafting[tuple(res.token_ids)] += res.stats["num_drafts"] > 0
+    return counts, drafted, rounds, drafting
+
+
+def _lookup_matches() -> np.ndarray:
+    """[t1, t2, t3]: whether a request with that output finds a prompt-lookup match (n >= 1)
+    in a round: round 1 looks its last token t1 up in PROMPT; a round 1 without drafts commits
+    t2 alone, and round 2 looks t2 up in PROMPT + [t1]."""
+    found = np.zeros((VOCAB,) * 3, dtype=bool)
+    for t1, t2 in itertools.product(range(VOCAB), repeat=2):
+        found[t1, t2, :] = t1 in PROMPT or t2 in PROMPT + [t1]
+    return found
 
 
 def _binned(expected_p, *counts, min_expected=5.0):
@@ -164,8 +180,9 @@ def _llm(pair, **kwargs):
 
 @pytest.fixture(scope="module")
 def plain_counts(small_pair):
-    """Plain sampling's counts (the same seeds as every method's), drawn once for all."""
-    return _samples(_llm(small_pair), SAMPLING, None)[0]
+    """Plain sampling's counts, drawn once for all, on seeds none of the speculative runs use
+    (the two-sample test below assumes independent samples)."""
+    return _samples(_llm(small_pair), SAMPLING, None, PLAIN_SEED)[0]
 
 
 @pytest.mark.parametrize("method, k, stop", [
@@ -187,9 +204,17 @@ def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts,
 
         planner = llm.engine.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
         planner.costs = CostModel(verify=[1.0 + 1e-5 * t for t in range(40)], draft=[0.0] * 40)
-    spec_counts, drafted, rounds = _samples(llm, SAMPLING, {"method": method,
-                                                            "num_speculative_tokens": k})
+    spec_counts, drafted, rounds, drafting = _samples(
+        llm, SAMPLING, {"method": method, "num_speculative_tokens": k}, SPEC_SEED)
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
+    if method == "ngram":
+        # Prompt lookup drafts where the text repeats: here ~64% of the requests, all of them.
+        could = spec_counts * _lookup_matches()
+        assert (drafting == could).all(), (int(drafting.sum()), int(could.sum()))
+    else:
+        # Nearly every sample comes from a request that drafted (observed: all of them), not
+        # from plain rounds.
+        assert drafting.sum() >= 0.9 * BATCH * ROUNDS, int(drafting.sum())
     if method == "draft_model" and k > 1:
         if stop:
             assert rounds < drafted < k * rounds, (rounds, drafted)   # some rounds stopped

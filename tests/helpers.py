@@ -1,0 +1,54 @@
+"""Small helpers shared by several test files: copying and editing a model directory, running
+a call under a hang bound, and draining submitted runs."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from specrt.errors import SpecrtError
+
+
+def copy_model(src: Path, dst: Path | None = None) -> Path:
+    """A copy of the model directory `src` at `dst` (default: `m` in a new temporary
+    directory, which the caller may remove with its parent)."""
+    dst = Path(tempfile.mkdtemp(prefix="specrt-test-")) / "m" if dst is None else Path(dst)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_json(path: Path, mutate) -> None:
+    """Rewrite the JSON file `path` as mutate(its parsed content)."""
+    path = Path(path)
+    path.write_text(json.dumps(mutate(json.loads(path.read_text()))))
+
+
+def run_bounded(fn, seconds: float):
+    """Run fn() in a daemon thread for at most `seconds`: (kind, value), kind "ok" (value: what
+    it returned), "error" (a SpecrtError), "traceback" (any other exception) or "hang" (still
+    running at the bound; value None)."""
+    box = {}
+
+    def target():
+        try:
+            box["out"] = ("ok", fn())
+        except SpecrtError as e:
+            box["out"] = ("error", e)
+        except BaseException as e:            # noqa: BLE001 - the caller judges it
+            box["out"] = ("traceback", e)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    return box.get("out", ("hang", None))
+
+
+def drain(runs) -> list:
+    """The results of runs submitted together (`LLM.submit`), each read to its end. For
+    requests that `LLM.generate` cannot batch: each with its own seed."""
+    for run in runs:
+        for _ in run.chunks():
+            pass
+    return [run.result() for run in runs]
