@@ -75,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "2,4 with --quick)")
     p.add_argument("--auto-k", type=int, default=16, help="num_speculative_tokens of auto "
                    "(default 16, as the library's)")
-    p.add_argument("--methods", default=None, help="only these, e.g. plain,ngram:4,"
-                   "draft_model:4,auto:16 (a name without :K means every K in --ks); hf:plain, "
-                   "hf:assisted:K, hf:lookup:K entries replace the default HF set")
+    p.add_argument("--methods", default=None, help="specrt's methods, e.g. plain,ngram:4,"
+                   "draft_model:4,auto:16 (a name without :K means every K in --ks; plain is "
+                   "always added); hf:... and llamacpp:... entries replace that system's "
+                   "default set, which runs otherwise (--no-hf leaves HF out)")
     p.add_argument("--hf-k", default=None, help="K values of the HF methods (default 4,8; "
                    "4 with --quick)")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face")
