@@ -22,7 +22,7 @@ build: $(STAMP)
 # Everything, the packaging tests too (tests/test_packaging.py: build the sdist and wheels and
 # install them outside the repo, ~1-2 min); a quicker local run: PYTEST_ARGS='-m "not packaging"'
 test: build compile-check
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests benchmarks/tests $(PYTEST_ARGS)
 
 # Every Triton kernel variant the launchers can pick, compiled for sm_90 and sm_80 with the
 # triton wheel's ptxas: no GPU needed, under a minute on 2 cores. Fails on a compile error, a bf16

@@ -1,7 +1,8 @@
 """Small helpers shared by several test files: copying and editing a model directory, running
-a call under a hang bound, and draining submitted runs."""
+a call under a hang bound, draining submitted runs, and whether a source imports benchmarks/."""
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import tempfile
@@ -52,3 +53,15 @@ def drain(runs) -> list:
         for _ in run.chunks():
             pass
     return [run.result() for run in runs]
+
+
+def imports_benchmarks(source: str) -> bool:
+    """Whether Python `source` imports benchmarks/ (anywhere in it, comments and strings
+    aside)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(
+                a.name.split(".")[0] == "benchmarks" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "benchmarks":
+            return True
+    return False

@@ -1,6 +1,6 @@
 """What the Triton kernel tests share: where they run and how close a kernel must come.
 
-On CPU the kernels run under the Triton interpreter (tests/conftest.py sets
+On CPU the kernels run under the Triton interpreter (tests/session.py sets
 TRITON_INTERPRET=1), whose bf16 arithmetic is wrong: bf16 cases run on CUDA only.
 """
 import pytest

@@ -2,7 +2,7 @@
 (`reference_layer.matmul`), and its promise: a row's bits do not depend on how many rows, or
 which, share the call.
 
-On CPU the kernel runs under the Triton interpreter (tests/conftest.py), so shapes are small;
+On CPU the kernel runs under the Triton interpreter (tests/session.py), so shapes are small;
 bf16 runs on CUDA only (the interpreter's bf16 arithmetic is wrong). On the interpreter every
 tile's `tl.dot` has the same [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] shape whatever M is, so the
 row-invariance tests check what the kernel controls (tiles, masks, k order, splits and their

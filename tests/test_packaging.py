@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 
 import specrt
+from tests.helpers import imports_benchmarks
 
 pytestmark = pytest.mark.packaging
 
@@ -111,6 +112,11 @@ def test_sdist_has_what_the_build_needs(dists):
               "csrc/cpu/ops.h", "csrc/cpu/ops.cpp", "specrt/__init__.py"):
         assert f in names, f"{f} missing from the sdist"
     assert not any(n.endswith(".so") for n in names)
+    with tarfile.open(dists.sdist) as tar:      # the shipped tests run without benchmarks/
+        tests = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()
+                 if re.search(r"/tests/[^/]+\.py$", m.name)}
+    assert any(n.endswith("/tests/test_packaging.py") for n in tests), sorted(tests)[:5]
+    assert not [n for n, text in tests.items() if imports_benchmarks(text)]
 
 
 def _name(requirement: str) -> str:

@@ -4,7 +4,7 @@ Each op runs the Triton kernel when its inputs are CUDA tensors and the PyTorch 
 otherwise. `SPECRT_KERNELS=triton|reference` forces one backend; it is read at every call
 so tests can monkeypatch it. Forcing `triton` on CPU tensors runs the kernels under the
 Triton interpreter, which needs TRITON_INTERPRET=1 set before the first import of a kernel
-module (tests/conftest.py does this when CUDA is absent).
+module (tests/session.py does this when CUDA is absent).
 
 Triton is imported only when a call first needs it, so CPU users need no triton at all.
 """
