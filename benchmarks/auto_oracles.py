@@ -38,7 +38,7 @@ from benchmarks.harness.model_dirs import resolve_with_draft
 
 def build_parser():
     p = cli.parser("benchmarks.auto_oracles", __doc__)
-    cli.add_common_args(p, out=False)
+    cli.add_common_args(p, out=False, progress=False)     # replays: seconds
     p.add_argument("--traces", default=str(TRACES))
     p.add_argument("--budgets", default=None,
                    help="max_new_tokens values to replay at, none past the traces' recorded "

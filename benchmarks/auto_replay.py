@@ -46,6 +46,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks import e2e_plan
 from benchmarks.harness import cli, report
 from benchmarks.harness.model_dirs import resolve_with_draft
 from specrt.spec.config import DRAFT_STOP
@@ -71,7 +72,7 @@ def build_parser():
                      help=f"prompt sets to record (default all: {','.join(PROMPT_SETS)}); the "
                           "traces of other sets already in --traces are kept")
     rep = sub.add_parser("replay", help="replay auto and the fixed settings on the traces")
-    cli.add_common_args(rep, out=False)
+    cli.add_common_args(rep, out=False, progress=False)          # replays: seconds
     cli.add_record_args(rep)
     rep.add_argument("--traces", default=str(TRACES))
     rep.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
@@ -230,7 +231,7 @@ def render(rows: list[dict], auto: str) -> str:
 def prompt_items(sets: dict[str, Path] = PROMPT_SETS) -> list[tuple[str, str, dict]]:
     """(set, task, prompt item) of every prompt of every set."""
     return [(s, task, item) for s, path in sets.items()
-            for task, group in json.loads(Path(path).read_text())["tasks"].items()
+            for task, group in e2e_plan.prompt_tasks(str(path)).items()
             for item in group]
 
 

@@ -11,6 +11,7 @@ differ.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -24,12 +25,16 @@ def sparse_points(max_t: int) -> list[int]:
     return sorted({1, min(2, max_t), (max_t + 1) // 2, max_t})
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.calibration_points", __doc__)
-    cli.add_common_args(p, out=False)
+    cli.add_common_args(p, out=False, progress=False)     # a line per calibration
     p.add_argument("--rounds", type=int, default=2, help="calibrations per scheme (default 2)")
     p.add_argument("--k", type=int, default=8, help="auto's K_max (default 8)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     cli.setup_torch(args.threads, args.device)
     import specrt
     from specrt.spec import calibration

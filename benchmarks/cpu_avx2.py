@@ -22,13 +22,13 @@ last line.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 from unittest import mock
 
+from benchmarks import e2e_plan
 from benchmarks.harness import cli, machine, report, timing
 from benchmarks.harness.model_dirs import resolve_with_draft
 
@@ -40,7 +40,7 @@ METHODS = (("plain", None),
 
 def build_parser():
     p = cli.parser("benchmarks.cpu_avx2", __doc__)
-    cli.add_common_args(p, out=False)
+    cli.add_common_args(p, out=False, dtype=False, device=False)   # bf16 on the CPU only
     cli.add_record_args(p)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of part 1 (median)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="part 2's answer length")
@@ -124,15 +124,18 @@ def _engine(old: bool, target_dir, draft_dir):
 
 
 def end_to_end(args, target_dir, draft_dir) -> tuple[str, dict]:
-    prompts = json.loads((Path(__file__).parent / "prompts.json").read_text())["tasks"]
-    items = [(task, entries[0]) for task, entries in prompts.items()]
+    path = str(Path(__file__).parent / "prompts.json")
+    items = e2e_plan.load_prompts(path, tuple(e2e_plan.prompt_tasks(path)), 1)
+    if any(not isinstance(item.text, str) for item in items):
+        cli.fail(f"{path}: part 2 encodes text prompts; give each item a \"prompt\"")
     engines = {"old": _engine(True, target_dir, draft_dir),
                "new": _engine(False, target_dir, draft_dir)}
     rows, out = [], {}
-    for task, item in cli.progress(items, desc="prompts", disable=args.no_progress):
+    for item in cli.progress(items, desc="prompts", disable=args.no_progress):
+        task = item.task
         for name in (("old", "new") if len(rows) % 2 == 0 else ("new", "old")):
             llm = engines[name]
-            ids = llm.encode(item["prompt"], chat=True)
+            ids = llm.encode(item.text, chat=True)
             plain_ids = None
             for method, spec in METHODS:
                 res = llm.generate(ids, max_new_tokens=args.max_new_tokens, speculative=spec)

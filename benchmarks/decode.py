@@ -38,9 +38,9 @@ GOAL_VS_HF = 1.5
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.decode", __doc__,
                    epilog=__doc__.split("\n\n", 2)[2])
-    cli.add_common_args(p, draft=False)
+    cli.add_common_args(p, draft=False, dtype=False)              # --dtypes instead
     p.add_argument("--dtypes", default=None, help="comma-separated dtypes to run "
-                   "(default bfloat16,float32; overrides --dtype)")
+                   "(default bfloat16,float32)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per generation "
                    "(default 64)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per dtype "

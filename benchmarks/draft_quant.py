@@ -35,7 +35,7 @@ PROMPTS = Path(__file__).with_name("prompts.json")
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.draft_quant", __doc__)
-    cli.add_common_args(p)
+    cli.add_common_args(p, out=False, progress=False)     # a line per prompt on stderr
     cli.add_record_args(p)
     p.add_argument("--quick", action="store_true", help="1 prompt per task, 48 tokens, K=4")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts file (benchmarks/prompts.json "

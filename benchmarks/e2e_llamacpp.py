@@ -28,15 +28,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks.e2e_records import E2EResult, Measurement, Method
+from benchmarks.e2e_summary import NAN, ratio
 from benchmarks.harness import cli, compare, report, results
 from benchmarks.llamacpp.commands import NGRAM_N, decode_counts_first_token
 
 SECTION = "## specrt vs llama.cpp (benchmarks/e2e.py --llamacpp)"
-NAN = float("nan")
-
-
-def _ratio(x: float, y: float) -> float:
-    return x / y if y and x == x and y == y else NAN
 
 
 @dataclass(frozen=True)
@@ -94,9 +90,9 @@ def _accept(rs: list[Measurement]) -> float | None:
     if rs[0].method.engine == "specrt":
         st = [r.stats for r in rs if r.stats]
         drafted = sum(x["num_draft_tokens"] for x in st)
-        return _ratio(sum(x["num_accepted_tokens"] for x in st), drafted)
+        return ratio(sum(x["num_accepted_tokens"] for x in st), drafted)
     da = [r.drafted_accepted for r in rs if r.drafted_accepted]
-    return _ratio(sum(a for _, a in da), sum(d for d, _ in da))
+    return ratio(sum(a for _, a in da), sum(d for d, _ in da))
 
 
 def generated_tokens(r: Measurement) -> int:
@@ -114,14 +110,14 @@ def _rows(task: str, records: list[Measurement], order: tuple[Method, ...]) -> l
         if r.task == task and r.decode_seconds is not None:
             by[r.method].append(r)
     by = {m: rs for m, rs in by.items() if rs}
-    speed = {m: _ratio(sum(r.decode_tokens for r in rs), sum(r.decode_seconds for r in rs))
+    speed = {m: ratio(sum(r.decode_tokens for r in rs), sum(r.decode_seconds for r in rs))
              for m, rs in by.items()}
-    whole = {m: _ratio(sum(generated_tokens(r) for r in rs), sum(r.wall for r in rs))
+    whole = {m: ratio(sum(generated_tokens(r) for r in rs), sum(r.wall for r in rs))
              for m, rs in by.items()}
     return [Row(task=task, method=m.label, engine=m.engine,
                 tokens=sum(r.decode_tokens for r in rs),
                 seconds=sum(r.decode_seconds for r in rs), tok_s=speed[m], whole_tok_s=whole[m],
-                vs_own_plain=_ratio(speed[m], speed.get(Method(m.engine, "plain"), NAN)),
+                vs_own_plain=ratio(speed[m], speed.get(Method(m.engine, "plain"), NAN)),
                 accept=_accept(rs), mismatches=sum(r.first_diff is not None for r in rs))
             for m, rs in by.items()]
 
@@ -136,12 +132,12 @@ def _task_line(task: str, rows: list[Row]) -> TaskLine:
     sb, lb = best("specrt"), best("llamacpp")
     wb, wl = (best(e, lambda r: r.whole_tok_s) for e in ("specrt", "llamacpp"))
     sp, lp = plain("specrt"), plain("llamacpp")
-    return TaskLine(task=task, specrt_plain=sp, llamacpp_plain=lp, plain_ratio=_ratio(sp, lp),
+    return TaskLine(task=task, specrt_plain=sp, llamacpp_plain=lp, plain_ratio=ratio(sp, lp),
                     specrt_best=sb.method, specrt_best_tok_s=sb.tok_s, llamacpp_best=lb.method,
-                    llamacpp_best_tok_s=lb.tok_s, best_ratio=_ratio(sb.tok_s, lb.tok_s),
+                    llamacpp_best_tok_s=lb.tok_s, best_ratio=ratio(sb.tok_s, lb.tok_s),
                     specrt_best_whole=wb.method, specrt_best_whole_tok_s=wb.whole_tok_s,
                     llamacpp_best_whole=wl.method, llamacpp_best_whole_tok_s=wl.whole_tok_s,
-                    best_whole_ratio=_ratio(wb.whole_tok_s, wl.whole_tok_s))
+                    best_whole_ratio=ratio(wb.whole_tok_s, wl.whole_tok_s))
 
 
 def side_by_side(result: E2EResult) -> SideBySide:

@@ -18,7 +18,8 @@ GOAL_AUTO_VS_BEST = 0.95
 NAN = float("nan")
 
 
-def _ratio(x: float, y: float) -> float:
+def ratio(x: float, y: float) -> float:
+    """x / y, NaN where y is 0 or either is NaN (a table shows it as '-')."""
     return x / y if y else NAN
 
 
@@ -40,7 +41,7 @@ def _spec_fields(rs: list[Measurement]) -> dict:
     acc = sum(x["num_accepted_tokens"] for x in st)
     nd = sum(x["num_drafts"] for x in st)
     rej = sum(r.rejections for r in rs)
-    return {"acceptance_rate": _ratio(acc, drafted), "a": _ratio(acc, acc + rej),
+    return {"acceptance_rate": ratio(acc, drafted), "a": ratio(acc, acc + rej),
             "mean_acceptance_length": 1 + acc / nd if nd else NAN,
             "tokens_per_target_pass": sum(x["new_tokens"] for x in st)
             / max(1, sum(x["target_passes"] for x in st)),
@@ -54,7 +55,7 @@ def _repeat_tok_s(rs: list[Measurement]) -> tuple[float, ...]:
     greedy gives the same ones every repeat)."""
     repeats = min((len(r.walls) for r in rs), default=0)
     tokens = sum(r.new_tokens for r in rs)
-    return tuple(_ratio(tokens, sum(r.walls[i] for r in rs)) for i in range(repeats))
+    return tuple(ratio(tokens, sum(r.walls[i] for r in rs)) for i in range(repeats))
 
 
 def summarize_method(m: Method, rs: list[Measurement], plain_tok_s: float | None,
@@ -66,8 +67,8 @@ def summarize_method(m: Method, rs: list[Measurement], plain_tok_s: float | None
         method=m, prompts=len(rs), new_tokens=tokens, seconds=wall, tok_s=tok_s,
         mismatches=sum(r.first_diff is not None for r in rs),
         first_diffs=tuple(r.first_diff for r in rs),
-        speedup=_ratio(tok_s, plain_tok_s),
-        speedup_vs_hf_plain=_ratio(tok_s, hf_plain_tok_s) if m.engine == "hf" else None,
+        speedup=ratio(tok_s, plain_tok_s),
+        speedup_vs_hf_plain=ratio(tok_s, hf_plain_tok_s) if m.engine == "hf" else None,
         **_spec_fields(rs))
 
 
@@ -80,7 +81,7 @@ def per_task_method(config: RunConfig, records: list[Measurement]) -> dict:
 
         def base(m: Method) -> float | None:
             rs = by.get(m)
-            return _ratio(sum(r.new_tokens for r in rs), sum(r.wall for r in rs)) if rs else None
+            return ratio(sum(r.new_tokens for r in rs), sum(r.wall for r in rs)) if rs else None
 
         plain, hf_plain = base(Method("specrt", "plain")), base(Method("hf", "plain"))
         out[t] = {m.label: summarize_method(m, rs, plain, hf_plain) for m, rs in by.items()}

@@ -210,7 +210,8 @@ def main(argv=None) -> int:
         prompt = torch.randint(0, model.cfg.vocab_size, (1, args.context), device=device)
         model.forward(prompt, cache)
         floor_ms = model.weight_bytes / (args.hbm_tbps * 1e12) * 1e3
-        m = {"weight_bytes": model.weight_bytes, "floor_ms": floor_ms, "backend": model.backend.name}
+        m = {"weight_bytes": model.weight_bytes, "floor_ms": floor_ms,
+             "backend": model.backend.name}
         m["decode_ms"] = runner_ms(model, cache, 1, reps)
         m["decode_over_floor"] = m["decode_ms"] / floor_ms
         m["verify_over_step"] = {t: runner_ms(model, cache, t, reps) / m["decode_ms"]
@@ -222,8 +223,8 @@ def main(argv=None) -> int:
         m["syncs_graphed_verify"] = count_syncs(
             lambda: one.run(torch.ones(1, 8, dtype=torch.int64, device=device)), device)
         cache.truncate([args.context])
-        m["syncs_eager_decode"] = count_syncs(
-            lambda: model.forward(torch.ones(1, 1, dtype=torch.int64, device=device), cache), device)
+        one_token = torch.ones(1, 1, dtype=torch.int64, device=device)
+        m["syncs_eager_decode"] = count_syncs(lambda: model.forward(one_token, cache), device)
         cache.truncate([args.context])
         if shape in ("1.5b", "tiny") and time.perf_counter() - t_start < args.budget:
             m["exact"] = exactness(model, prompt[:, :64], 512 if not args.tiny else 16, 8)

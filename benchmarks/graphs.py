@@ -105,17 +105,6 @@ def random_model(shapes: dict, dtype, device, max_seq_len: int, seed: int = 0):
     return Transformer(cfg, w, max_seq_len)
 
 
-def copy_bandwidth(device: str, nbytes: int, repeats: int) -> float:
-    """GB/s of a device copy `dst.copy_(src)`, counting bytes read + written (median)."""
-    import torch
-
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = timing.measure(lambda: dst.copy_(src), repeats, warmup=2, device=device)
-    del src, dst
-    return 2 * nbytes / timing.median(times) / 1e9
-
-
 def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: int,
                device: str) -> dict:
     """Drive the eager and the static drafter in lockstep; time each proposal."""
@@ -133,7 +122,7 @@ def run_config(model, drafters, B: int, K: int, prompts, rounds: int, warmup: in
     for r in range(1 + warmup + rounds):
         ctx = DraftContext([list(h) for h in histories], [True] * B, [params] * B, [None] * B)
         out = {}
-        for name, d in drafters.items():
+        for name, d in (drafters.items() if r % 2 == 0 else list(drafters.items())[::-1]):
             box = []
             timing.sync(device)
             secs = timing.time_once(lambda: box.append(d.propose(ctx, K)), device)
@@ -173,8 +162,9 @@ def sweep(model, shapes: dict, batches, ks, args, repeats: int, device: str, max
     gen = torch.Generator().manual_seed(0)
     rows = []
     for B in batches:
+        # the eager drafter drafts all K too (no draft_stop), as the static one always does
         drafters = {"eager": DraftModelDrafter(model, shapes["vocab_size"], B, max_seq,
-                                               static=False),
+                                               static=False, stop_below=0.0),
                     "static": DraftModelDrafter(model, shapes["vocab_size"], B, max_seq,
                                                 static=True)}
         for K in ks:
@@ -245,7 +235,7 @@ def main(argv=None) -> int:
     timing.sync(device)
     build_s = time.perf_counter() - t0
     copy_bytes = (1 << 30) if cuda else (1 << 26)
-    copy_gbps = copy_bandwidth(device, copy_bytes, repeats=10 if cuda else 5)
+    copy_gbps = timing.copy_bandwidth(device, copy_bytes, repeats=10 if cuda else 5)
     wb = model.weight_bytes
     floor_ms = wb / (copy_gbps * 1e9) * 1e3
     print(f"model: {shapes_name} {dtype_name} on {device}, {wb / 1e9:.3f} GB of weights read "

@@ -24,7 +24,7 @@ from benchmarks.harness.model_dirs import resolve_with_draft
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.huge_pages", __doc__)
-    cli.add_common_args(p)
+    cli.add_common_args(p, out=False, dtype=False, device=False)   # bf16 on the CPU only
     p.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
     p.add_argument("--order", choices=("huge-first", "small-first"), default="huge-first",
                    help="which copy of each model is loaded first (default huge-first)")
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     weights = {k: bandwidth.weight_tensors(m) for k, m in models.items()}
     step = {k: [] for k in models}
     floor = {k: [] for k in models}
-    for r in range(args.rounds):
+    for r in cli.progress(range(args.rounds), desc="rounds", disable=args.no_progress):
         for name in loads:
             for huge in ((True, False) if r % 2 == 0 else (False, True)):
                 k = (name, huge)

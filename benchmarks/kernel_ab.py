@@ -6,9 +6,10 @@ Builds the `_gemv` extension's sources (csrc/cpu/gemv*.cpp, stream_read.cpp, the
 two git revisions (default: HEAD~1 against the working tree) into a temporary folder, each as
 its own uniquely named module, loads both, checks that they give the same bits (unless
 --allow-different-bits), and times the bf16 product over the 1.5B target's matrix shapes (28
-layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights, 2.6 GB),
-rounds interleaved (--format int8: the 0.5B draft's shapes, 24 layers, int8), with the streaming read over the same tensors as the floor. Prints GB/s
-(weight bytes / time; median and best of the rounds) per build and row count.
+layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights,
+2.6 GB), rounds interleaved, the order reversed every other round (--format int8: the 0.5B
+draft's shapes, 24 layers, int8), with the streaming read over the same tensors as the floor.
+Prints GB/s (weight bytes / time; median and best of the rounds) per build and row count.
 
 Why its own modules: CPython keeps one module per extension name, so loading a second build
 under the name `specrt._gemv` silently returns the first (an A/B of two identical modules).
@@ -136,7 +137,8 @@ def main(argv=None) -> None:
                    for _ in range(LAYERS["bf16"]) for n, k in shapes]
     else:
         weights = [(torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8),
-                    torch.rand(n, generator=g) * 0.01) for _ in range(LAYERS["int8"]) for n, k in shapes]
+                    torch.rand(n, generator=g) * 0.01)
+                   for _ in range(LAYERS["int8"]) for n, k in shapes]
     nbytes = sum(w.numel() * w.element_size() for w, *_ in weights)
     # each build's weights, in the layout it reads (the same values)
     laid = {tag: _packed(mod, weights) if args.format == "int8" else weights
@@ -163,18 +165,19 @@ def main(argv=None) -> None:
                 mods["B"].stream_read(w.data_ptr(), w.numel() * w.element_size(), args.threads)
 
         gbps: dict[str, list[float]] = {"A": [], "B": [], "floor": []}
-        for _ in range(args.rounds):
-            for name, fn in (("A", lambda: run("A")), ("B", lambda: run("B")), ("floor", stream)):
+        turns = (("A", lambda: run("A")), ("B", lambda: run("B")), ("floor", stream))
+        for r in range(args.rounds):        # the order reversed every other round (drift)
+            for name, fn in (turns if r % 2 == 0 else turns[::-1]):
                 t0 = time.perf_counter()
                 fn()
                 gbps[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
         med = {k: statistics.median(v) for k, v in gbps.items()}
-        print(f"\n{args.format}, M = {m}, {nbytes / 1e9:.2f} GB of weights, {args.rounds} rounds, bits "
-              f"{'identical' if same else 'DIFFERENT'}")
+        print(f"\n{args.format}, M = {m}, {nbytes / 1e9:.2f} GB of weights, {args.rounds} "
+              f"rounds, bits {'identical' if same else 'DIFFERENT'}")
         print(report.table(["", "median GB/s", "best GB/s", "of floor"], [
-            [f"A {args.base}", f"{med['A']:.1f}", f"{max(gbps['A']):.1f}", f"{med['A'] / med['floor']:.2f}"],
-            [f"B {args.new}", f"{med['B']:.1f}", f"{max(gbps['B']):.1f}", f"{med['B'] / med['floor']:.2f}"],
-            ["streaming read", f"{med['floor']:.1f}", f"{max(gbps['floor']):.1f}", "1.00"]]))
+            [f"{tag} {rev}", f"{med[tag]:.1f}", f"{max(gbps[tag]):.1f}",
+             f"{med[tag] / med['floor']:.2f}"] for tag, rev in (("A", args.base), ("B", args.new))
+        ] + [["streaming read", f"{med['floor']:.1f}", f"{max(gbps['floor']):.1f}", "1.00"]]))
         print(f"B / A: {med['B'] / med['A']:.2f}")
 
 

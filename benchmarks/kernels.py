@@ -5,8 +5,9 @@ Run: python -m benchmarks.kernels            (on a GPU; a few minutes)
                                               Triton interpreter, which only proves the script)
      --out DIR also writes the JSON to DIR/kernels.json.
 
-Sections (median of repeats; CUDA events on a GPU, with L2 flushed before each repeat so
-cache-sized inputs are read from HBM; time.perf_counter on CPU):
+Sections (median of repeats, each kernel timed in turns with what it is compared with; CUDA
+events on a GPU, with L2 flushed before each call so cache-sized inputs are read from HBM;
+time.perf_counter on CPU):
   copy          device copy bandwidth: a large `dst.copy_(src)`, bytes read + written / time.
   verify_attention   kernel vs F.scaled_dot_product_attention with an explicit boolean mask
                 (enable_gqa) for T new tokens against a full cache of length L, Qwen2.5-1.5B
@@ -24,8 +25,6 @@ import json
 import math
 import os
 import pathlib
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +37,7 @@ import importlib  # noqa: E402
 
 import triton  # noqa: E402
 
+from benchmarks.harness import timing  # noqa: E402
 from specrt.kernels import reference  # noqa: E402
 
 attention_kernel = importlib.import_module("specrt.kernels.triton.verify_attention")
@@ -50,49 +50,31 @@ VOCAB = 151936
 
 
 class Timer:
-    """Median wall time of `fn()` in ms; on CUDA, events around each call after an L2 flush."""
+    """Median ms of callables timed in turns (`timing.interleaved`); on CUDA with L2 flushed
+    before each call, so cache-sized inputs are read from HBM."""
 
     def __init__(self, reps: int, warmup: int):
         self.reps, self.warmup = reps, warmup
-        self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device=DEVICE) if CUDA else None
+        flush = torch.empty(256 * 2**20, dtype=torch.int8, device=DEVICE) if CUDA else None
+        self.setup = flush.zero_ if flush is not None else None
 
-    def __call__(self, fn) -> float:
-        for _ in range(self.warmup):
-            fn()
-        times = []
-        for _ in range(self.reps):
-            if CUDA:
-                self.flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-
-
-def copy_bandwidth(timer: Timer, nbytes: int) -> float:
-    """GB/s of a device copy, counting bytes read + written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms * 1e-3) / 1e9
+    def __call__(self, *fns) -> list[float]:
+        times = timing.interleaved(dict(enumerate(fns)), self.reps, self.warmup, DEVICE,
+                                   self.setup)
+        return [timing.median(times[i]) * 1e3 for i in range(len(fns))]
 
 
 def sdpa_attention(q, k_cache, v_cache, mask, scale):
     """F.scaled_dot_product_attention on [B, T, Hq, D] queries; mask [B, 1, T, S] bool."""
     qh = q.transpose(1, 2)  # [B, Hq, T, D]
     try:
-        out = F.scaled_dot_product_attention(qh, k_cache, v_cache, attn_mask=mask, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(qh, k_cache, v_cache, attn_mask=mask, scale=scale,
+                                             enable_gqa=True)
     except TypeError:  # torch without enable_gqa: repeat the kv heads
         rep = q.shape[2] // k_cache.shape[1]
         out = F.scaled_dot_product_attention(qh, k_cache.repeat_interleave(rep, 1),
-                                             v_cache.repeat_interleave(rep, 1), attn_mask=mask, scale=scale)
+                                             v_cache.repeat_interleave(rep, 1),
+                                             attn_mask=mask, scale=scale)
     return out.transpose(1, 2)
 
 
@@ -109,13 +91,15 @@ def bench_attention(timer, copy_gbps, batches, ts, lengths, dtype):
                 q = torch.randn(B, T, HQ, HEAD_DIM, generator=g, device=DEVICE).to(dtype)
                 scale = 1.0 / math.sqrt(HEAD_DIM)
                 qpos = lens.view(B, 1) - T + torch.arange(T, device=DEVICE)
-                mask = (torch.arange(L, device=DEVICE).view(1, 1, L) <= qpos.view(B, T, 1)).view(B, 1, T, L)
+                mask = (torch.arange(L, device=DEVICE).view(1, 1, L)
+                        <= qpos.view(B, T, 1)).view(B, 1, T, L)        # [B, 1, T, L]
 
                 out_t = attention_kernel.verify_attention(q, k, v, lens, scale)
                 out_s = sdpa_attention(q, k, v, mask, scale)
                 diff = (out_t.float() - out_s.float()).abs().max().item()
-                ms_t = timer(lambda: attention_kernel.verify_attention(q, k, v, lens, scale))
-                ms_s = timer(lambda: sdpa_attention(q, k, v, mask, scale))
+                ms_t, ms_s = timer(
+                    lambda: attention_kernel.verify_attention(q, k, v, lens, scale),
+                    lambda: sdpa_attention(q, k, v, mask, scale))
                 kv_bytes = 2 * B * HKV * L * HEAD_DIM * elem
                 gbps = kv_bytes / (ms_t * 1e-3) / 1e9
                 rows.append({
@@ -147,21 +131,24 @@ def bench_acceptance(timer, copy_gbps, batches, K, V, dtype):
                               lambda: reference.greedy_accept(logits, drafts),
                               B * (K + 1) * V * elem),
             # one target row, one draft row and the noise row per sequence (+ K gathers)
-            "rejection_sample": (lambda: acceptance_kernel.rejection_sample(target, draft, drafts, u, noise),
-                                 lambda: reference.rejection_sample(target, draft, drafts, u, noise),
-                                 B * V * (2 * elem + 4)),
-            "rejection_sample_one_hot": (lambda: acceptance_kernel.rejection_sample(target, None, drafts, u, noise),
-                                         lambda: reference.rejection_sample(target, None, drafts, u, noise),
-                                         B * V * (elem + 4)),
+            "rejection_sample": (
+                lambda: acceptance_kernel.rejection_sample(target, draft, drafts, u, noise),
+                lambda: reference.rejection_sample(target, draft, drafts, u, noise),
+                B * V * (2 * elem + 4)),
+            "rejection_sample_one_hot": (
+                lambda: acceptance_kernel.rejection_sample(target, None, drafts, u, noise),
+                lambda: reference.rejection_sample(target, None, drafts, u, noise),
+                B * V * (elem + 4)),
         }
         for op, (fn_t, fn_r, nbytes) in cases.items():
             (n_t, out_t), (n_r, out_r) = fn_t(), fn_r()
             agree = bool(torch.equal(n_t, n_r) and torch.equal(out_t, out_r))
-            ms_t, ms_r = timer(fn_t), timer(fn_r)
+            ms_t, ms_r = timer(fn_t, fn_r)
             floor_ms = nbytes / (copy_gbps * 1e9) * 1e3
             rows.append({
                 "op": op, "B": B, "K": K, "V": V, "triton_ms": ms_t, "reference_ms": ms_r,
-                "speedup_vs_reference": ms_r / ms_t, "bytes_read": nbytes, "floor_ms_at_copy_bw": floor_ms,
+                "speedup_vs_reference": ms_r / ms_t, "bytes_read": nbytes,
+                "floor_ms_at_copy_bw": floor_ms,
                 "triton_gbps": nbytes / (ms_t * 1e-3) / 1e9, "agrees_with_reference": agree,
             })
     return rows
@@ -169,7 +156,8 @@ def bench_acceptance(timer, copy_gbps, batches, K, V, dtype):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small shapes, few repeats (CPU smoke run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small shapes, few repeats (CPU smoke run)")
     parser.add_argument("--out", type=pathlib.Path, help="also write the JSON to DIR/kernels.json")
     parser.add_argument("--reps", type=int, default=None, help="timed repeats per measurement")
     args = parser.parse_args()
@@ -181,25 +169,28 @@ def main() -> None:
         batches, ts, lengths, vocab, k, copy_bytes = (1,), (1, 5), (128, 256), 4096, 8, 2**24
         reps, warmup = args.reps or 3, 1
     else:
-        batches, ts, lengths, vocab, k, copy_bytes = (1, 8), (1, 5, 9, 17), (512, 1024, 2048, 4096, 8192), VOCAB, 8, 2**30
+        batches, ts, lengths = (1, 8), (1, 5, 9, 17), (512, 1024, 2048, 4096, 8192)
+        vocab, k, copy_bytes = VOCAB, 8, 2**30
         reps, warmup = args.reps or 50, 5
     timer = Timer(reps, warmup)
     device_name = torch.cuda.get_device_name() if CUDA else "cpu (Triton interpreter)"
 
-    copy_gbps = copy_bandwidth(timer, copy_bytes)
+    copy_gbps = timing.copy_bandwidth(DEVICE, copy_bytes, reps, warmup, timer.setup)
     print(f"device: {device_name}; torch {torch.__version__}, triton {triton.__version__}; "
           f"median of {reps} repeats{' (quick)' if args.quick else ''}")
     print(f"copy bandwidth: {copy_gbps:,.1f} GB/s (read + write of {copy_bytes / 2**20:,.0f} MiB)")
 
     attn = bench_attention(timer, copy_gbps, batches, ts, lengths, attn_dtype)
     print("")
-    print(f"verify_attention, Hq={HQ} Hkv={HKV} D={HEAD_DIM} {str(attn_dtype).removeprefix('torch.')}, "
+    print(f"verify_attention, Hq={HQ} Hkv={HKV} D={HEAD_DIM} "
+          f"{str(attn_dtype).removeprefix('torch.')}, "
           "full cache (lens = L); bandwidth = K/V bytes / time")
     print(f"{'B':>3} {'T':>3} {'L':>6} {'triton ms':>10} {'sdpa ms':>10} {'speedup':>8} "
           f"{'GB/s':>9} {'of copy':>8} {'max|diff|':>10}")
     for r in attn:
-        print(f"{r['B']:>3} {r['T']:>3} {r['cache_len']:>6} {r['triton_ms']:>10.4f} {r['sdpa_ms']:>10.4f} "
-              f"{r['speedup_vs_sdpa']:>7.2f}x {r['triton_gbps']:>9.2f} {r['fraction_of_copy_bw']:>7.0%} "
+        print(f"{r['B']:>3} {r['T']:>3} {r['cache_len']:>6} {r['triton_ms']:>10.4f} "
+              f"{r['sdpa_ms']:>10.4f} {r['speedup_vs_sdpa']:>7.2f}x {r['triton_gbps']:>9.2f} "
+              f"{r['fraction_of_copy_bw']:>7.0%} "
               f"{r['max_abs_diff']:>10.2e}")
 
     acc = bench_acceptance(timer, copy_gbps, batches, k, vocab, acc_dtype)
@@ -210,11 +201,13 @@ def main() -> None:
           f"{'floor ms':>9} {'GB/s':>8} {'agree':>6}")
     for r in acc:
         print(f"{r['op']:<26} {r['B']:>3} {r['triton_ms']:>10.4f} {r['reference_ms']:>10.4f} "
-              f"{r['speedup_vs_reference']:>7.2f}x {r['bytes_read'] / 1e6:>8.2f} {r['floor_ms_at_copy_bw']:>9.4f} "
+              f"{r['speedup_vs_reference']:>7.2f}x {r['bytes_read'] / 1e6:>8.2f} "
+              f"{r['floor_ms_at_copy_bw']:>9.4f} "
               f"{r['triton_gbps']:>8.2f} {str(r['agrees_with_reference']):>6}")
 
     result = {
-        "benchmark": "kernels", "device": device_name, "torch": torch.__version__, "triton": triton.__version__,
+        "benchmark": "kernels", "device": device_name, "torch": torch.__version__,
+        "triton": triton.__version__,
         "quick": args.quick, "reps": reps, "copy_bandwidth_gbps": copy_gbps,
         "attention_dtype": str(attn_dtype), "acceptance_dtype": str(acc_dtype),
         "verify_attention": attn, "acceptance": acc,

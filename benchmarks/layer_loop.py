@@ -28,7 +28,7 @@ SECTION = "## C++ layer loop (benchmarks/layer_loop.py)"
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.layer_loop", __doc__)
-    cli.add_common_args(p)
+    cli.add_common_args(p, out=False, dtype=False, device=False)   # bf16 on the CPU only
     cli.add_record_args(p)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     return p
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
               for q in ("int8", "int4", None)}
     models = {"target bf16": target, **drafts}
     times = {(name, fused): [] for name in models for fused in (False, True)}
-    for r in range(args.rounds):
+    for r in cli.progress(range(args.rounds), desc="rounds", disable=args.no_progress):
         for name, model in models.items():
             for fused in ((False, True) if r % 2 == 0 else (True, False)):
                 times[(name, fused)].append(step_seconds(model, fused))

@@ -64,7 +64,10 @@ def prompt_pass():
 
 
 timed(1, 2), timed(4, 2), prompt_pass()     # warm-up: a process's first wide pass is ~2x slower
-print("ready", flush=True)
+# the backend it runs on and its build id: "library" in it names an extension that did not
+# load (setup.py skips a failing one), whose part then runs on PyTorch's ops
+print("ready", getattr(model.backend, "name", type(model.backend).__name__),
+      getattr(model.backend, "build_id", ""), flush=True)
 for _ in sys.stdin:
     print(timed(1, 20), timed(4, 10), prompt_pass(), flush=True)
 """
@@ -95,15 +98,17 @@ def _base_tree(rev: str, into: Path) -> Path:
     return into
 
 
-def _start(tree: Path, args, model_dir: Path) -> subprocess.Popen:
+def _start(tree: Path, args, model_dir: Path) -> tuple[subprocess.Popen, str]:
+    """The build's process, loaded, and the backend its model runs on (name and build id)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(model_dir), args.quant,
                              str(args.threads), str(args.prompt)],
                             cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
-    if proc.stdout.readline().strip() != "ready":
+    ready, _, backend = proc.stdout.readline().strip().partition(" ")
+    if ready != "ready":
         cli.fail(f"the model did not load under {tree}")
-    return proc
+    return proc, backend
 
 
 def main(argv=None) -> int:
@@ -117,7 +122,17 @@ def main(argv=None) -> int:
                         {"base": args.base, "model": model_dir.name, "quant": args.quant})
     with tempfile.TemporaryDirectory(prefix="model_ab_") as tmp:
         trees = {"A": _base_tree(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
-        procs = {tag: _start(tree, args, model_dir) for tag, tree in trees.items()}
+        started = {tag: _start(tree, args, model_dir) for tag, tree in trees.items()}
+        procs = {tag: proc for tag, (proc, _) in started.items()}
+        backends = {tag: backend for tag, (_, backend) in started.items()}
+        if any(b.startswith(("torch_ref", "TorchReference")) or "library" in b
+               for b in backends.values()):
+            for proc in procs.values():
+                proc.kill()
+            cli.fail(f"the builds run on backends A: {backends['A']}, B: {backends['B']}: an "
+                     "extension did not load (\"library\": its part runs on PyTorch's ops; "
+                     "python setup.py build_ext --inplace in the working tree, or see the base "
+                     "build's log), so this would time the fallback, not the build")
         times: dict[str, list[list[float]]] = {"A": [], "B": []}
         for r in range(args.rounds):
             for tag in ("A", "B") if r % 2 == 0 else ("B", "A"):

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import e2e_plan
 from benchmarks.harness import cli, machine, plots, report, results
 from benchmarks.harness.model_dirs import resolve_models
 
@@ -48,7 +49,7 @@ SERVER_START_S = 300
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.serve", __doc__)
-    cli.add_common_args(p)
+    cli.add_common_args(p, progress=False)        # a line per configuration on stderr
     p.set_defaults(out=str(RESULTS_DIR))
     cli.add_record_args(p)
     p.add_argument("--clients", default="1,2,4,8", help="concurrent clients per configuration")
@@ -63,9 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_prompts() -> list[str]:
-    tasks = json.loads(PROMPTS.read_text())["tasks"]
+    prompts = e2e_plan.load_prompts(str(PROMPTS), tuple(e2e_plan.prompt_tasks(str(PROMPTS))),
+                                    per_task=10**9)
+    if any(not isinstance(p.text, str) for p in prompts):
+        cli.fail(f"{PROMPTS}: the clients send text prompts; give each item a \"prompt\"")
     # round-robin over the kinds of text, so a few prompts already mix them
-    columns = [[p["prompt"] for p in items] for items in tasks.values()]
+    columns = [[p.text for p in prompts if p.task == task] for task in dict.fromkeys(
+        p.task for p in prompts)]
     return [col[i] for i in range(max(map(len, columns))) for col in columns if i < len(col)]
 
 

@@ -24,21 +24,29 @@ def parser(module: str, doc: str, epilog: str | None = None) -> argparse.Argumen
                                    epilog=epilog)
 
 
-def add_common_args(p: argparse.ArgumentParser, draft: bool = True, out: bool = True) -> None:
-    """--model [--draft] --dtype --device --threads [--out] --no-progress."""
+def add_common_args(p: argparse.ArgumentParser, draft: bool = True, out: bool = True,
+                    dtype: bool = True, device: bool = True, progress: bool = True) -> None:
+    """--model [--draft] [--dtype] [--device] --threads [--out] [--no-progress]: a benchmark
+    asks only for the flags it honours (benchmarks/tests/test_common_flags.py checks
+    each one is read)."""
     p.add_argument("--model", help="target model directory (default: the fetched "
                    "qwen2.5-coder-1.5b-instruct)")
     if draft:
         p.add_argument("--draft", help="draft model directory (default: the fetched "
                        "qwen2.5-coder-0.5b-instruct when --model is not given)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--device", default="cpu", type=device_arg,
-                   help="cpu (default), cuda or cuda:N")
+    if dtype:
+        p.add_argument("--dtype", default="bfloat16",
+                       choices=["bfloat16", "float32", "float16"])
+    if device:
+        p.add_argument("--device", default="cpu", type=device_arg,
+                       help="cpu (default), cuda or cuda:N")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     if out:
         p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for PNG/JSON "
                        "outputs (default benchmarks/results)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    if progress:
+        p.add_argument("--no-progress", action="store_true",
+                       help="no progress bars on stderr")
 
 
 def add_record_args(p: argparse.ArgumentParser) -> None:

@@ -59,6 +59,37 @@ def measure(fn: Callable[[], object], repeats: int, warmup: int = 1, device="cpu
     return out
 
 
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                device="cpu", setup: Callable[[], object] | None = None) -> dict[str, list[float]]:
+    """Seconds of `repeats` calls of each of fns, taken in turns: every repeat calls each once,
+    the order reversed on every other repeat, so drift in the machine's speed hits all alike.
+    `warmup` untimed rounds first; `setup` (untimed) runs before every call."""
+    out = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(warmup + repeats):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            if setup:
+                setup()
+            sync(device)
+            seconds = time_once(fns[name], device)
+            if r >= warmup:
+                out[name].append(seconds)
+    return out
+
+
+def copy_bandwidth(device, nbytes: int, repeats: int, warmup: int = 2,
+                   setup: Callable[[], object] | None = None) -> float:
+    """GB/s of a device copy `dst.copy_(src)` of nbytes, counting bytes read + written
+    (median of `repeats`)."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = median(measure(lambda: dst.copy_(src), repeats, warmup, device, setup))
+    del src, dst
+    return 2 * nbytes / seconds / 1e9
+
+
 def decode_phase(res) -> tuple[int, float]:
     """(tokens, seconds) of a specrt result's decode phase: the tokens after the first (the
     prompt's pass made it) and the seconds after that pass."""
