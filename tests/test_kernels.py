@@ -1,6 +1,6 @@
 """Kernel-vs-reference tests for specrt.kernels, plus hand-built and statistical checks.
 
-On CPU the Triton kernels run under the interpreter (tests/conftest.py sets
+On CPU the Triton kernels run under the interpreter (tests/session.py sets
 TRITON_INTERPRET=1), which is slow: shapes are small and the parametrizations cover each
 value of each axis rather than their product. The interpreter's bf16 arithmetic is wrong,
 so bf16 cases run on CUDA only. On a GPU the same tests run the compiled kernels.
@@ -67,8 +67,10 @@ ATTENTION_CASES = [
 
 
 @pytest.mark.parametrize("B,T,Hq,Hkv,D,S,dtype,split_keys,scale,strided_q", ATTENTION_CASES)
-def test_verify_attention_matches_reference(B, T, Hq, Hkv, D, S, dtype, split_keys, scale, strided_q):
-    q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed=B * 100 + T, strided_q=strided_q)
+def test_verify_attention_matches_reference(B, T, Hq, Hkv, D, S, dtype, split_keys, scale,
+                                            strided_q):
+    q, k, v, lens = _attention_inputs(B, T, Hq, Hkv, D, S, dtype, seed=B * 100 + T,
+                                      strided_q=strided_q)
     out = attention_kernel.verify_attention(q, k, v, lens, scale, split_keys=split_keys)
     ref = reference.verify_attention(q, k, v, lens, scale)
     assert out.shape == (B, T, Hq, D) and out.dtype == dtype
@@ -87,7 +89,8 @@ def test_verify_attention_reference_matches_per_query_softmax():
             for h in range(Hq):
                 kv = h // (Hq // Hkv)
                 w = torch.softmax(k[b, kv, : pos + 1] @ q[b, t, h] / D**0.5, dim=0)
-                torch.testing.assert_close(out[b, t, h], w @ v[b, kv, : pos + 1], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(out[b, t, h], w @ v[b, kv, : pos + 1],
+                                           atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("split_keys", [None, 32])
@@ -106,8 +109,63 @@ def test_verify_attention_row_bits_do_not_depend_on_T(split_keys):
 
 def test_verify_attention_rejects_head_dims_the_compile_check_does_not_cover():
     q, k, v, lens = _attention_inputs(1, 1, 2, 2, 32, 8, torch.float32, seed=0)
-    with pytest.raises(AssertionError, match="head dim"):
+    with pytest.raises(ValueError, match="head dim"):
         attention_kernel.verify_attention(q, k, v, lens)
+
+
+# Each launcher fed one bad input, all in one `python -O` process (where an `assert` would be
+# gone and the bad tensor would reach the kernel): case -> (code, what the error must say).
+LAUNCHER_MISUSES = {
+    "greedy_accept: drafts of the wrong shape": (
+        "acceptance.greedy_accept(torch.randn(1, 3, 64), torch.zeros(1, 5, dtype=torch.int64))",
+        "draft_tokens must be"),
+    "rejection_sample: noise of the wrong dtype": (
+        "acceptance.rejection_sample(torch.rand(1, 3, 64).softmax(-1), None,"
+        " torch.zeros(1, 2, dtype=torch.int64), torch.rand(1, 2),"
+        " torch.rand(1, 64, dtype=torch.float64))", "noise must be"),
+    "verify_attention: an unsupported head dim": (
+        "verify_attention.verify_attention(torch.randn(1, 1, 2, 32), torch.randn(1, 2, 8, 32),"
+        " torch.randn(1, 2, 8, 32), torch.tensor([8], dtype=torch.int32))", "head dim"),
+    "add_rms_norm: a weight of the wrong size": (
+        "add_rms_norm.add_rms_norm(torch.randn(2, 16), None, torch.ones(8), 1e-6)",
+        "weight must be"),
+    "silu_mul: an odd width": ("silu_mul.silu_mul(torch.randn(2, 15))", "is not even"),
+    "reference.greedy_accept: drafts of the wrong shape": (
+        "reference.greedy_accept(torch.randn(1, 3, 64), torch.zeros(1, 5, dtype=torch.int64))",
+        "draft_tokens must be"),
+}
+
+
+def test_launchers_reject_bad_inputs_with_a_value_error_even_under_python_O():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = "\n".join([
+        "import json, sys, torch",
+        "from specrt.kernels import reference",
+        "from specrt.kernels.triton import acceptance, add_rms_norm, silu_mul, verify_attention",
+        "assert False, 'asserts must be off under -O'",
+        "out = {}",
+        f"cases = {json.dumps({k: v[0] for k, v in LAUNCHER_MISUSES.items()})}",
+        "for case, code in cases.items():",
+        "    try:",
+        "        exec(code)",
+        "        out[case] = 'accepted'",
+        "    except Exception as e:",
+        "        out[case] = f'{type(e).__name__}: {e}'",
+        "print(json.dumps(out))",
+    ])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    run = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True,
+                         env=env, cwd=root, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for case, (_, needle) in LAUNCHER_MISUSES.items():
+        assert got[case].startswith("ValueError") and needle in got[case], (case, got[case])
 
 
 @needs_cuda_bf16
@@ -125,7 +183,8 @@ def test_verify_attention_bf16(T):
 BACKENDS = [
     pytest.param(reference.greedy_accept, id="reference"),
     pytest.param(acceptance_kernel.greedy_accept, id="triton"),
-    pytest.param(lambda lg, d: acceptance_kernel.greedy_accept(lg, d, **SMALL_SPLIT), id="triton-splitv"),
+    pytest.param(lambda lg, d: acceptance_kernel.greedy_accept(lg, d, **SMALL_SPLIT),
+                 id="triton-splitv"),
 ]
 
 
@@ -223,7 +282,8 @@ def test_greedy_bf16():
 REJECTION_BACKENDS = [
     pytest.param(reference.rejection_sample, id="reference"),
     pytest.param(acceptance_kernel.rejection_sample, id="triton"),
-    pytest.param(lambda *a: acceptance_kernel.rejection_sample(*a, **SMALL_SPLIT), id="triton-splitv"),
+    pytest.param(lambda *a: acceptance_kernel.rejection_sample(*a, **SMALL_SPLIT),
+                 id="triton-splitv"),
 ]
 
 
@@ -252,7 +312,8 @@ def test_rejection_matches_reference_exactly(B, K, V, dtype, one_hot, splits):
     base = torch.randn(B, K + 1, V, generator=_gen(seed), device=DEVICE) * 2
     target = torch.softmax(base, -1)
     # A draft close to the target so that acceptance lengths vary across rows.
-    draft = torch.softmax(base[:, :K] + 0.7 * torch.randn(B, K, V, generator=_gen(seed + 1), device=DEVICE), -1)
+    noise = torch.randn(B, K, V, generator=_gen(seed + 1), device=DEVICE)
+    draft = torch.softmax(base[:, :K] + 0.7 * noise, -1)
     drafts = _sample(draft, seed + 2)
     drafts[-1, K - 1] = -1  # a padded last position
     target, draft = target.to(dtype), draft.to(dtype)
@@ -466,10 +527,12 @@ def test_dispatch_routes_to_the_forced_backend(monkeypatch, forced):
             monkeypatch.setattr(module, name, spy)
     monkeypatch.setenv("SPECRT_KERNELS", forced)
 
-    torch.testing.assert_close(kernels.verify_attention(q, k, v, lens), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kernels.verify_attention(q, k, v, lens), expected,
+                               atol=1e-4, rtol=1e-4)
     kernels.greedy_accept(probs, drafts)
     kernels.rejection_sample(probs, None, drafts, u, noise)
-    assert calls == [(forced, "verify_attention"), (forced, "greedy_accept"), (forced, "rejection_sample")]
+    assert calls == [(forced, "verify_attention"), (forced, "greedy_accept"),
+                     (forced, "rejection_sample")]
 
 
 @pytest.mark.parametrize("forced", ["triton", "reference"])
@@ -615,7 +678,8 @@ def test_add_rms_norm_row_bits_do_not_depend_on_row_count():
     """Each row is reduced in a fixed order: a row normalized alone equals the same row in a
     batch of 7, bit for bit."""
     g = _gen(4)
-    x, y = torch.randn(7, 1500, generator=g, device=DEVICE), torch.randn(7, 1500, generator=g, device=DEVICE)
+    x = torch.randn(7, 1500, generator=g, device=DEVICE)
+    y = torch.randn(7, 1500, generator=g, device=DEVICE)
     w = torch.randn(1500, generator=g, device=DEVICE)
     out, res = rms_kernel.add_rms_norm(x, y, w, 1e-6)
     for r in (0, 3, 6):

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from specrt.kernels.checks import require
+
 __all__ = ["verify_attention", "greedy_accept", "rejection_sample", "draw_randomness",
            "exponential_noise", "fill_exponential_"]
 
@@ -39,18 +41,17 @@ def verify_attention(
     """
     B, T, Hq, D = q.shape
     Bk, Hkv, S, Dk = k_cache.shape
-    assert v_cache.shape == k_cache.shape, "k_cache and v_cache must have the same shape"
-    assert (Bk, Dk) == (B, D), f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}"
-    assert Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}"
-    assert lens.shape == (B,), f"lens must be [B]={B}, got {tuple(lens.shape)}"
+    require(v_cache.shape == k_cache.shape, "k_cache and v_cache must have the same shape")
+    require((Bk, Dk) == (B, D), f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
+    require(Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    require(lens.shape == (B,), f"lens must be [B]={B}, got {tuple(lens.shape)}")
     G = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else scale
 
     if not lens.is_cuda:
         # Cheap on CPU (no device sync): catch invalid rows and skip the unused cache tail.
-        assert bool((lens >= T).all()) and bool((lens <= S).all()), (
-            f"lens must lie in [T={T}, S_max={S}], got {lens.tolist()}"
-        )
+        require(bool((lens >= T).all()) and bool((lens <= S).all()),
+                f"lens must lie in [T={T}, S_max={S}], got {lens.tolist()}")
         S = int(lens.max()) if B > 0 else 0
     k = k_cache[:, :, :S].float()  # [B, Hkv, S, D]
     v = v_cache[:, :, :S].float()
@@ -95,9 +96,8 @@ def greedy_accept(
     accepted prefix is the target's argmax there (recovered at a mismatch, bonus at K).
     """
     B, K1, V = target_logits.shape
-    assert draft_tokens.shape == (B, K1 - 1), (
-        f"draft_tokens must be [B, K]={[B, K1 - 1]}, got {list(draft_tokens.shape)}"
-    )
+    require(draft_tokens.shape == (B, K1 - 1),
+            f"draft_tokens must be [B, K]={[B, K1 - 1]}, got {list(draft_tokens.shape)}")
     target = target_logits.argmax(dim=-1)  # [B, K + 1]
     n = _accepted_prefix_len(draft_tokens.long() == target[:, :-1])
     last = target.gather(1, n.view(B, 1)).view(B)
@@ -123,11 +123,11 @@ def rejection_sample(
     """
     B, K1, V = target_probs.shape
     K = K1 - 1
-    assert draft_tokens.shape == (B, K), f"draft_tokens must be [B, K]={[B, K]}"
-    assert uniforms.shape == (B, K), f"uniforms must be [B, K]={[B, K]}"
-    assert noise.shape == (B, V), f"noise must be [B, V]={[B, V]}"
+    require(draft_tokens.shape == (B, K), f"draft_tokens must be [B, K]={[B, K]}")
+    require(uniforms.shape == (B, K), f"uniforms must be [B, K]={[B, K]}")
+    require(noise.shape == (B, V), f"noise must be [B, V]={[B, V]}")
     if draft_probs is not None:
-        assert draft_probs.shape == (B, K, V), f"draft_probs must be [B, K, V]={[B, K, V]}"
+        require(draft_probs.shape == (B, K, V), f"draft_probs must be [B, K, V]={[B, K, V]}")
 
     x = draft_tokens.long()
     valid = x >= 0
@@ -148,7 +148,8 @@ def rejection_sample(
         residual = torch.where(vocab == x_n, torch.zeros_like(p_n), p_n)
     else:
         # Bonus (n == K) and padding drafts have no draft distribution: q = 0.
-        q_n = draft_probs[rows, n.clamp(max=max(K - 1, 0))].float() if K > 0 else torch.zeros_like(p_n)
+        q_n = (draft_probs[rows, n.clamp(max=max(K - 1, 0))].float() if K > 0
+               else torch.zeros_like(p_n))
         q_n = torch.where(x_n >= 0, q_n, torch.zeros_like(q_n))
         residual = (p_n - q_n).clamp_min_(0.0)
     noise = noise.float()

@@ -23,11 +23,11 @@ NaN logits/probabilities are not supported (torch.argmax would pick the NaN).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from specrt.kernels.checks import require, require_runnable
 
 __all__ = ["greedy_accept", "rejection_sample"]
 
@@ -212,20 +212,19 @@ def _rejection_finalize_kernel(
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + j, out, mask=j < K + 1)
 
 
-def _check_common(name: str, probs: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int, int]:
-    assert probs.dim() == 3, f"{name} must be [B, K + 1, V], got {tuple(probs.shape)}"
+def _check_common(name: str, probs: torch.Tensor,
+                  draft_tokens: torch.Tensor) -> tuple[int, int, int]:
+    require(probs.dim() == 3, f"{name} must be [B, K + 1, V], got {tuple(probs.shape)}")
     B, K1, V = probs.shape
-    assert K1 >= 1, f"{name} needs at least one position"
-    assert probs.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported {name} dtype {probs.dtype}"
-    assert probs.stride(-1) == 1, f"{name} must be contiguous in the vocab dim"
-    assert draft_tokens.shape == (B, K1 - 1), f"draft_tokens must be [B, K]={[B, K1 - 1]}"
-    assert draft_tokens.dtype in (torch.int32, torch.int64), "draft_tokens must be int32/int64"
-    assert draft_tokens.device == probs.device, "inputs on different devices"
-    if not probs.is_cuda:
-        assert os.environ.get("TRITON_INTERPRET") == "1", (
-            "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
-        )
-    assert K1 - 1 <= MAX_K, f"at most {MAX_K} draft positions, got {K1 - 1}"
+    require(K1 >= 1, f"{name} needs at least one position")
+    require(probs.dtype in (torch.float16, torch.bfloat16, torch.float32),
+            f"unsupported {name} dtype {probs.dtype}")
+    require(probs.stride(-1) == 1, f"{name} must be contiguous in the vocab dim")
+    require(draft_tokens.shape == (B, K1 - 1), f"draft_tokens must be [B, K]={[B, K1 - 1]}")
+    require(draft_tokens.dtype in (torch.int32, torch.int64), "draft_tokens must be int32/int64")
+    require(draft_tokens.device == probs.device, "inputs on different devices")
+    require_runnable(probs)
+    require(K1 - 1 <= MAX_K, f"at most {MAX_K} draft positions, got {K1 - 1}")
     return B, K1 - 1, V
 
 
@@ -238,11 +237,12 @@ def greedy_accept(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
     """Launch the greedy-acceptance kernels; see the module docstring for the math."""
     B, K, V = _check_common("target_logits", target_logits, draft_tokens)
-    assert split_size % block_v == 0, "split_size must be a multiple of block_v"
+    require(split_size % block_v == 0, "split_size must be a multiple of block_v")
     draft_tokens = draft_tokens.contiguous()
     dev = target_logits.device
     num_splits = triton.cdiv(V, split_size)
-    assert num_splits <= MAX_V_SPLITS, f"V={V} needs {num_splits} > {MAX_V_SPLITS} splits of {split_size}"
+    require(num_splits <= MAX_V_SPLITS,
+            f"V={V} needs {num_splits} > {MAX_V_SPLITS} splits of {split_size}")
     part_val = torch.empty((B * (K + 1), num_splits), device=dev, dtype=torch.float32)
     part_idx = torch.empty((B * (K + 1), num_splits), device=dev, dtype=torch.int32)
     num_accepted = torch.empty((B,), device=dev, dtype=torch.int32)
@@ -274,14 +274,15 @@ def rejection_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
     """Launch the rejection-sampling kernels; see the module docstring for the math."""
     B, K, V = _check_common("target_probs", target_probs, draft_tokens)
-    assert split_size % block_v == 0, "split_size must be a multiple of block_v"
-    assert uniforms.shape == (B, K) and uniforms.dtype == torch.float32, "uniforms must be [B, K] fp32"
-    assert noise.shape == (B, V) and noise.dtype == torch.float32, "noise must be [B, V] fp32"
-    assert noise.stride(-1) == 1, "noise must be contiguous in the vocab dim"
+    require(split_size % block_v == 0, "split_size must be a multiple of block_v")
+    require(uniforms.shape == (B, K) and uniforms.dtype == torch.float32,
+            "uniforms must be [B, K] fp32")
+    require(noise.shape == (B, V) and noise.dtype == torch.float32, "noise must be [B, V] fp32")
+    require(noise.stride(-1) == 1, "noise must be contiguous in the vocab dim")
     has_q = draft_probs is not None
     if has_q:
-        assert draft_probs.shape == (B, K, V), f"draft_probs must be [B, K, V]={[B, K, V]}"
-        assert draft_probs.stride(-1) == 1, "draft_probs must be contiguous in the vocab dim"
+        require(draft_probs.shape == (B, K, V), f"draft_probs must be [B, K, V]={[B, K, V]}")
+        require(draft_probs.stride(-1) == 1, "draft_probs must be contiguous in the vocab dim")
         dp = draft_probs
     else:
         dp = target_probs  # never read: HAS_DRAFT_PROBS is False
@@ -289,7 +290,8 @@ def rejection_sample(
     uniforms = uniforms.contiguous()
     dev = target_probs.device
     num_splits = triton.cdiv(V, split_size)
-    assert num_splits <= MAX_V_SPLITS, f"V={V} needs {num_splits} > {MAX_V_SPLITS} splits of {split_size}"
+    require(num_splits <= MAX_V_SPLITS,
+            f"V={V} needs {num_splits} > {MAX_V_SPLITS} splits of {split_size}")
     part_val = torch.empty((2, B, num_splits), device=dev, dtype=torch.float32)
     part_idx = torch.empty((2, B, num_splits), device=dev, dtype=torch.int32)
     num_accepted = torch.empty((B,), device=dev, dtype=torch.int32)

@@ -11,11 +11,11 @@ of a decode step). Without y (`HAS_RESIDUAL=False`) it is a plain RMSNorm. Refer
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from specrt.kernels.checks import require, require_runnable
 
 __all__ = ["add_rms_norm", "DTYPES", "BLOCK_H", "NUM_WARPS"]
 
@@ -67,17 +67,15 @@ def add_rms_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # normed [N, H], residual x + y [N, H] (x if no y)
     """Launch the kernel; see the module docstring for the math."""
-    assert x.dim() == 2 and x.stride(-1) == 1, "x must be [N, H], contiguous in H"
+    require(x.dim() == 2 and x.stride(-1) == 1, "x must be [N, H], contiguous in H")
     N, H = x.shape
-    assert x.dtype in DTYPES and weight.dtype == x.dtype, f"unsupported dtypes {x.dtype}, {weight.dtype}"
-    assert weight.shape == (H,) and weight.is_contiguous(), f"weight must be [{H}]"
-    assert x.device == weight.device, "inputs on different devices"
+    require(x.dtype in DTYPES and weight.dtype == x.dtype,
+            f"unsupported dtypes {x.dtype}, {weight.dtype}")
+    require(weight.shape == (H,) and weight.is_contiguous(), f"weight must be [{H}]")
+    require(x.device == weight.device, "inputs on different devices")
     if y is not None:
-        assert y.shape == x.shape and y.dtype == x.dtype and y.stride(-1) == 1, "y must match x"
-    if not x.is_cuda:
-        assert os.environ.get("TRITON_INTERPRET") == "1", (
-            "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
-        )
+        require(y.shape == x.shape and y.dtype == x.dtype and y.stride(-1) == 1, "y must match x")
+    require_runnable(x)
     out = torch.empty((N, H), device=x.device, dtype=x.dtype)
     res = x if y is None else torch.empty_like(out)
     y_arg = x if y is None else y  # never read without a residual

@@ -26,12 +26,11 @@ MAX_ROWS rows here and larger ones (prefills) to cuBLAS.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from specrt.kernels.checks import require_runnable
 from specrt.kernels.triton.tickets import ticket_buffer
 
 __all__ = ["matmul", "DTYPES", "BLOCK_M", "BLOCK_N", "MAX_ROWS", "block_k_for",
@@ -156,9 +155,7 @@ def _check(x, weight, bias, out_dtype) -> torch.dtype:
     devices = {x.device, weight.device} | ({bias.device} if bias is not None else set())
     if len(devices) > 1:
         raise bad(f"inputs on different devices: {sorted(map(str, devices))}")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before "
-                           "specrt.kernels is imported")
+    require_runnable(x)
     return out_dtype
 
 

@@ -8,11 +8,11 @@ trivially batch invariant.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from specrt.kernels.checks import require, require_runnable
 
 __all__ = ["silu_mul", "DTYPES", "BLOCK", "NUM_WARPS"]
 
@@ -42,14 +42,11 @@ def _silu_mul_kernel(
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [N, 2 I] -> [N, I]
     """Launch the kernel; see the module docstring for the math."""
-    assert gate_up.dim() == 2 and gate_up.stride(-1) == 1, "gate_up must be [N, 2 I], contiguous"
+    require(gate_up.dim() == 2 and gate_up.stride(-1) == 1, "gate_up must be [N, 2 I], contiguous")
     N, I2 = gate_up.shape
-    assert I2 % 2 == 0, f"gate_up width {I2} is not even"
-    assert gate_up.dtype in DTYPES, f"unsupported dtype {gate_up.dtype}"
-    if not gate_up.is_cuda:
-        assert os.environ.get("TRITON_INTERPRET") == "1", (
-            "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
-        )
+    require(I2 % 2 == 0, f"gate_up width {I2} is not even")
+    require(gate_up.dtype in DTYPES, f"unsupported dtype {gate_up.dtype}")
+    require_runnable(gate_up)
     I = I2 // 2
     out = torch.empty((N, I), device=gate_up.device, dtype=gate_up.dtype)
     _silu_mul_kernel[(N, triton.cdiv(I, BLOCK))](

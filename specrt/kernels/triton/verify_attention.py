@@ -40,12 +40,12 @@ reference checks it on CPU tensors.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from specrt.kernels.checks import require, require_runnable
 from specrt.kernels.triton.rope import roped_rows
 from specrt.kernels.triton.tickets import ticket_buffer
 
@@ -213,22 +213,24 @@ def _verify_attention_kernel(
 
 
 def _check_common(q, k_cache, v_cache, lens, T, D):
-    assert k_cache.dim() == 4 and v_cache.shape == k_cache.shape, "caches must be [B, Hkv, S_max, D]"
-    assert D in HEAD_DIMS, f"head dim must be one of {HEAD_DIMS}, got {D}"
-    assert q.dtype in DTYPES, f"unsupported dtype {q.dtype}"
-    assert k_cache.dtype == q.dtype and v_cache.dtype == q.dtype, "q, k_cache, v_cache dtypes differ"
+    require(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
+            "caches must be [B, Hkv, S_max, D]")
+    require(D in HEAD_DIMS, f"head dim must be one of {HEAD_DIMS}, got {D}")
+    require(q.dtype in DTYPES, f"unsupported dtype {q.dtype}")
+    require(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
+            "q, k_cache, v_cache dtypes differ")
     B = k_cache.shape[0]
-    assert lens.shape == (B,) and lens.dtype in (torch.int32, torch.int64), "lens must be [B] int32/int64"
-    assert q.device == k_cache.device == v_cache.device == lens.device, "inputs on different devices"
+    require(lens.shape == (B,) and lens.dtype in (torch.int32, torch.int64),
+            "lens must be [B] int32/int64")
+    require(q.device == k_cache.device == v_cache.device == lens.device,
+            "inputs on different devices")
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        assert x.stride(-1) == 1, f"{name} must be contiguous in the head dim"
+        require(x.stride(-1) == 1, f"{name} must be contiguous in the head dim")
     lens = lens.contiguous()
-    if not q.is_cuda:
-        assert os.environ.get("TRITON_INTERPRET") == "1", (
-            "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before specrt.kernels is imported"
-        )
+    require_runnable(q)
+    if not q.is_cuda:       # lens is on the host only here: checking it on CUDA would sync
         S_max = k_cache.shape[2]
-        assert bool((lens >= T).all()) and bool((lens <= S_max).all()), "lens out of [T, S_max]"
+        require(bool((lens >= T).all()) and bool((lens <= S_max).all()), "lens out of [T, S_max]")
     return lens
 
 
@@ -239,7 +241,7 @@ def _launch(src, k_cache, v_cache, lens, out, T, G, scale, split_keys, fused,
     BLOCK_N = block_n_for(src.dtype)
     if split_keys is None:  # CPU (the interpreter): one split
         split_keys = SPLIT_KEYS if src.is_cuda else triton.cdiv(S_max, BLOCK_N) * BLOCK_N
-    assert split_keys % BLOCK_N == 0, f"split_keys {split_keys} must be a multiple of {BLOCK_N}"
+    require(split_keys % BLOCK_N == 0, f"split_keys {split_keys} must be a multiple of {BLOCK_N}")
     num_splits = triton.cdiv(S_max, split_keys)
     m_tiles = triton.cdiv(M, BLOCK_M)
     qk_scale = (1.0 / math.sqrt(D) if scale is None else scale) * _LOG2E
@@ -277,13 +279,13 @@ def verify_attention(
     split_keys: int | None = None,  # keys per split; None: SPLIT_KEYS on CUDA, one split on CPU
 ) -> torch.Tensor:  # [B, T, Hq, D], q.dtype
     """Attention of q (already rotated) against caches that already hold the new tokens."""
-    assert q.dim() == 4, "q must be [B, T, Hq, D]"
+    require(q.dim() == 4, "q must be [B, T, Hq, D]")
     B, T, Hq, D = q.shape
     lens = _check_common(q, k_cache, v_cache, lens, T, D)
-    assert k_cache.shape[0] == B and k_cache.shape[3] == D, (
-        f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
+    require(k_cache.shape[0] == B and k_cache.shape[3] == D,
+            f"cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
     Hkv = k_cache.shape[1]
-    assert Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}"
+    require(Hq % Hkv == 0, f"Hq={Hq} must be a multiple of Hkv={Hkv}")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return _launch(q, k_cache, v_cache, lens, out, T, Hq // Hkv, scale, split_keys, False)
 
@@ -302,15 +304,17 @@ def rope_verify_attention(
     split_keys: int | None = None,
 ) -> torch.Tensor:  # [B, T, Hq, D], qkv.dtype
     """Bias + RoPE + KV-cache write + attention in one kernel (see the module docstring)."""
-    assert qkv.dim() == 3 and qkv.stride(-1) == 1, "qkv must be [B, T, (Hq + 2 Hkv) * D]"
+    require(qkv.dim() == 3 and qkv.stride(-1) == 1, "qkv must be [B, T, (Hq + 2 Hkv) * D]")
     B, T, width = qkv.shape
     Bk, Hkv, _, D = k_cache.shape
-    assert Bk == B and width == (num_heads + 2 * Hkv) * D, (
-        f"qkv {tuple(qkv.shape)} does not match Hq={num_heads} and cache {tuple(k_cache.shape)}")
-    assert num_heads % Hkv == 0, f"Hq={num_heads} must be a multiple of Hkv={Hkv}"
-    assert bias.shape == (width,) and bias.is_contiguous(), f"bias must be [{width}]"
-    assert cos.shape == sin.shape and cos.shape[1] == D and cos.is_contiguous() and sin.is_contiguous()
-    assert bias.dtype == cos.dtype == sin.dtype == qkv.dtype, "qkv, bias and tables dtypes differ"
+    require(Bk == B and width == (num_heads + 2 * Hkv) * D,
+            f"qkv {tuple(qkv.shape)} does not match Hq={num_heads} and cache "
+            f"{tuple(k_cache.shape)}")
+    require(num_heads % Hkv == 0, f"Hq={num_heads} must be a multiple of Hkv={Hkv}")
+    require(bias.shape == (width,) and bias.is_contiguous(), f"bias must be [{width}]")
+    require(cos.shape == sin.shape and cos.shape[1] == D and cos.is_contiguous()
+            and sin.is_contiguous(), f"cos and sin must be contiguous [positions, {D}] tables")
+    require(bias.dtype == cos.dtype == sin.dtype == qkv.dtype, "qkv, bias and tables dtypes differ")
     lens = _check_common(qkv, k_cache, v_cache, lens, T, D)
     out = torch.empty((B, T, num_heads, D), device=qkv.device, dtype=qkv.dtype)
     return _launch(qkv, k_cache, v_cache, lens, out, T, num_heads // Hkv, scale, split_keys,
