@@ -128,33 +128,32 @@ class OptionalBuildExt(build_ext):
         return self._openmp
 
 
+def cpu(*names: str) -> list[str]:
+    return [f"csrc/cpu/{n}" for n in names]
+
+
+# The matrix products, compiled into _gemv (Python's products) and into _cpu_layers (the layer
+# loop calls them from C++), and the headers every CPU extension includes.
+GEMV = cpu("gemv.cpp", "gemv_avx2.cpp", "gemv_int8.cpp", "gemv_int8_avx2.cpp", "gemv_int4.cpp")
+GEMV_HEADERS = cpu("gemv.h", "gemv_avx2.h", "gemv_int8.h", "gemv_int8_avx2.h", "gemv_int4.h",
+                   "gemv_quant.h", "gemv_tiled.h")
+OPS_HEADERS = cpu("ops.h", "ops_impl.h")
+CPU_HEADERS = cpu("simd.h", "cpu_features.h") + ["csrc/build_id.h"]
+
 ext_modules = [
     extension("specrt._ngram", ["csrc/ngram/ngram.cpp", "csrc/ngram/ngram_bindings.cpp"],
               ["csrc/ngram/ngram.h", "csrc/build_id.h"], []),
     # -ffp-contract=off everywhere in csrc/cpu: no multiply-adds fused behind the code's back
     # (the ops round where the PyTorch reference rounds), and one source compiled into two
     # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
-    extension("specrt._gemv", ["csrc/cpu/gemv.cpp", "csrc/cpu/gemv_avx2.cpp", "csrc/cpu/gemv_int8.cpp",
-                               "csrc/cpu/gemv_int8_avx2.cpp",
-                               "csrc/cpu/gemv_int4.cpp", "csrc/cpu/stream_read.cpp",
-                               "csrc/cpu/gemv_bindings.cpp"],
-              ["csrc/cpu/gemv.h", "csrc/cpu/gemv_avx2.h", "csrc/cpu/gemv_int8.h", "csrc/cpu/gemv_int8_avx2.h",
-               "csrc/cpu/gemv_int4.h",
-               "csrc/cpu/gemv_quant.h", "csrc/cpu/gemv_tiled.h", "csrc/cpu/simd.h", "csrc/cpu/stream_read.h",
-               "csrc/cpu/cpu_features.h", "csrc/build_id.h"],
+    extension("specrt._gemv", GEMV + cpu("stream_read.cpp", "gemv_bindings.cpp"),
+              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "cpu_features.h") + ["csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
-    extension("specrt._cpu_ops", ["csrc/cpu/ops.cpp", "csrc/cpu/ops_bindings.cpp"],
-              ["csrc/cpu/ops.h", "csrc/cpu/ops_impl.h", "csrc/cpu/simd.h", "csrc/cpu/cpu_features.h",
-               "csrc/build_id.h"],
+    extension("specrt._cpu_ops", cpu("ops.cpp", "ops_bindings.cpp"), OPS_HEADERS + CPU_HEADERS,
               CPU_FLAGS, openmp=True, x86_only=True),
-    extension("specrt._cpu_layers", ["csrc/cpu/layers.cpp", "csrc/cpu/layers_bindings.cpp",
-                                     "csrc/cpu/gemv.cpp", "csrc/cpu/gemv_avx2.cpp",
-                                     "csrc/cpu/gemv_int8.cpp", "csrc/cpu/gemv_int8_avx2.cpp",
-                                     "csrc/cpu/gemv_int4.cpp", "csrc/cpu/ops.cpp"],
-              ["csrc/cpu/layers.h", "csrc/cpu/gemv.h", "csrc/cpu/gemv_avx2.h", "csrc/cpu/gemv_int8.h",
-               "csrc/cpu/gemv_int8_avx2.h", "csrc/cpu/gemv_int4.h", "csrc/cpu/gemv_quant.h", "csrc/cpu/gemv_tiled.h", "csrc/cpu/ops.h", "csrc/cpu/ops_impl.h",
-               "csrc/cpu/simd.h", "csrc/cpu/cpu_features.h",
-               "csrc/build_id.h"],
+    extension("specrt._cpu_layers",
+              cpu("layers.cpp", "layers_bindings.cpp") + GEMV + cpu("ops.cpp"),
+              cpu("layers.h") + GEMV_HEADERS + OPS_HEADERS + CPU_HEADERS,
               CPU_FLAGS, openmp=True, x86_only=True),
 ]
 

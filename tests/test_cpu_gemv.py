@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from specrt.kernels.cpu import gemv as cpu_gemv
 
 needs_kernel = pytest.mark.skipif(not cpu_gemv.AVAILABLE,
-                                  reason="CPU lacks AVX-512 BF16 and AVX2: the F.linear fallback serves")
+                                  reason="CPU lacks AVX-512 BF16 and AVX2: the F.linear "
+                                         "fallback serves")
 
 
 def test_extension_is_built():
@@ -47,7 +48,8 @@ def test_bf16_outputs_are_the_fp32_outputs_rounded_to_nearest_even(m):
     b = torch.randn(45, generator=g).bfloat16()
     for bias in (b, None):
         got = cpu_gemv.kernel_linear(x, w, bias)
-        assert torch.equal(got, cpu_gemv.kernel_linear(x, w, bias, out_dtype=torch.float32).bfloat16())
+        want = cpu_gemv.kernel_linear(x, w, bias, out_dtype=torch.float32).bfloat16()
+        assert torch.equal(got, want)
     x[-1, 7] = float("inf")                              # the last row: inf, and inf * 0 = NaN
     got = cpu_gemv.kernel_linear(x, w, b)
     want = cpu_gemv.kernel_linear(x, w, b, out_dtype=torch.float32).bfloat16()

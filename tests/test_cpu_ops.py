@@ -1,5 +1,6 @@
 """The per-layer CPU ops (specrt._cpu_ops) against their PyTorch specification
-(specrt/model/backends/torch_ref.py), and the property they exist for: a verify pass gives the bits of the decode steps it replaces."""
+(specrt/model/backends/torch_ref.py), and the property they exist for: a verify pass gives the
+bits of the decode steps it replaces."""
 import re
 
 import pytest

@@ -127,7 +127,8 @@ def test_fp32_sampled_graphs_equal_eager(llms, name):
         batch = [r.token_ids for r in llm.generate(BATCH, **kw)]
         outs.append(single + batch)
     for i, (got, want) in enumerate(zip(*outs)):
-        assert got == want, f"{name} output {i} first differs at token {first_difference(got, want)}"
+        assert got == want, (f"{name} output {i} first differs at token "
+                             f"{first_difference(got, want)}")
 
 
 def test_graphs_llm_really_uses_graphs(llms):

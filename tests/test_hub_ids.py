@@ -90,7 +90,8 @@ def test_llm_loads_a_hub_id_from_the_cache_offline(hf_home, tiny_noeos_dir):
     out = json.loads(run.stdout.splitlines()[-1])
 
     snapshot = hf_home / "hub" / "models--tiny-org--tiny-qwen2" / "snapshots" / COMMIT
-    expected = specrt.LLM(tiny_noeos_dir, dtype="float32").generate(PROMPT, max_new_tokens=12).token_ids
+    llm = specrt.LLM(tiny_noeos_dir, dtype="float32")
+    expected = llm.generate(PROMPT, max_new_tokens=12).token_ids
     for key in ("main", "pinned"):
         assert Path(out[key]["dir"]) == snapshot
         assert out[key]["tokens"] == expected

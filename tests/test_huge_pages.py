@@ -60,7 +60,8 @@ def test_thp_mode_reads_the_bracketed_setting(tmp_path, monkeypatch):
     setting = tmp_path / "enabled"
     monkeypatch.setattr(huge_pages, "_SETTING", str(setting))
     assert huge_pages.thp_mode() is None                  # no such file: no THP here
-    for text, mode in [("always [madvise] never\n", "madvise"), ("[always] madvise never", "always"),
+    for text, mode in [("always [madvise] never\n", "madvise"),
+                       ("[always] madvise never", "always"),
                        ("always madvise [never]\n", "never"), ("garbage", None)]:
         setting.write_text(text)
         assert huge_pages.thp_mode() == mode

@@ -9,7 +9,8 @@ from specrt.kernels.cpu import gemv_int4, gemv_int8
 from specrt.model.backends.quantized import Int8Linear
 
 needs_kernel = pytest.mark.skipif(not gemv_int8.AVAILABLE,
-                                  reason="the int8 kernel needs AVX-512 VNNI or AVX2, and the extension")
+                                  reason="the int8 kernel needs AVX-512 VNNI or AVX2, and the "
+                                         "extension")
 needs_int4 = pytest.mark.skipif(not gemv_int4.AVAILABLE,
                                 reason="the int4 kernel needs AVX-512 VNNI and the extension")
 

@@ -272,7 +272,7 @@ def test_client_gone_before_a_non_streaming_answer_cancels_it(server):
     assert server.llm.engine.slots == [None] * 4
 
 
-# --- bad input, failures, back-pressure -------------------------------------------------------------
+# --- bad input, failures, back-pressure -------------------------------------------------
 BAD = {
     "malformed JSON": b'{"model": "tiny", "prompt": ',
     "wrong type": {"model": "tiny", "prompt": "hi", "max_tokens": "five"},
@@ -354,7 +354,8 @@ def test_an_internal_error_fails_that_request_alone(server, client, monkeypatch)
 
 
 def test_a_full_queue_is_a_503_with_retry_after(tiny_noeos_dir):
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, max_queue=1, dtype="float32")
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, max_queue=1,
+                     dtype="float32")
     with Server(llm, spec=None) as s:
         async def flood():
             aclient = s.aclient()
@@ -407,7 +408,8 @@ def test_speculative_metrics_add_up(server, client):
 # --- the library's streams, from threads (no HTTP) ------------------------------------------------
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
-    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=2,
+                     dtype="float32")
     yield llm
     llm.close()
 

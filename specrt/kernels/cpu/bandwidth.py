@@ -2,8 +2,8 @@
 
 A decode step must read every weight once, so no decode can beat (weight bytes) / (the time
 to just read them). `read_seconds` measures that time with the fastest reader specrt has: the
-C++ probe (csrc/cpu/stream_read.cpp: AVX-512 or AVX2 loads over each tensor, split across the threads,
-nothing else) run over the model's own weight tensors, or, without the extension, PyTorch's
+C++ probe (csrc/cpu/stream_read.cpp: AVX-512 or AVX2 loads over each tensor, split across the
+threads, nothing else) run over the model's own weight tensors, or, without the extension, PyTorch's
 `sum` (slower: its numbers are a lower bound of the floor, said so in `method`).
 """
 from __future__ import annotations

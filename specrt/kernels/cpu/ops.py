@@ -6,10 +6,10 @@ adds per layer, each a handful of PyTorch dispatches. csrc/cpu/ops.cpp does each
 call, and computes every row on its own, so a verify pass of K + 1 rows gives the same bits as
 K + 1 decode steps (in bf16 too: PyTorch's attention does not).
 
-The PyTorch functions in specrt/model/backends/torch_ref.py (`rms_norm`, `apply_rope`, `sdpa_attention`)
-are the specification and the fallback; the model takes this path only for CPU bf16/fp32
-decode and verify passes of at most MAX_ROWS tokens a row (`specrt.model.backends.cpu_native`)
-and SDPA for prefills. Every function checks its tensors
+The PyTorch functions in specrt/model/backends/torch_ref.py (`rms_norm`, `apply_rope`,
+`sdpa_attention`) are the specification and the fallback; the model takes this path only for
+CPU bf16/fp32 decode and verify passes of at most MAX_ROWS tokens a row
+(`specrt.model.backends.cpu_native`) and SDPA for prefills. Every function checks its tensors
 (dtype, shape, strides, device, cache bounds) and raises ValueError before a pointer reaches
 C++, which trusts what it is given.
 """

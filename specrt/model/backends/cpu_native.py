@@ -50,7 +50,8 @@ class CpuNative(TorchReference):
         """huge: keep the projections' weights in transparent huge pages (None: where the
         kernel gives them and SPECRT_HUGE_PAGES is not 0; `specrt.kernels.cpu.huge_pages`)."""
         self._stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> Stack
-        self._arena = huge_pages.Arena() if (huge_pages.enabled() if huge is None else huge) else None
+        in_huge_pages = huge_pages.enabled() if huge is None else huge
+        self._arena = huge_pages.Arena() if in_huge_pages else None
 
     @property
     def build_id(self) -> str:
