@@ -6,8 +6,9 @@ One target (bf16) and the same draft model loaded once per form in --drafts: qua
 `LLM` loads them (scoring the first 65,536 token ids and the special ones: see
 specrt.spec.drafters.draft_model.shortlist), the unquantized one over the whole vocabulary;
 each in its own engine sharing the target's weights, all on this thread. Measures:
-- step costs: a target decode step and a step of each draft, interleaved (median of
-  --step-repeats rounds of 10 steps each), and the ratios draft / target;
+- step costs: a target decode step and a step of each draft, in turns (the order reversed
+  every other round; median of --step-repeats rounds of 10 steps each), and the ratios
+  draft / target;
 - per prompt (chat template, greedy, --max-new-tokens): plain decoding and, for each draft,
   draft_model:K for K in --ks and auto:8, the methods in a rotating order per prompt so drift
   hits them alike; tokens/s over the whole call (prefill included), acceptance rate and mean
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks import e2e_plan
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, timing
 from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## Quantized drafts (benchmarks/draft_quant.py)"
@@ -78,22 +79,12 @@ def parse_args(args) -> tuple[int, int, list[int], list[str | None], dict]:
 
 
 def step_costs(models: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of one decode step (1 row) of each model, interleaved."""
-    import torch
-
-    caches = {k: m.new_cache(1, 256) for k, m in models.items()}
-    prompt = torch.arange(100, 132, dtype=torch.int64)[None]
-    for k, m in models.items():
-        m.forward(prompt, caches[k])
+    """Median seconds of one decode step (1 row) of each model, in turns, the order reversed
+    every other repeat."""
     times = collections.defaultdict(list)
-    token = torch.tensor([[42]])
-    for _ in range(repeats):
-        for k, m in models.items():
-            caches[k].truncate([32])
-            t0 = time.perf_counter()
-            for _ in range(10):
-                m.forward(token, caches[k])
-            times[k].append((time.perf_counter() - t0) / 10)
+    for r in range(repeats):
+        for k, m in (models.items() if r % 2 == 0 else list(models.items())[::-1]):
+            times[k].append(timing.decode_step_seconds(m, position=32))
     return {k: statistics.median(v) for k, v in times.items()}
 
 

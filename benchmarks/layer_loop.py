@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, timing
 from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## C++ layer loop (benchmarks/layer_loop.py)"
@@ -34,17 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def step_seconds(model, fused: bool, steps: int = 10) -> float:
-    import torch
-
+def step_seconds(model, fused: bool) -> float:
+    """A decode step at position 60 through the fused loop or the per-op one."""
     model.backend.fused_loop = fused
-    cache = model.new_cache(1, 256)
-    model.forward(torch.arange(100, 160)[None], cache)
-    token = torch.tensor([[42]])
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        model.forward(token, cache)
-    return (time.perf_counter() - t0) / steps
+    return timing.decode_step_seconds(model)
 
 
 def main(argv=None) -> int:

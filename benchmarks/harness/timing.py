@@ -90,6 +90,23 @@ def copy_bandwidth(device, nbytes: int, repeats: int, warmup: int = 2,
     return 2 * nbytes / seconds / 1e9
 
 
+def decode_step_seconds(model, steps: int = 10, position: int = 60) -> float:
+    """Seconds of one decode step (one row) of a specrt Transformer at `position`: a fresh
+    cache, an untimed prompt pass of `position` tokens, then `steps` timed one-token passes
+    (the cache grows by one each; their mean)."""
+    import torch
+
+    cache = model.new_cache(1, position + steps + 64)
+    model.forward(torch.arange(100, 100 + position, device=model.device)[None], cache)
+    token = torch.tensor([[42]], device=model.device)
+    sync(model.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        model.forward(token, cache)
+    sync(model.device)
+    return (time.perf_counter() - t0) / steps
+
+
 def decode_phase(res) -> tuple[int, float]:
     """(tokens, seconds) of a specrt result's decode phase: the tokens after the first (the
     prompt's pass made it) and the seconds after that pass."""
