@@ -184,3 +184,32 @@ def test_draft_with_padded_embedding_is_allowed(tiny_noeos_dir, tmp_path, plain)
     res = llm.generate(PROMPTS[0], max_new_tokens=40,
                        speculative={"method": "draft_model", "num_speculative_tokens": 2})
     assert res.token_ids == plain[tuple(PROMPTS[0])]
+
+
+@pytest.mark.parametrize("method", ["ngram", "auto"])
+def test_a_speculative_request_joining_plain_ones_in_lower_slots(tiny_noeos_dir, method):
+    """Plain requests fill the slots with no planner attached; one ends, and a request whose
+    planner looks up n-grams takes its (lower) slot while a plain one runs above it: every row
+    of the batch needs the drafter's state, not only the new request's."""
+    from specrt.engine.engine import Engine
+    from specrt.engine.request import Request
+    from specrt.model.transformer import Transformer
+    from specrt.spec.config import SpecConfig
+
+    target = Transformer.from_dir(tiny_noeos_dir, "float32", "cpu", 256)
+    spec = SpecConfig(method=method, num_speculative_tokens=3)
+    requests = [Request((5, 6, 7, 5, 6, 7, 5, 6), 2), Request((9, 9, 9, 9), 40),
+                Request((5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6), 12, spec=spec)]
+
+    def outputs(engine, reqs):
+        out = {r.request_id: [] for r in reqs}
+        for steps in engine.run(reqs):
+            for s in steps:
+                assert s.error is None, s.error
+                out[s.request_id] += s.new_tokens
+        return [out[r.request_id] for r in reqs]
+
+    together = outputs(Engine(target, None, 2, 256), requests)
+    alone = [outputs(Engine(target, None, 1, 256), [r])[0] for r in requests]
+    assert together == alone
+    assert [len(t) for t in together] == [2, 40, 12]

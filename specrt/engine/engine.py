@@ -162,6 +162,11 @@ class Engine:
             if self.planner is None:
                 self.planner = planner or self.planner_for(request.spec)
                 self.planner.new_batch()
+                # plain requests admitted while no planner was attached: the planner's
+                # drafters keep state per row of the batch (n-gram indexes), theirs too
+                running = [s for s, r in enumerate(self.slots) if r is not None]
+                for drafter in self.planner.drafters:
+                    drafter.reset(running)
             self.batch_spec = request.spec
         slot = heapq.heappop(self._free)
         self._spec_rows += request.spec is not None
