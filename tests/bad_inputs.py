@@ -72,6 +72,7 @@ GENERATE_CASES = [
     (([1, 2], {"temperature": -0.1}), "temperature"),
     (([1, 2], {"temperature": True}), "temperature"),
     (([1, 2], {"temperature": 10**400}), "temperature"),
+    (([1, 2], {"temperature": 1e39}), "temperature"),
     (([1, 2], {"temperature": [1.0]}), "temperature"),
     (([1, 2], {"temperature": 1j}), "temperature"),
     (([1, 2], {"top_k": True}), "top_k"), (([1, 2], {"top_k": -2}), "top_k"),

@@ -20,6 +20,7 @@ import uvicorn
 
 import specrt
 from specrt.serve import ServeConfig, build_app
+from tests.helpers import run_bounded
 
 SPEC = {"method": "draft_model", "num_speculative_tokens": 3}   # fixed: sampling is exact
 PROMPTS = ["The quick brown fox", "def add(a, b):", "for i in range(10):",
@@ -291,6 +292,7 @@ BAD = {
     "negative temperature": {"model": "tiny", "prompt": "hi", "temperature": -1},
     "top_p 0": {"model": "tiny", "prompt": "hi", "top_p": 0},
     "string temperature": {"model": "tiny", "prompt": "hi", "temperature": "0.5"},
+    "temperature past float32": {"model": "tiny", "prompt": "hi", "temperature": 1e39},
 }
 
 
@@ -459,6 +461,32 @@ def test_two_streams_interleaved_on_one_thread(llm):
     assert got == solo
 
 
+def test_async_generate_takes_a_batch_and_checks_its_arguments_as_llm_does(llm):
+    from specrt.errors import ArgumentError, SpecrtError
+
+    allm = specrt.AsyncLLM(llm=llm)
+    kw = dict(max_new_tokens=20, speculative=SPEC)
+    solo = [llm.generate(p, **kw).token_ids for p in PROMPTS[:3]]
+
+    async def batch():
+        return await asyncio.wait_for(allm.generate(PROMPTS[:3], **kw), TIMEOUT)
+
+    assert [r.token_ids for r in asyncio.run(batch())] == solo
+
+    async def misspelled():
+        return await allm.generate(PROMPTS[0], max_new_token=3)
+
+    with pytest.raises(ArgumentError, match="did you mean 'max_new_tokens'"):
+        asyncio.run(misspelled())
+
+    async def stream_a_batch():
+        return [c async for c in allm.stream(PROMPTS[:2], max_new_tokens=3)]
+
+    with pytest.raises(SpecrtError, match="stream takes one prompt"):
+        asyncio.run(stream_a_batch())
+    assert llm.generate(PROMPTS[0], **kw).token_ids == solo[0]       # the engine lives on
+
+
 def test_finish_reasons_map_to_openais():
     from specrt.serve.schemas import FINISH_REASONS
 
@@ -499,6 +527,22 @@ def test_a_port_out_of_range_is_bad_input_before_anything_loads(port, capsys):
     assert main(["--model", "/nonexistent", "--port", port]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--port" in err[0] and "65535" in err[0], err
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--max-num-seqs", "0"], "--max-num-seqs"), (["--max-model-len", "1"], "--max-model-len"),
+    (["--max-queue", "0"], "max_queue"), (["--draft-stop", "5"], "draft_stop"),
+    (["--device", "tpu"], "device"), (["--speculative-config", '{"method": "magic"}'], "magic")])
+def test_bad_flags_are_refused_before_the_default_pair_is_fetched(flags, needle, capsys,
+                                                                 monkeypatch, tmp_path):
+    """With no --model the server would fetch the default pair (~6 GB) first."""
+    from specrt.serve.cli import main
+
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache"))
+    assert main(flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
 
 
 def test_a_failure_mid_stream_is_counted_once_as_a_failure(server, monkeypatch):
@@ -600,3 +644,43 @@ def test_the_waiting_gauge_counts_every_engines_queue(tiny_noeos_dir, tiny_draft
             assert time.monotonic() < deadline, "the cancelled requests stayed queued"
             time.sleep(0.01)
         assert s.metrics()[key] == 0
+
+
+def test_an_await_cancelled_on_a_loop_that_then_closes_leaves_no_waiter():
+    """A timed-out `anext_step` on an event loop that ends (asyncio.run returns) must not
+    leave a waiter for the scheduler's thread to wake on the closed loop (RuntimeError on the
+    thread that serves every request)."""
+    from specrt.engine.handle import RequestHandle
+    from specrt.engine.request import Request, Step
+
+    handle = RequestHandle(Request((1, 2), 4), cancel=lambda _id: None)
+
+    async def wait_briefly():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(handle.anext_step(), 0.01)
+
+    asyncio.run(wait_briefly())
+    assert handle._waiters == []
+    handle.put(Step(handle.request_id, 0, [7], "prefill", [], 0))    # does not raise
+    assert handle.next_step(1).new_tokens == [7]
+
+
+def test_a_step_that_cannot_be_delivered_fails_no_other_request(llm, monkeypatch):
+    from specrt.engine.handle import RequestHandle
+
+    kw = dict(max_new_tokens=30, speculative=SPEC)
+    solo = llm.generate(PROMPTS[0], **kw).token_ids
+    put = RequestHandle.put
+
+    def put_or_fail(self, step):
+        if self.request.prompt == (1, 2, 3):
+            raise RuntimeError("a caller's loop is gone")
+        put(self, step)
+
+    monkeypatch.setattr(RequestHandle, "put", put_or_fail)
+    doomed = llm.submit([1, 2, 3], max_new_tokens=5)
+    got = run_bounded(lambda: llm.generate(PROMPTS[0], **kw).token_ids, TIMEOUT)
+    doomed.handle.cancel()
+    assert got == ("ok", solo)
+    monkeypatch.setattr(RequestHandle, "put", put)
+    assert run_bounded(lambda: llm.generate(PROMPTS[0], **kw).token_ids, TIMEOUT) == ("ok", solo)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from specrt.api.llm import LLM
-from specrt.api.run import GenerationResult, StreamChunk, TextRun
+from specrt.api.args import check_request_kwargs
+from specrt.api.llm import LLM, is_batch
+from specrt.api.run import StreamChunk, TextRun
+from specrt.errors import SpecrtError
 
 
 class AsyncLLM:
@@ -32,6 +34,9 @@ class AsyncLLM:
 
     async def stream(self, prompt=None, **kwargs) -> AsyncIterator[StreamChunk]:
         """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats."""
+        check_request_kwargs(kwargs)
+        if is_batch(prompt):
+            raise SpecrtError("stream takes one prompt; use generate for a batch")
         run = self.llm.submit(prompt, **kwargs)
         try:
             async for chunk in _chunks(run):
@@ -39,15 +44,23 @@ class AsyncLLM:
         finally:
             run.handle.cancel()
 
-    async def generate(self, prompt=None, **kwargs) -> GenerationResult:
-        """Async `LLM.generate` for one prompt (text, token ids or messages=[...])."""
-        run = self.llm.submit(prompt, **kwargs)
+    async def generate(self, prompt=None, **kwargs):
+        """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
+        GenerationResult, a list of prompts -> list[GenerationResult], each equal to its
+        single run (all submitted at once; cancelling the await cancels every one)."""
+        check_request_kwargs(kwargs)
+        runs: list[TextRun] = []
         try:
-            async for _ in _chunks(run):
-                pass
+            for p in (prompt if is_batch(prompt) else [prompt]):
+                runs.append(self.llm.submit(p, **kwargs))
+            for run in runs:
+                async for _ in _chunks(run):
+                    pass
         finally:
-            run.handle.cancel()
-        return run.result()
+            for run in runs:                  # a no-op for the runs that finished
+                run.handle.cancel()
+        results = [run.result() for run in runs]
+        return results if is_batch(prompt) else results[0]
 
 
 async def _chunks(run: TextRun) -> AsyncIterator[StreamChunk]:

@@ -50,7 +50,8 @@ class LLM:
                  max_queue: int = 256, draft_dtype: str = "auto", draft_vocab="auto",
                  draft_stop: float = DRAFT_STOP):
         """The defaults (the same as the CLIs'): device None = CUDA if available, else the CPU;
-        dtype "auto" = bfloat16 where the device computes it natively, else float32;
+        dtype "auto" = bfloat16 on a CUDA device with bf16 or where specrt's CPU kernels run
+        it (AVX-512 BF16 or AVX2), else float32;
         cuda_graphs None = on with CUDA; draft_dtype "auto" = the draft model's weights in int8
         where the CPU int8 kernel runs (the output is unchanged: only the target decides what
         is emitted), else in dtype; draft_vocab: the draft scores only the token ids below it
@@ -199,7 +200,7 @@ class LLM:
         check_request_kwargs(kwargs)
         runs: list[TextRun] = []
         try:
-            for p in (prompt if _is_batch(prompt) else [prompt]):
+            for p in (prompt if is_batch(prompt) else [prompt]):
                 runs.append(self.submit(p, **kwargs))
         except BaseException:
             for run in runs:               # a bad prompt in a batch: the others do not run on
@@ -209,18 +210,19 @@ class LLM:
             for _ in run.chunks():
                 pass
         results = [run.result() for run in runs]
-        return results if _is_batch(prompt) else results[0]
+        return results if is_batch(prompt) else results[0]
 
     def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
         each round commits. Closing or dropping the iterator cancels the request."""
         check_request_kwargs(kwargs)
-        if _is_batch(prompt):
+        if is_batch(prompt):
             raise SpecrtError("stream takes one prompt; use generate for a batch")
         yield from self.submit(prompt, **kwargs).chunks()
 
 
-def _is_batch(prompt) -> bool:
+def is_batch(prompt) -> bool:
+    """A list of prompts (texts, or token-id lists), not one prompt's token ids."""
     return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and \
         isinstance(prompt[0], (str, list, tuple))
 

@@ -36,7 +36,12 @@ class RequestHandle:
             waiters, self._waiters = self._waiters, []
             self._cond.notify_all()
         for loop, fut in waiters:
-            loop.call_soon_threadsafe(_wake, fut)
+            if fut.done():              # its await was cancelled
+                continue
+            try:
+                loop.call_soon_threadsafe(_wake, fut)
+            except RuntimeError:        # its event loop is closed: nobody awaits it now
+                pass
 
     # --- the caller's side --------------------------------------------------------------------
     def cancel(self) -> None:
@@ -67,7 +72,13 @@ class RequestHandle:
                     return None
                 fut = loop.create_future()
                 self._waiters.append((loop, fut))
-            await fut
+            try:
+                await fut
+            except BaseException:         # cancelled: leave no waiter behind on this loop
+                with self._cond:
+                    if (loop, fut) in self._waiters:
+                        self._waiters.remove((loop, fut))
+                raise
 
 
 def _wake(fut: asyncio.Future) -> None:

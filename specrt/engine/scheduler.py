@@ -211,4 +211,7 @@ class Scheduler:
             if step.finished:
                 self._handles.pop(step.request_id, None)
         if handle is not None:
-            handle.put(step)
+            try:
+                handle.put(step)
+            except Exception:       # one caller's trouble must not stop every request's thread
+                log.exception("delivering a step of %s failed", step.request_id)

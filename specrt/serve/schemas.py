@@ -13,6 +13,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from specrt.api.args import MAX_TEMPERATURE
+
 # engine finish reason -> OpenAI's ("eos": the model ended its answer; "stop": a stop string)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}
 Number = Union[StrictInt, StrictFloat]
@@ -33,7 +35,7 @@ class _Sampling(_Base):
     """Fields both endpoints share."""
 
     model: Optional[StrictStr] = None
-    temperature: Optional[Number] = Field(None, ge=0.0)      # None: OpenAI's default, 1.0
+    temperature: Optional[Number] = Field(None, ge=0.0, le=MAX_TEMPERATURE)  # None: 1.0
     top_p: Optional[Number] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[StrictInt] = Field(None, ge=0)          # an extension, as in vLLM
     seed: Optional[StrictInt] = None

@@ -21,6 +21,9 @@ from specrt.model.staging import Staging
 
 MAX_SEED = 2**63 - 1      # torch seeds are 64-bit; negative ones are a user's slip
 MAX_TOP_K = 2**31 - 1
+# Past this the distribution is uniform to float32's precision; past float32's largest
+# finite value the division overflows inside torch.
+MAX_TEMPERATURE = 1e4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +40,8 @@ class SamplingParams:
         # past this reaches torch (a seed of 2**64 overflows, nan warps to nan probabilities).
         set_ = object.__setattr__
         set_(self, "temperature", check_number(
-            "temperature", self.temperature, 0.0, fix="0 means greedy, 0.7..1.0 is typical"))
+            "temperature", self.temperature, 0.0, MAX_TEMPERATURE,
+            fix="0 means greedy, 0.7..1.0 is typical"))
         set_(self, "top_k", check_int("top_k", self.top_k, 0, MAX_TOP_K, fix="0 disables it"))
         set_(self, "top_p", check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True,
                                          fix="1 disables it"))
