@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llamacpp-ks", default=None, help="K values of llama.cpp's draft and "
                    "n-gram methods (default 2,4,8; 2,4 with --quick)")
     p.add_argument("--llamacpp-dir", default=None, help="the `make bench-llamacpp` folder "
-                   "(default $SPECRT_LLAMACPP_DIR or ~/.cache/specrt/llamacpp)")
+                   "(default $SPECRT_LLAMACPP_DIR, else $SPECRT_CACHE/llamacpp)")
     p.add_argument("--llamacpp-timeout", type=float, default=600.0,
                    help="seconds one llama.cpp process may take (default 600)")
     p.add_argument("--repeats", type=int, default=1, help="sweeps over the prompts; the median "

@@ -184,7 +184,8 @@ def exactness(model, prompt, steps: int, chunk: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_probe",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="CPU plumbing run on a tiny model")
     p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM peak, TB/s (H200: 4.8)")
     p.add_argument("--context", type=int, default=512)

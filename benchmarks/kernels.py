@@ -155,7 +155,8 @@ def bench_acceptance(timer, copy_gbps, batches, K, V, dtype):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="small shapes, few repeats (CPU smoke run)")
     parser.add_argument("--out", type=pathlib.Path, help="also write the JSON to DIR/kernels.json")

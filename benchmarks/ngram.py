@@ -199,7 +199,8 @@ def cpp_index_rss(stream, min_n, max_n) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ngram",
+                                     description=__doc__.splitlines()[0])
     # Defaults are SpecConfig's: K=4, prompt_lookup_min=1, prompt_lookup_max=3.
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--min-n", type=int, default=1)

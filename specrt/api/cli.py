@@ -38,19 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "('-': standard input)")
     p.add_argument("--system", help="a system message before the prompt (chat template)")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids (instead of text)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="(default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off (default)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None,
                    help="stop string (repeatable); text from it on is not printed")
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                   help="auto (default): bfloat16 where the device computes it natively, "
-                        "else float32")
+                   help="auto (default): bfloat16 on a CUDA device with bf16 or where "
+                        "specrt's CPU kernels run it, else float32")
     add_draft_args(p)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--max-seq-len", type=int, default=4096)
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--max-seq-len", type=int, default=4096,
+                   help="tokens per sequence (prompt + answer) in the KV cache (default 4096)")
     p.add_argument("--speculative-config", default=None,
                    help="JSON with vLLM's keys: method (draft_model | ngram | auto), model, "
                         "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max; "
