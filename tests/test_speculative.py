@@ -164,6 +164,40 @@ def test_draft_from_speculative_config_model_key(tiny_noeos_dir, tiny_draft_dir,
     assert res.stats["num_drafts"] > 0
 
 
+def test_two_threads_naming_one_new_draft_get_one_engine(tiny_noeos_dir, tiny_draft_dir,
+                                                         monkeypatch):
+    import threading
+    import time
+
+    from specrt.api import llm as llm_module
+    from specrt.spec.config import SpecConfig
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
+    real = llm_module.Scheduler
+    built = []
+
+    def slow_scheduler(*args, **kwargs):       # widens the window between check and insert
+        time.sleep(0.2)
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(llm_module, "Scheduler", slow_scheduler)
+    spec = SpecConfig.parse({"method": "draft_model", "model": str(tiny_draft_dir)})
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(llm._scheduler_for(spec)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    try:
+        assert len(built) == 1 and got == [built[0], built[0]]
+    finally:
+        llm.close()
+        for s in built:
+            s.close()
+
+
 def test_mismatched_draft_vocabulary_is_refused(tiny_noeos_dir, tmp_path):
     from tests.tiny import make_model
 

@@ -17,6 +17,7 @@ see `specrt.AsyncLLM`.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -90,6 +91,7 @@ class LLM:
         self.target = self.engine.target
         self.eos_ids = set(self.target.cfg.eos_token_ids)
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
+        self._schedulers_lock = threading.Lock()     # callers' threads add engines
 
     def _load_draft(self, target: Transformer, draft_dir: Path) -> Transformer:
         cfg = ModelConfig.from_dir(draft_dir)
@@ -110,16 +112,18 @@ class LLM:
         if spec is None or spec.model is None:
             return self.scheduler
         key = _real(resolve_model_dir(spec.model))
-        if key not in self._schedulers:
-            if len(self._schedulers) > MAX_DRAFT_ENGINES:
-                raise ConfigError(f"at most {MAX_DRAFT_ENGINES} other draft models can be named "
-                                  "per request; load the draft you need with LLM(draft=...)")
-            self._schedulers[key] = Scheduler(
-                lambda: Engine(self.target, self._load_draft(self.target, Path(key)),
-                               self.max_batch_size, self.max_seq_len, static=self.cuda_graphs,
-                               draft_stop=self.draft_stop),
-                self.max_queue)
-        return self._schedulers[key]
+        with self._schedulers_lock:         # two threads naming one new draft: one engine
+            if key not in self._schedulers:
+                if len(self._schedulers) > MAX_DRAFT_ENGINES:
+                    raise ConfigError(f"at most {MAX_DRAFT_ENGINES} other draft models can be "
+                                      "named per request; load the draft you need with "
+                                      "LLM(draft=...)")
+                self._schedulers[key] = Scheduler(
+                    lambda: Engine(self.target, self._load_draft(self.target, Path(key)),
+                                   self.max_batch_size, self.max_seq_len,
+                                   static=self.cuda_graphs, draft_stop=self.draft_stop),
+                    self.max_queue)
+            return self._schedulers[key]
 
     def cost_model(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> CostModel:
         """What `auto` with num_speculative_tokens = max_k plans with: this machine's
@@ -137,7 +141,9 @@ class LLM:
 
     def close(self) -> None:
         """Cancel every request and stop the scheduler threads."""
-        for scheduler in self._schedulers.values():
+        with self._schedulers_lock:
+            schedulers = list(self._schedulers.values())
+        for scheduler in schedulers:
             scheduler.close()
 
     # --- text -> ids ------------------------------------------------------------------------
