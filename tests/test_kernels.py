@@ -551,9 +551,9 @@ def test_dispatch_routes_the_layer_ops(monkeypatch, forced):
     monkeypatch.setenv("SPECRT_KERNELS", forced)
     qkv, bias, cos, sin, kc, vc, lens = _fused_inputs(1, 2, 2, 1, 64, 16, torch.float32, seed=0)
     kernels.rope_verify_attention(qkv, bias, cos, sin, kc, vc, lens, 2)
-    x = torch.randn(3, 40)
-    kernels.add_rms_norm(x, x, torch.ones(40), 1e-6)
-    kernels.silu_mul(torch.randn(3, 40))
+    x = torch.randn(3, 40, device=DEVICE)
+    kernels.add_rms_norm(x, x, torch.ones(40, device=DEVICE), 1e-6)
+    kernels.silu_mul(torch.randn(3, 40, device=DEVICE))
     assert calls == [(forced, "rope_verify_attention"), (forced, "add_rms_norm"),
                      (forced, "silu_mul")]
 
@@ -696,3 +696,40 @@ def test_silu_mul_matches_reference(N, I, dtype):
     assert out.shape == (N, I) and out.dtype == dtype
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def test_one_split_launches_pass_the_pointer_types_the_kernels_are_compiled_with(monkeypatch):
+    """NUM_SPLITS is a runtime value, so a launch compiles the split branch whatever it takes:
+    one-split launches that passed their output as the never-read partials and tickets gave
+    the tickets' atomics a bf16 / fp16 pointer, which triton 3.6 does not compile (seen on an
+    H200; the interpreter and compile_check, which declares the types, did not show it)."""
+    from specrt.kernels.triton import matmul as matmul_kernel
+
+    seen = {}
+
+    def spy_on(module, name):
+        real = getattr(module, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    seen[name] = dict(zip(real.arg_names, args))
+                    return real[grid](*args, **kwargs)
+                return launch
+
+        monkeypatch.setattr(module, name, Spy())
+
+    spy_on(matmul_kernel, "_matmul_kernel")
+    spy_on(attention_kernel, "_verify_attention_kernel")
+    x = torch.randn(3, 64, device=DEVICE, dtype=torch.float16)
+    w = torch.randn(32, 64, device=DEVICE, dtype=torch.float16)
+    matmul_kernel.matmul(x, w, split_blocks=64)                          # one split
+    q, k, v, lens = _attention_inputs(1, 1, 2, 2, 64, 16, torch.float16, seed=0)
+    attention_kernel.verify_attention(q, k, v, lens, split_keys=64)      # one split
+    for name, pointers in (("_matmul_kernel", ("part_ptr", "count_ptr")),
+                           ("_verify_attention_kernel",
+                            ("part_acc_ptr", "part_m_ptr", "part_l_ptr", "count_ptr"))):
+        args = seen[name]
+        assert args["NUM_SPLITS"] == 1, name
+        assert [args[p].dtype for p in pointers] == \
+            [torch.float32] * (len(pointers) - 1) + [torch.int32], name

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from specrt.kernels.checks import require_runnable
-from specrt.kernels.triton.tickets import ticket_buffer
+from specrt.kernels.triton.tickets import ticket_buffer, unused_f32
 
 __all__ = ["matmul", "DTYPES", "BLOCK_M", "BLOCK_N", "MAX_ROWS", "block_k_for",
            "split_blocks_for", "num_stages_for", "NUM_WARPS"]
@@ -186,7 +186,7 @@ def matmul(
         part = torch.empty((num_splits, M, N), device=x.device, dtype=torch.float32)
         tickets = ticket_buffer(x.device, m_tiles * n_tiles)
     else:
-        part = tickets = y  # never read with one split
+        part, tickets = unused_f32(x.device), ticket_buffer(x.device, 1)   # never read
     _matmul_kernel[(m_tiles, n_tiles, num_splits)](
         x, weight, bias if bias is not None else weight, y, part, tickets,
         x.stride(0), weight.stride(0), y.stride(0),

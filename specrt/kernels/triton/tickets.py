@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ticket_buffer"]
+__all__ = ["ticket_buffer", "unused_f32"]
 
 _tickets: dict = {}         # device -> the newest zeroed ticket buffer
 _retired: list = []         # older ones, kept alive: a captured graph may still use them
+_unused: dict = {}          # device -> unused_f32's buffer
+
+
+def unused_f32(device: torch.device) -> torch.Tensor:  # [1] fp32
+    """The partial-sum arguments of a launch with one split, never read or written. They are
+    typed as the kernels are compiled (fp32 partials, int32 tickets: `ticket_buffer`), because
+    the split branch is compiled whatever the launch takes: an atomic on a bf16 or fp16
+    pointer does not compile (triton 3.6)."""
+    buf = _unused.get(device)
+    if buf is None:
+        buf = _unused[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return buf
 
 
 def ticket_buffer(device: torch.device, n: int) -> torch.Tensor:  # [>= n] int32 zeros

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from specrt.kernels.checks import require, require_runnable
 from specrt.kernels.triton.rope import roped_rows
-from specrt.kernels.triton.tickets import ticket_buffer
+from specrt.kernels.triton.tickets import ticket_buffer, unused_f32
 
 __all__ = ["verify_attention", "rope_verify_attention", "HEAD_DIMS", "DTYPES", "BLOCK_M",
            "SPLIT_KEYS", "block_n_for", "num_warps_for"]
@@ -251,7 +251,8 @@ def _launch(src, k_cache, v_cache, lens, out, T, G, scale, split_keys, fused,
         part_l = torch.empty_like(part_m)
         tickets = ticket_buffer(src.device, B * Hkv * m_tiles)
     else:
-        part_acc = part_m = part_l = tickets = out  # never read with one split
+        part_acc = part_m = part_l = unused_f32(src.device)       # never read: one split
+        tickets = ticket_buffer(src.device, 1)
     if not fused:
         bias = cos = sin = src  # never read
     stride_qh = D if fused else src.stride(2)
