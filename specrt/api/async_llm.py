@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from specrt.api.args import check_request_kwargs
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import StreamChunk, TextRun
-from specrt.errors import SpecrtError
 
 
 class AsyncLLM:
@@ -34,10 +32,7 @@ class AsyncLLM:
 
     async def stream(self, prompt=None, **kwargs) -> AsyncIterator[StreamChunk]:
         """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats."""
-        check_request_kwargs(kwargs)
-        if is_batch(prompt):
-            raise SpecrtError("stream takes one prompt; use generate for a batch")
-        run = self.llm.submit(prompt, **kwargs)
+        run = self.llm.submit_stream(prompt, **kwargs)
         try:
             async for chunk in _chunks(run):
                 yield chunk
@@ -48,11 +43,8 @@ class AsyncLLM:
         """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
         GenerationResult, a list of prompts -> list[GenerationResult], each equal to its
         single run (all submitted at once; cancelling the await cancels every one)."""
-        check_request_kwargs(kwargs)
-        runs: list[TextRun] = []
+        runs = self.llm.submit_all(prompt, **kwargs)
         try:
-            for p in (prompt if is_batch(prompt) else [prompt]):
-                runs.append(self.llm.submit(p, **kwargs))
             for run in runs:
                 async for _ in _chunks(run):
                     pass

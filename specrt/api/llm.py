@@ -200,9 +200,9 @@ class LLM:
         request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))
         return TextRun(self._scheduler_for(spec).submit(request), text)
 
-    def generate(self, prompt=None, **kwargs):
-        """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
-        for a list of prompts -> list[GenerationResult], each equal to its single run."""
+    def submit_all(self, prompt=None, **kwargs) -> list[TextRun]:
+        """generate's requests (LLM's and AsyncLLM's): the keywords checked, then a run per
+        prompt of a batch, or the one prompt's; a bad prompt cancels the runs before it."""
         check_request_kwargs(kwargs)
         runs: list[TextRun] = []
         try:
@@ -212,6 +212,19 @@ class LLM:
             for run in runs:               # a bad prompt in a batch: the others do not run on
                 run.handle.cancel()
             raise
+        return runs
+
+    def submit_stream(self, prompt=None, **kwargs) -> TextRun:
+        """stream's request (LLM's and AsyncLLM's): the keywords checked, one prompt."""
+        check_request_kwargs(kwargs)
+        if is_batch(prompt):
+            raise SpecrtError("stream takes one prompt; use generate for a batch")
+        return self.submit(prompt, **kwargs)
+
+    def generate(self, prompt=None, **kwargs):
+        """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
+        for a list of prompts -> list[GenerationResult], each equal to its single run."""
+        runs = self.submit_all(prompt, **kwargs)
         for run in runs:
             for _ in run.chunks():
                 pass
@@ -221,10 +234,7 @@ class LLM:
     def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
         each round commits. Closing or dropping the iterator cancels the request."""
-        check_request_kwargs(kwargs)
-        if is_batch(prompt):
-            raise SpecrtError("stream takes one prompt; use generate for a batch")
-        yield from self.submit(prompt, **kwargs).chunks()
+        yield from self.submit_stream(prompt, **kwargs).chunks()
 
 
 def is_batch(prompt) -> bool:
