@@ -5,7 +5,6 @@ import threading
 import pytest
 
 import specrt
-from specrt.api.text_stream import TextStream
 
 SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
 
@@ -62,32 +61,6 @@ def test_stop_string_cuts_text_and_ids(llm, spec):
     streamed = "".join(c.text for c in llm.stream("for i in range", max_new_tokens=40,
                                                   stop=stop, speculative=spec))
     assert streamed == text[:cut]
-
-
-def test_stop_string_spanning_two_rounds_is_never_shown():
-    class FakeTok:  # each token is one character
-        def decode(self, ids):
-            return "".join(chr(i) for i in ids)
-
-    ts = TextStream(FakeTok(), ["STOP"])
-    shown = ts.push([ord(c) for c in "hello ST"])   # "ST" may begin the stop string: held back
-    assert shown == "hello "
-    shown += ts.push([ord(c) for c in "OP and more"])
-    assert shown == "hello " and ts.stopped and ts.text == "hello "
-    ts2 = TextStream(FakeTok(), ["STOP"])
-    out = ts2.push([ord(c) for c in "a ST"]) + ts2.push([ord(c) for c in "ep"], final=True)
-    assert out == "a STep" and not ts2.stopped       # a false alarm is released
-
-
-def test_incomplete_utf8_is_held_back():
-    class ByteTok:  # ids are bytes
-        def decode(self, ids):
-            return bytes(ids).decode("utf-8", errors="replace")
-
-    ts = TextStream(ByteTok(), None)
-    euro = list("€".encode())
-    assert ts.push([ord("a")] + euro[:2]) == "a"
-    assert ts.push(euro[2:]) == "€"
 
 
 def test_abandoned_stream_leaves_the_next_call_clean(llm):

@@ -1,9 +1,20 @@
 """Incremental detokenization for streaming: a growing list of ids -> text deltas that never
-split a multi-byte character and never show text past a stop string."""
+split a multi-byte character and never show text past a stop string.
+
+Each push costs time bounded by the push, not by the text so far: the ids are decoded as a
+settled head (decoded once) and a short window behind it (decoded again per token or per push).
+The window's first ids move into the head only where decoding the two parts apart gives the
+same text as decoding them together, with `_CONTEXT` ids of right context; for byte-level BPE
+(Qwen2's) that is every character boundary. A tokenizer whose decoder is not local that way
+keeps a growing window: slower, never different from decoding everything at once.
+"""
 from __future__ import annotations
 
 from specrt.api.tokenizer import Tokenizer
 from specrt.errors import SpecrtError
+
+_CONTEXT = 8        # ids kept in the window behind a split, as its right context
+_SETTLE_AT = 32     # window length (ids) at which a split is tried
 
 
 class TextStream:
@@ -21,41 +32,108 @@ class TextStream:
         if self.stop and tokenizer is None:
             raise SpecrtError("stop strings need a tokenizer, and this model directory has no "
                               "tokenizer.json")
+        # characters before the end of the text that a stop string completed by the next
+        # token may start at: its length, and 3 for a character still unfinished ("\ufffd")
+        self._reach = max(map(len, self.stop), default=1) + 3
         self.ids: list[int] = []
-        self.text = ""          # text so far (cut before a stop string once stopped)
-        self.emitted = 0        # characters of self.text already returned
+        self.emitted = 0        # characters of the text already returned
         self.stopped = False
         self.stop_token_count: int | None = None   # ids needed to produce the kept text
+        self._head: list[str] = []   # the settled text, decode(ids[:_base]), in pieces
+        self._base = 0
+        self._tail = ""              # decode(ids[_base:])
+        self._recent = ""            # the settled text from offset _recent_at on: what is
+        self._recent_at = 0          # not yet shown or a stop string may still reach into
+        self._settle_at = _SETTLE_AT
+        self._final: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The text so far (cut before the stop string once stopped)."""
+        if self._final is not None:
+            return self._final
+        return "".join(self._head) + self._tail
 
     def push(self, ids: list[int], final: bool = False) -> str:
         if self.tokenizer is None or self.stopped:
             self.ids += ids
             return ""
+        if not self.stop:
+            self.ids += ids
+            self._decode_window()
+            return self._release(final)
         for t in ids:      # token by token, so a stop string is cut at the token completing it
+            settled = self._length() - (len(self._tail) - len(self._tail.rstrip("\ufffd")))
             self.ids.append(t)
-            if not self.stop:
-                continue
-            text = self.tokenizer.decode(self.ids)
-            hit = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-            if hit >= 0:
-                self.text = text[:hit]
+            self._decode_window()
+            hit = self._find_stop(settled)
+            if hit is not None:
+                self._final = self.text[:hit]
                 self.stopped = True
                 self.stop_token_count = len(self.ids)
                 return self._release(final=True)
-        self.text = self.tokenizer.decode(self.ids)
         return self._release(final)
 
+    # --- the window ---------------------------------------------------------------------------
+    def _length(self) -> int:
+        return self._recent_at + len(self._recent) + len(self._tail)
+
+    def _decode_window(self) -> None:
+        window = self.ids[self._base:]
+        self._tail = self.tokenizer.decode(window)
+        if len(window) >= self._settle_at and not self._settle(window):
+            self._settle_at = 2 * len(window)        # not splittable here: try again later
+
+    def _settle(self, window: list[int]) -> bool:
+        """Move the window's first ids into the head where that changes no text."""
+        for k in range(len(window) - _CONTEXT, len(window) - _CONTEXT - 4, -1):
+            head = self.tokenizer.decode(window[:k])
+            if head.endswith("\ufffd") or not self._tail.startswith(head):
+                continue                             # inside a character: one id back
+            if self.tokenizer.decode(window[k:]) != self._tail[len(head):]:
+                return False
+            self._head.append(head)
+            self._recent += head
+            self._tail = self._tail[len(head):]
+            self._base += k
+            self._settle_at = _SETTLE_AT
+            self._forget()
+            return True
+        return False
+
+    def _forget(self) -> None:
+        """Drop the settled text that is shown and out of a stop string's reach."""
+        keep_from = min(self.emitted, self._length() - self._reach)
+        cut = min(keep_from - self._recent_at, len(self._recent))
+        if cut > 0:
+            self._recent = self._recent[cut:]
+            self._recent_at += cut
+
+    def _find_stop(self, searched: int) -> int | None:
+        """Offset in the text of the first stop string ending past `searched` characters."""
+        recent = self._recent + self._tail
+        start = max(searched - self._reach, self._recent_at) - self._recent_at
+        hits = [i for i in (recent.find(s, start) for s in self.stop) if i >= 0]
+        return self._recent_at + min(hits) if hits else None
+
+    # --- what may be shown --------------------------------------------------------------------
     def _release(self, final: bool) -> str:
-        end = len(self.text)
+        if self._final is not None:
+            recent, at = self._final[self.emitted:], self.emitted
+        else:
+            recent, at = self._recent + self._tail, self._recent_at
+        end = len(recent)
         if not final:
-            if self.text.endswith("\ufffd"):          # an unfinished multi-byte character
+            if recent.endswith("\ufffd"):          # an unfinished multi-byte character
                 end -= 1
-            for s in self.stop:                       # a suffix that may grow into a stop string
+            for s in self.stop:                    # a suffix that may grow into a stop string
                 for n in range(min(len(s) - 1, end), 0, -1):
-                    if self.text[:end].endswith(s[:n]):
+                    if recent[:end].endswith(s[:n]):
                         end -= n
                         break
-        end = max(end, self.emitted)
-        delta = self.text[self.emitted:end]
+        end = max(at + end, self.emitted)
+        delta = recent[self.emitted - at:end - at]
         self.emitted = end
+        if self._final is None:
+            self._forget()
         return delta

@@ -1,0 +1,175 @@
+"""Streaming detokenization: `TextStream` shows exactly what decoding everything at once would,
+held back only where a character or a stop string is unfinished, in time bounded per token.
+
+The spec is `reference_deltas`: decode all ids after every token, search the whole text."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specrt.api.text_stream import TextStream
+from specrt.api.tokenizer import Tokenizer
+
+
+class CharTok:      # each id is one character
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+class ByteTok:      # each id is one byte
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class StripTok(ByteTok):
+    """A decoder that is not local: it drops the text's leading spaces (as Metaspace-style
+    decoders drop the first token's), so decoding a window apart differs from together."""
+    def decode(self, ids):
+        return super().decode(ids).lstrip(" ")
+
+
+class Counting:
+    def __init__(self, tok):
+        self.tok, self.decoded = tok, 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        return self.tok.decode(ids)
+
+
+def reference_deltas(tok, stop, pushes):
+    """(deltas, stopped, ids kept, final text): the whole text decoded after every token."""
+    ids, shown, deltas = [], 0, []
+    for chunk, final in pushes:
+        text, stopped_at = None, None
+        for t in chunk:
+            ids.append(t)
+            text = tok.decode(ids)
+            hits = [i for i in (text.find(s) for s in stop) if i >= 0]
+            if hits:
+                stopped_at = min(hits)
+                break
+        if text is None:
+            text = tok.decode(ids)
+        if stopped_at is not None:
+            deltas.append(text[shown:stopped_at])
+            return deltas, True, len(ids), text[:stopped_at]
+        end = len(text)
+        if not final:
+            if text.endswith("\ufffd"):
+                end -= 1
+            for s in stop:
+                for n in range(min(len(s) - 1, end), 0, -1):
+                    if text[:end].endswith(s[:n]):
+                        end -= n
+                        break
+        end = max(end, shown)
+        deltas.append(text[shown:end])
+        shown = end
+    return deltas, False, len(ids), tok.decode(ids)
+
+
+def run_stream(tok, stop, pushes):
+    ts = TextStream(tok, stop)
+    deltas = []
+    for chunk, final in pushes:
+        deltas.append(ts.push(chunk, final=final))
+        if ts.stopped:
+            return deltas, True, ts.stop_token_count, ts.text
+    return deltas, False, len(ts.ids), ts.text
+
+
+TEXTS = [
+    "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs\n" * 6,
+    "Grüße aus Köln — 東京の天気は晴れです。🙂🚀 naïve café " * 8,
+    "  leading spaces,\n\n\nblank lines\t\ttabs and END markers; stop STOP ST" * 5,
+]
+
+
+def pushes_of(ids, rng):
+    out, i = [], 0
+    while i < len(ids):
+        n = rng.choice([1, 1, 2, 3, 5, 17])
+        out.append((ids[i:i + n], i + n >= len(ids)))
+        i += n
+    return out
+
+
+def cases(tok, encode, seed):
+    rng = random.Random(seed)
+    for text in TEXTS:
+        ids = encode(text)
+        for stop in ([], ["STOP"], ["\n\n\n"], ["晴れ", "🚀"], [text[150:190]], ["never there"]):
+            yield ids, stop, pushes_of(ids, rng)
+
+
+@pytest.mark.parametrize("name", ["chars", "bytes", "strip"])
+def test_equals_decoding_everything_at_once(name):
+    tok = {"chars": CharTok(), "bytes": ByteTok(), "strip": StripTok()}[name]
+    encode = ((lambda s: [ord(c) for c in s]) if name == "chars"
+              else (lambda s: list(s.encode())))
+    for ids, stop, pushes in cases(tok, encode, seed=len(name)):
+        assert run_stream(tok, stop, pushes) == reference_deltas(tok, stop, pushes), stop
+
+
+def test_equals_decoding_everything_at_once_with_a_bpe_tokenizer(tiny_noeos_dir):
+    tok = Tokenizer(tiny_noeos_dir)
+    for ids, stop, pushes in cases(tok, tok.encode, seed=3):
+        assert run_stream(tok, stop, pushes) == reference_deltas(tok, stop, pushes), stop
+
+
+@pytest.mark.parametrize("stop", [[], ["STOP"]])
+def test_work_per_token_does_not_grow_with_the_text(stop):
+    """Decoding all ids after every token made a 4,000-token answer with a stop string cost
+    ~1 ms per token on the real tokenizer (quadratic); ids decoded per token must stay flat."""
+    ids = list(("ab\u00e9\u6771 " * 1000).encode())[:4000]
+    per_token = []
+    for n in (1000, 4000):
+        tok = Counting(ByteTok())
+        ts = TextStream(tok, stop)
+        for i in range(0, n, 3):
+            ts.push(ids[i:min(i + 3, n)], final=i + 3 >= n)
+        assert ts.text == ByteTok().decode(ids[:n])
+        per_token.append(tok.decoded / n)
+    assert per_token[1] < 1.2 * per_token[0] and per_token[1] < 200, per_token
+
+
+def test_a_non_local_decoder_keeps_its_window():
+    """Where splitting would change the text, nothing is split (the window grows)."""
+    ts = TextStream(StripTok(), None)
+    ids = list(("x " + " " * 40 + "y") .encode())
+    shown = "".join(ts.push([t]) for t in ids) + ts.push([], final=True)
+    assert shown == StripTok().decode(ids)
+
+
+def test_stop_string_spanning_two_rounds_is_never_shown():
+    ts = TextStream(CharTok(), ["STOP"])
+    shown = ts.push([ord(c) for c in "hello ST"])   # "ST" may begin the stop string: held back
+    assert shown == "hello "
+    shown += ts.push([ord(c) for c in "OP and more"])
+    assert shown == "hello " and ts.stopped and ts.text == "hello "
+    assert ts.stop_token_count == len("hello STOP")
+    ts2 = TextStream(CharTok(), ["STOP"])
+    out = ts2.push([ord(c) for c in "a ST"]) + ts2.push([ord(c) for c in "ep"], final=True)
+    assert out == "a STep" and not ts2.stopped       # a false alarm is released
+
+
+def test_a_stop_string_far_into_a_long_text_is_found_at_its_first_place():
+    body = "".join(f"line {i}\n" for i in range(600))
+    ts = TextStream(CharTok(), ["line 517\n", "line 5"])
+    shown = ""
+    for i in range(0, len(body), 7):
+        shown += ts.push([ord(c) for c in body[i:i + 7]])
+        if ts.stopped:
+            break
+    first = body.find("line 5")
+    assert ts.stopped and ts.text == body[:first] == shown
+    assert ts.stop_token_count == first + len("line 5")
+
+
+def test_incomplete_utf8_is_held_back():
+    ts = TextStream(ByteTok(), None)
+    euro = list("€".encode())
+    assert ts.push([ord("a")] + euro[:2]) == "a"
+    assert ts.push(euro[2:]) == "€"
