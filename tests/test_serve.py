@@ -273,6 +273,52 @@ def test_client_gone_before_a_non_streaming_answer_cancels_it(server):
     assert server.llm.engine.slots == [None] * 4
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_while_queued_leaves_the_queue_before_its_prefill(tiny_noeos_dir,
+                                                                        stream):
+    """One slot, held by a long stream; a second request waits in the queue and its client
+    leaves. The request must leave the queue then, while the first still runs, and never be
+    prefilled (it used to wait for the slot, be prefilled, and only be cancelled when its
+    first token found nobody to send it to)."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=2048, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        holder = http.client.HTTPConnection("127.0.0.1", s.port, timeout=TIMEOUT)
+        holder.request("POST", "/v1/completions", json.dumps(
+            {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1900,
+             "temperature": 0, "stream": True}), {"Content-Type": "application/json"})
+        resp = holder.getresponse()
+        assert resp.readline().startswith(b"data: ")
+        m0 = s.metrics()
+        queued = http.client.HTTPConnection("127.0.0.1", s.port, timeout=TIMEOUT)
+        queued.request("POST", "/v1/completions", json.dumps(
+            {"model": "tiny", "prompt": "A refrigerator keeps", "max_tokens": 8,
+             "temperature": 0, "stream": stream}), {"Content-Type": "application/json"})
+        deadline = time.monotonic() + 10
+        while not llm.scheduler.pending:
+            assert time.monotonic() < deadline, "the second request was never queued"
+            time.sleep(0.002)
+        queued.sock.shutdown(socket.SHUT_RDWR)
+        queued.close()
+        deadline = time.monotonic() + 10
+        while llm.scheduler.pending:
+            assert time.monotonic() < deadline, "the request stayed queued"
+            time.sleep(0.002)
+        assert llm.engine.busy and llm.engine.slots[0] is not None   # the first still runs
+        m1 = s.metrics()
+        holder.sock.shutdown(socket.SHUT_RDWR)
+        holder.close()
+        s.wait_idle()
+        m2 = s.metrics()
+
+    def delta(key, a=m0, b=m1):
+        return b.get(key, 0) - a.get(key, 0)
+
+    assert delta('vllm:prompt_tokens_total{model_name="tiny"}') == 0     # never prefilled
+    assert delta('vllm:request_success_total{finished_reason="abort",model_name="tiny"}') == 1
+    assert m1['vllm:num_requests_running{model_name="tiny"}'] == 1       # the holder only
+    assert m2['vllm:num_requests_running{model_name="tiny"}'] == 0
+
+
 # --- bad input, failures, back-pressure -------------------------------------------------
 BAD = {
     "malformed JSON": b'{"model": "tiny", "prompt": ',
@@ -577,6 +623,15 @@ def test_a_failure_mid_stream_is_counted_once_as_a_failure(server, monkeypatch):
     assert m1['vllm:num_requests_running{model_name="tiny"}'] == 0
 
 
+def asgi_scope(server: Server, spec_version: str = "2.3") -> dict:
+    """An HTTP scope for POST /v1/completions, to drive the app without a socket."""
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version},
+            "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+            "root_path": "", "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", server.port)}
+
+
 @pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
 def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
     """A client gone after the handler answered, before the response head went out: the body
@@ -587,11 +642,7 @@ def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
     server.wait_idle()
     body = json.dumps({"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 1500,
                        "temperature": 0, "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version},
-             "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-             "root_path": "", "headers": [(b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", server.port)}
+    scope = asgi_scope(server, spec_version)
 
     async def drive() -> list[str]:
         sent, answered, messages = [], asyncio.Event(), [
@@ -622,6 +673,55 @@ def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
     assert m['vllm:num_requests_running{model_name="tiny"}'] == 0
     assert m[key] == aborts + 1
     server.wait_idle()                    # cancelled: long before its 1500 tokens
+
+
+def test_a_handler_cancelled_while_its_request_is_queued_settles_it(tiny_noeos_dir):
+    """The handler's task cancelled while it waits for the first chunk (as a server shutting
+    down cancels it): the request leaves the queue, the running gauge goes back to where it
+    was, and the request counts as an abort."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=2048, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        holder = llm.submit(list(range(1, 9)), max_new_tokens=1900)     # the only slot
+        holder.handle.next_step(TIMEOUT)
+        m0 = s.metrics()
+        body = json.dumps({"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 8,
+                           "temperature": 0}).encode()
+
+        async def drive():
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                if messages:
+                    return messages.pop()
+                await asyncio.Event().wait()        # the client never leaves
+
+            async def send(message):
+                raise AssertionError(f"a cancelled handler sent {message['type']}")
+
+            task = asyncio.ensure_future(s.app(asgi_scope(s), receive, send))
+            deadline = time.monotonic() + 10
+            while not llm.scheduler.pending:
+                assert time.monotonic() < deadline, "the request was never queued"
+                await asyncio.sleep(0.002)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(asyncio.wait_for(drive(), TIMEOUT))
+        deadline = time.monotonic() + 10
+        while llm.scheduler.pending:
+            assert time.monotonic() < deadline, "the request stayed queued"
+            time.sleep(0.002)
+        assert llm.engine.slots[0] is not None          # the holder still runs
+        m1 = s.metrics()
+        holder.handle.cancel()
+        s.wait_idle()
+
+    key = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"}'
+    assert m1[key] - m0.get(key, 0) == 1
+    assert m1['vllm:num_requests_running{model_name="tiny"}'] == 0     # the holder is no HTTP
+    prompt = 'vllm:prompt_tokens_total{model_name="tiny"}'
+    assert m1.get(prompt, 0) == m0.get(prompt, 0)                        # never prefilled
 
 
 def test_the_waiting_gauge_counts_every_engines_queue(tiny_noeos_dir, tiny_draft_dir):

@@ -76,13 +76,19 @@ async def _respond(state: _State, request: Request, body, chat: bool):
     try:
         ids, args = _engine_request(state, body, chat)
         gen = Generation(state.allm, state.metrics, ids, args, arrived)
-        first = await gen.start()
-    except Exception as e:      # noqa: BLE001 -- every failure answers this request alone
+        # a client that leaves while its request is queued frees its place before prefill
+        first = await _unless_disconnected(request, gen.start())
+    except BaseException as e:  # noqa: BLE001 -- every failure answers this request alone
         if gen is not None:
-            await gen.close()
+            await gen.close()   # also when this handler is cancelled (e.g. server shutdown)
+        if not isinstance(e, Exception):
+            raise
         err = as_api_error(e)
         state.metrics.failed(err.status)
         return error_response(err)
+    if first is None:
+        await gen.close()
+        return Response(status_code=499)        # nginx's "client closed request"; unread
     name = state.config.served_model_name
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
@@ -136,7 +142,8 @@ async def _unless_disconnected(request: Request, work):
     finally:
         watch.cancel()
         if not task.done():
-            task.cancel()           # collect's finally closes the generation: cancelled
+            task.cancel()           # the stream's finally cancels the request
+            await asyncio.wait({task})      # ... before its generation is closed
     try:
         return await task
     except asyncio.CancelledError:

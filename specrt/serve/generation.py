@@ -4,8 +4,9 @@ A `Generation` wraps `AsyncLLM.stream` for token ids the server has already enco
 knows the prompt's length for `usage`). `start()` submits the request and waits for the first
 chunk, so a refusal (bad input: 400, full queue: 503) is known before any response byte is
 sent. `close()` ends it whatever happened; a generation closed before its last chunk (the
-client went away, or the stream failed) cancels its request, which frees its slot at the next
-round, and counts as finished_reason="abort".
+client went away, while queued or running) cancels its request, which leaves the queue at once
+or frees its slot at the next round, and counts as finished_reason="abort" (a refused or failed
+one counts as a failure instead, by its caller).
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class Generation:
         self._closed = True
         if self._counted:
             self.metrics.ended()
-        if self.finish_reason is None and self._last is not None and not self._failed:
+        if self._counted and self.finish_reason is None and not self._failed:
             self.metrics.finished("abort", self.completion_tokens,
                                   time.perf_counter() - self._arrived, None)
         await self._stream.aclose()             # runs AsyncLLM.stream's finally: cancel
