@@ -5,6 +5,10 @@
 - accepted_per_position[i]: rounds whose draft at position i was accepted
 - acceptance_rate = num_accepted_tokens / num_draft_tokens
 - mean_acceptance_length = 1 + num_accepted_tokens / num_drafts (tokens per drafted round)
+
+Acceptance is the verify pass's verdict, as in vLLM: a draft accepted past an EOS or past the
+token budget counts as accepted although the answer ends before it (new_tokens counts only
+what was committed).
 """
 from __future__ import annotations
 
