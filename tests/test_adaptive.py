@@ -284,6 +284,67 @@ def test_calibration_measures_a_cost_per_t(llm):
     assert costs in json.loads(_disk_path().read_text()).values()
 
 
+def test_busy_sign_tells_a_competing_process_from_memory_speed():
+    """Memory speed drifting 1.6x across a calibration, with +-15% jitter, is a quiet machine;
+    a tenth of the forwards slowed 3-8x (parallel regions waiting for a descheduled thread)
+    is a busy one."""
+    import random
+
+    from specrt.spec.calibration import busy_sign
+
+    rng = random.Random(0)
+
+    def times(slowed: float) -> dict:
+        out = {}
+        for t in (1, 2, 3, 4, 9, 17):
+            reps = 9 if t <= 9 else 3
+            out[t] = [[base * t ** 0.3 * (1 + 0.6 * r / reps) * rng.uniform(0.85, 1.15)
+                       * (rng.uniform(3, 8) if rng.random() < slowed else 1.0)
+                       for r in range(reps)] for base in (0.05, 0.01)]
+        return out
+
+    assert busy_sign(times(0.0)) is None
+    assert "timed forwards took over 2x their median" in busy_sign(times(0.12))
+
+
+def test_a_calibration_reports_busy_signs_unless_the_check_is_off(llm, monkeypatch):
+    from specrt.spec import calibration
+
+    monkeypatch.setattr(calibration, "busy_sign", lambda times: "slowed")
+    monkeypatch.setattr(calibration, "check_busy", True)
+    assert calibration._measure_once([llm.target], 2, False)[1] == "slowed"
+    monkeypatch.setattr(calibration, "check_busy", False)       # as in this test session
+    assert calibration._measure_once([llm.target], 2, False)[1] is None
+
+
+def test_a_calibration_from_a_busy_machine_is_timed_again_and_else_not_saved(
+        llm, tmp_path, monkeypatch, caplog):
+    from specrt.spec import calibration
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_cache", {})
+    monkeypatch.setattr(calibration, "_untrusted", set())
+    verdicts = ["busy", "busy", "busy", None]
+    timed = []
+
+    def measure_once(models, max_t, graphed):
+        timed.append(max_t)
+        return [[0.01 * len(timed)] * max_t for _ in models], verdicts[len(timed) - 1]
+
+    monkeypatch.setattr(calibration, "_measure_once", measure_once)
+    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+        costs = forward_seconds(llm.target, 4)
+    assert timed == [4, 4] and costs == [0.02] * 4      # timed again, then used as it was
+    assert "busy" in caplog.text and "this process only" in caplog.text
+    assert not (tmp_path / "calibration.json").exists() or \
+        costs not in json.loads((tmp_path / "calibration.json").read_text()).values()
+    assert forward_seconds(llm.target, 4) is costs      # this process does not time again
+    monkeypatch.setattr(calibration, "_cache", {})       # a new process: timed again
+    costs = forward_seconds(llm.target, 4)
+    assert timed == [4, 4, 4, 4] and costs == [0.04] * 4    # the second try was quiet
+    assert costs in json.loads((tmp_path / "calibration.json").read_text()).values()
+
+
 def test_a_cost_curve_is_interpolated_between_timed_points_and_never_falls():
     """Latency cannot fall as T grows: a timed point that reads faster than a narrower one
     (timing noise) is raised to it, and so is what is interpolated after it."""

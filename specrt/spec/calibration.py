@@ -12,6 +12,8 @@ the costs `auto` weighs are the graphed ones, not the eager path's launch overhe
 are keyed by (model, dtype, device, threads, CPU, backend build, and the models timed beside
 it) and kept in memory and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`,
 written atomically), so a calibration runs once per machine and kernel build.
+A calibration whose forwards were slowed by another process (`busy_sign`) is timed again,
+and if that one was slowed too it serves the process that timed it but is not saved.
 `specrt.spec.costs` turns them into a cost model.
 """
 from __future__ import annotations
@@ -43,7 +45,12 @@ _SCHEME = "cal5"      # how a calibration times (in its key: another scheme's en
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 or the backend's batch-invariant
                       # pass size, whichever is larger: a few dozen)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
+_BUSY_SLOWER = 2.0    # a forward this many times its size's median was slowed by a process ...
+_BUSY_SHARE = 0.05    # ... and more than this share of such forwards: the machine was busy
+_TRIES = 2            # calibrations tried before one from a busy machine is used unsaved
+check_busy = True     # off in the test suite, whose tests count forwards and saved entries
 _cache: dict[str, list[float]] = {}
+_untrusted: set[str] = set()   # in _cache, timed on a busy machine: never saved
 log = logging.getLogger("specrt.spec.calibration")
 _lock = threading.Lock()
 
@@ -85,14 +92,54 @@ def timed_together(models: list[Transformer], max_t: int,
                 _save_disk(_cache)
         if all(k in _cache and len(_cache[k]) == max_t for k in keys):
             return [_cache[k] for k in keys]
-    out = _measure(models, max_t, graphed)
+    out, trusted = _measure(models, max_t, graphed)
     with _lock:
         _cache.update(zip(keys, out))
-        _save_disk(_cache)
+        if trusted:
+            _untrusted.difference_update(keys)
+        else:
+            _untrusted.update(keys)
+        _save_disk({k: v for k, v in _cache.items() if k not in _untrusted})
     return out
 
 
-def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[float]]:
+def _measure(models: list[Transformer], max_t: int,
+             graphed: bool) -> tuple[list[list[float]], bool]:
+    """(each model's curve, whether to keep it on disk). A calibration slowed by another
+    process is measured once more; if that one is slowed too, its curves serve this process
+    (better than none) but are not saved, so the next process measures again."""
+    for attempt in range(_TRIES):
+        curves, busy = _measure_once(models, max_t, graphed)
+        if busy is None:
+            return curves, True
+        log.warning("the machine was busy while timing the models' forwards for `auto` (%s)%s",
+                    busy, "; timing again" if attempt + 1 < _TRIES else
+                    "; using these costs in this process only, and timing again next time")
+    return curves, False
+
+
+def busy_sign(times: dict[int, list[list[float]]]) -> str | None:
+    """Why `times` (times[T][model][repeat]) look slowed by another process, or None. Memory
+    speed moves a forward's time by tens of percent over minutes; a process competing for
+    the cores makes single forwards several times slower (a parallel region waits for a
+    descheduled thread): on the 2-core machine with two other busy processes, 25% of the
+    forwards ran 2-10x their size's median (benchmarks/RESULTS.md, "A calibration on a busy
+    machine")."""
+    counted = slow = 0
+    for per_model in times.values():
+        for reps in per_model:
+            if len(reps) < 3:
+                continue
+            median = statistics.median(reps)
+            counted += len(reps)
+            slow += sum(x > _BUSY_SLOWER * median for x in reps)
+    if counted and slow > _BUSY_SHARE * counted:
+        return f"{slow} of {counted} timed forwards took over {_BUSY_SLOWER:g}x their median"
+    return None
+
+
+def _measure_once(models: list[Transformer], max_t: int,
+                  graphed: bool) -> tuple[list[list[float]], str | None]:
     caches, inputs = [], []
     for model in models:
         cache = model.new_cache(1, _PREFIX + max_t)
@@ -120,7 +167,8 @@ def _measure(models: list[Transformer], max_t: int, graphed: bool) -> list[list[
                 _sync(model.device)
                 if rep:                               # the first is a warm-up
                     times[t][i].append(time.perf_counter() - t0)
-    return [_curve(paired(times, i), max_t) for i in range(len(models))]
+    curves = [_curve(paired(times, i), max_t) for i in range(len(models))]
+    return curves, busy_sign(times) if check_busy else None
 
 
 def paired(times: dict[int, list[list[float]]], i: int) -> dict[int, float]:
