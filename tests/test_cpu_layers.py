@@ -65,3 +65,9 @@ def test_bad_pass_arguments_raise_value_error_naming_them(tiny_noeos_dir):
         stack.run(x, cache, [0, 0], [1, 1])               # 3 rows for 2 tokens
     with pytest.raises(ValueError, match="k_cache must be"):
         stack.run(x, model.new_cache(2, 32).rows(0, 1), [0, 0], [1, 2])   # B = 1, not 2
+    # one count per start: C++ read counts past their end (std::bad_alloc, or rows left
+    # unwritten when there were more counts than starts)
+    with pytest.raises(ValueError, match=r"counts must be one entry per row of starts \(2\)"):
+        stack.run(x[:1], cache, [0, 0], [1])
+    with pytest.raises(ValueError, match=r"counts must be one entry per row of starts \(1\)"):
+        stack.run(x, model.new_cache(1, 32), [0], [1, 2])

@@ -56,7 +56,7 @@ def test_kernel_tests_pass_at_the_avx2_level_too():
     env = {**os.environ, "SPECRT_CPU_LEVEL": "avx2"}
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "tests/test_cpu_gemv.py", "tests/test_cpu_ops.py",
-                          "tests/test_cpu_layers.py"],
+                          "tests/test_cpu_layers.py", "tests/test_int8_draft.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 

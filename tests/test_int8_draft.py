@@ -160,6 +160,29 @@ def test_bad_operands_raise_value_error(bad):
             gemv_int8.kernel_linear(x, qw, b.to("meta"))
 
 
+def test_malformed_weights_and_empty_inputs():
+    """A hand-built weight of the wrong rank is a ValueError naming it (not an IndexError from
+    its shape); no rows in, no rows out, as F.linear; an empty weight cannot be quantized."""
+    x, qw, _, _ = _operands(torch.float32, 2, 8, 128)
+    for data in (qw.data.reshape(-1), qw.rows()):            # 1-D; 2-D marked as packed
+        bad = gemv_int8.Int8Weight(data, qw.scale, 16)
+        with pytest.raises(ValueError, match="uint8 data of 4 dims"):
+            gemv_int8.linear(x, bad)
+    for int4 in (False, True):
+        mod = gemv_int4 if int4 else gemv_int8
+        w = mod.quantize(torch.randn(8, 128))
+        empty = torch.zeros(0, 128)
+        for fn in (mod.linear, mod.reference_linear):
+            assert fn(empty, w).shape == (0, 8)
+            assert fn(torch.zeros(3, 0, 128), w).shape == (3, 0, 8)
+        for shape in ((8, 0), (0, 128)):
+            with pytest.raises(ValueError, match="non-empty 2-D float tensor"):
+                mod.quantize(torch.randn(shape))
+    bad4 = gemv_int4.Int4Weight(torch.zeros(8, dtype=torch.uint8), torch.ones(8, 1))
+    with pytest.raises(ValueError, match="uint8 data of 2 dims"):
+        gemv_int4.linear(x, bad4)
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_noeos_dir, tiny_draft_dir):
     # draft_stop 0: every draft-model round drafts all K (the tiny draft is never sure)

@@ -265,6 +265,35 @@ def test_bad_tokens(backend, tokens, message):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_token_list_emptied_while_it_is_read_is_no_crash(backend):
+    """An id whose __index__ empties the list it sits in: C++ read the freed item array
+    (SIGSEGV); now it raises, or reads what the list holds, and the index is unchanged."""
+    index_cls, propose = _backend(backend)
+
+    class Shrinks:
+        def __init__(self, lst):
+            self.lst = lst
+
+        def __index__(self):
+            del self.lst[:]
+            [bytearray(64) for _ in range(20_000)]      # reuse the freed memory
+            return 5
+
+    for call in ("propose", "extend"):
+        lst = [1, 1, None] + [7] * 10_000
+        lst[2] = Shrinks(lst)
+        index = index_cls(1, 3)
+        try:
+            if call == "propose":
+                propose(lst, 4, 1, 3)
+            else:
+                index.extend(lst)
+        except ValueError as e:
+            assert "changed size while it was read" in str(e)
+            assert len(index) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_sizes(backend):
     index_cls, propose = _backend(backend)
     index = index_cls(1, 2)

@@ -50,7 +50,8 @@ class TokenSpan {
     PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
     owned_.resize(static_cast<size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
-      py::handle item(items[i]);
+      // Owned: a converted item's __index__ runs Python code, which may change the list.
+      py::object item = py::reinterpret_borrow<py::object>(items[i]);
       // bool is an int subclass, but True as a token id is almost surely a bug upstream.
       if (PyBool_Check(item.ptr())) throw bad_element(item, i);
       py::object index;
@@ -64,6 +65,11 @@ class TokenSpan {
           throw bad_element(item, i);
         }
         index = py::reinterpret_steal<py::object>(converted);
+        if (PySequence_Fast_GET_SIZE(seq.ptr()) != n) {
+          throw py::value_error("the token id list changed size while it was read (at index " +
+                                std::to_string(i) + ")");
+        }
+        items = PySequence_Fast_ITEMS(seq.ptr());   // a list may have moved its items
       }
       // Range-checked here, not only in the core, so that errors come in sequence order
       // whatever their kind, as in the Python fallback.

@@ -49,6 +49,8 @@ def tensor(fn: str, name: str, t: object, dtype: torch.dtype, shape: tuple[int, 
 def row_positions(fn: str, starts: list[int], counts: list[int], s: int) -> None:
     """Row b's counts[b] new tokens go to cache positions starts[b] .. starts[b] + counts[b] - 1
     of a cache of s positions."""
+    if len(starts) != len(counts):
+        raise fail(fn, "counts", f"one entry per row of starts ({len(starts)})", len(counts))
     for i, (p, n) in enumerate(zip(starts, counts)):
         if p < 0 or n < 0 or p + n > s:
             raise fail(fn, f"starts[{i}], counts[{i}]",

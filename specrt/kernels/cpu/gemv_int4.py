@@ -54,8 +54,9 @@ class Int4Weight:
 
 def quantize(weight: torch.Tensor) -> Int4Weight:
     """[N, K] float weight (K % 128 == 0) -> its int4 form (per-group scales)."""
-    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point()):
-        raise ValueError(f"quantize: weight must be a 2-D float tensor, got "
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point()
+            and weight.numel()):
+        raise ValueError(f"quantize: weight must be a non-empty 2-D float tensor, got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
     N, K = weight.shape
     if K % CHUNK:
@@ -90,7 +91,7 @@ def reference_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | N
     y = F.linear(xd, dequantize(weight))                                   # [M, N]
     if bias is not None:
         y = y + bias.float()
-    return y.to(out_dtype or x.dtype).view(*x.shape[:-1], -1)
+    return y.to(out_dtype or x.dtype).view(*x.shape[:-1], y.shape[-1])   # [..., N]
 
 
 def kernel_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None,
@@ -114,6 +115,11 @@ def _check(x, weight: Int4Weight, bias, out_dtype) -> None:
     fn = "int4 linear"
     if not isinstance(weight, Int4Weight):
         raise checks.fail(fn, "weight", "an Int4Weight (gemv_int4.quantize)", type(weight).__name__)
+    dims = 2
+    if not (isinstance(weight.data, torch.Tensor) and isinstance(weight.scale, torch.Tensor)
+            and weight.data.dim() == dims and weight.scale.dim() >= 1):
+        raise checks.fail(fn, "weight", f"uint8 data of {dims} dims and an fp32 scale",
+                          describe(weight))
     N, K = weight.shape
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()
             and weight.scale.dtype == torch.float32 and weight.scale.is_contiguous()

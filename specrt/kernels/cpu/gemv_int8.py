@@ -68,8 +68,9 @@ class Int8Weight:
 def quantize(weight: torch.Tensor, packed_rows: int | None = None) -> Int8Weight:
     """[N, K] float weight -> its per-row symmetric int8 form, in the layout the kernel reads
     here (packed_rows None: PACK_ROWS; 0: row-major; 16: packed, K a multiple of 4)."""
-    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point()):
-        raise ValueError(f"quantize: weight must be a 2-D float tensor, got "
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point()
+            and weight.numel()):
+        raise ValueError(f"quantize: weight must be a non-empty 2-D float tensor, got "
                          f"{getattr(weight, 'shape', type(weight).__name__)}")
     data = torch.empty(weight.shape, dtype=torch.uint8, device=weight.device)
     scale = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
@@ -110,7 +111,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantized_rows(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] -> the fp32 values [M, K] its per-block quantization stands for."""
     q, s = quantize_rows(x)                                                # [M, K], [M, B]
-    return (q.view(q.shape[0], -1, BLOCK) * s[..., None]).view(q.shape)
+    return (q.view(q.shape[0], s.shape[1], BLOCK) * s[..., None]).view(q.shape)
 
 
 def _inverse_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -137,7 +138,7 @@ def reference_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | N
     y = y * weight.scale
     if bias is not None:
         y = y + bias.float()
-    return y.to(out_dtype or x.dtype).view(*x.shape[:-1], -1)
+    return y.to(out_dtype or x.dtype).view(*x.shape[:-1], y.shape[-1])   # [..., N]
 
 
 def kernel_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
@@ -182,6 +183,11 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
     fn = "int8 linear"
     if not isinstance(weight, Int8Weight):
         raise checks.fail(fn, "weight", "an Int8Weight (gemv_int8.quantize)", type(weight).__name__)
+    dims = 4 if weight.packed_rows else 2
+    if not (isinstance(weight.data, torch.Tensor) and isinstance(weight.scale, torch.Tensor)
+            and weight.data.dim() == dims and weight.scale.dim() >= 1):
+        raise checks.fail(fn, "weight", f"uint8 data of {dims} dims and an fp32 scale",
+                          describe(weight))
     N, K = weight.shape
     layout = data_shape(N, K, weight.packed_rows)
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()
@@ -198,8 +204,8 @@ def _check(x, weight: Int8Weight, bias, out_dtype) -> None:
 def describe(weight) -> str:
     """A quantized weight's data and scale as an error shows them (int8 here, int4 in
     gemv_int4): dtype, shape and device of each."""
-    return ", ".join(f"{t.dtype} {tuple(t.shape)} on {t.device}"
-                     for t in (weight.data, weight.scale))
+    return ", ".join(f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor)
+                     else type(t).__name__ for t in (weight.data, weight.scale))
 
 
 def check_operands(fn: str, x, N: int, K: int, bias, out_dtype) -> None:
