@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -253,6 +254,52 @@ def test_files_that_are_not_regular_files(tiny_dir, name, make):
                           text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert f"{name} is a" in proc.stdout and "not a regular file" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint16, torch.bool, torch.float16])
+def test_weights_stored_as_another_dtype(tiny_dir, dtype):
+    """Integer or bool weights of the right shape used to load (cast to floats) and generate
+    garbage; one tensor in fp16 among fp32 ones is a float checkpoint and loads."""
+    from safetensors.torch import load_file, save_file
+
+    d = copy_model(tiny_dir)
+    tensors = load_file(d / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].to(dtype)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    if dtype == torch.float16:
+        _load_and_generate(d)
+        return
+    with pytest.raises(specrt.errors.CheckpointError,
+                       match=rf"{name}' in model.safetensors is stored as \w+; specrt loads "
+                             "float checkpoints"):
+        specrt.LLM(d, dtype="float32")
+
+
+def test_a_quantized_checkpoint_is_refused_by_name(tiny_dir):
+    d = copy_model(tiny_dir)
+    edit_json(d / "config.json",
+              lambda raw: {**raw, "quantization_config": {"quant_method": "gptq", "bits": 4}})
+    with pytest.raises(specrt.errors.ConfigError, match="quantization_config is set"):
+        specrt.LLM(d, dtype="float32")
+
+
+def test_unreadable_weights_say_permission_denied(tiny_dir, monkeypatch):
+    """What the OS raises for a file the user may not read (safetensors reported it as "No
+    such file or directory"; a sharded checkpoint got a raw PermissionError)."""
+    from specrt.model import loader
+
+    d = copy_model(tiny_dir)
+
+    def no_weights(path, *args, **kwargs):
+        if str(path).endswith(".safetensors"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "open", no_weights, raising=False)
+    with pytest.raises(specrt.errors.CheckpointError,
+                       match=r"cannot read weights file .*model.safetensors: permission denied"):
+        specrt.LLM(d, dtype="float32")
 
 
 def test_config_size_checked_against_weight_files(tiny_dir, monkeypatch):

@@ -150,3 +150,18 @@ def test_paths_are_not_taken_for_hub_ids(model, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", pytest.fail)
     with pytest.raises(SpecrtError, match="does not exist"):
         resolve.resolve_model_dir(model)
+
+
+@pytest.mark.parametrize("name", ["models/qwen.gguf", "org/model"])
+def test_a_file_is_named_as_a_file_not_looked_up_on_the_hub(name, tmp_path, monkeypatch):
+    """An existing file, even one whose relative path looks like `org/name`, is neither a
+    model directory nor a Hugging Face id: one error says so (and how to convert a GGUF)."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", pytest.fail)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).parent.mkdir()
+    (tmp_path / name).write_bytes(b"GGUF")
+    with pytest.raises(SpecrtError, match="is a file, not a model directory") as e:
+        resolve.resolve_model_dir(name)
+    assert ("python -m specrt.models convert" in str(e.value)) == name.endswith(".gguf")

@@ -35,6 +35,11 @@ def resolve_model_dir(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if path.exists():          # a file: never a Hugging Face id, whatever its name looks like
+        hint = (f"; convert a GGUF file first: python -m specrt.models convert {path} OUT_DIR"
+                if path.suffix.lower() == ".gguf" else "")
+        raise SpecrtError(f"{path} is a file, not a model directory; pass the directory that "
+                          f"holds config.json and the *.safetensors weights{hint}")
     if str(model) in KNOWN_MODELS:
         if is_present(str(model)):
             return model_dir(str(model))

@@ -88,6 +88,10 @@ class ModelConfig:
         if any(t != "full_attention" for t in layer_types):
             raise ConfigError(f"{source}: layer_types {sorted(set(layer_types))} include non-full "
                               "attention; specrt implements full attention only")
+        if f.get("quantization_config", None) is not None:
+            raise ConfigError(f"{source}: quantization_config is set; specrt loads float "
+                              "checkpoints (bf16 / fp16 / fp32) only; use the model's "
+                              "unquantized weights (a quantized draft: draft_dtype='int8')")
         if f.bool("mlp_bias", False):
             raise ConfigError(f"{source}: mlp_bias=true is not supported")
         act = f.get("hidden_act", "silu")

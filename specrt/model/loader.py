@@ -124,6 +124,7 @@ def _keys(path: Path) -> list[str]:
     except FileNotFoundError:
         raise CheckpointError(f"weights file {path} is a broken symlink; re-download or "
                               "re-convert the model") from None
+    _check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             return list(f.keys())
@@ -167,9 +168,26 @@ def check_sizes(cfg: ModelConfig, paths, model_dir: Path) -> None:
 
 
 def _header_len(path: Path) -> int:
+    _check_readable(path)
     with open(path, "rb") as f:
         raw = f.read(8)
     return int.from_bytes(raw, "little") if len(raw) == 8 else 0
+
+
+def _check_readable(path: Path) -> None:
+    """safetensors reports a file it may not open as "No such file or directory"."""
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        raise CheckpointError(f"cannot read weights file {path}: permission denied; make it "
+                              "readable (chmod a+r) or run as a user who may read it") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read weights file {path}: {e.strerror or e}") from None
+
+
+# safetensors dtype names of the float checkpoints a model is loaded from (cast to `dtype`)
+_FLOAT_DTYPES = {"BF16", "F16", "F32"}
 
 
 def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
@@ -201,7 +219,13 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in names:
-                    shape = tuple(f.get_slice(name).get_shape())
+                    info = f.get_slice(name)
+                    shape, stored = tuple(info.get_shape()), info.get_dtype()
+                    if stored not in _FLOAT_DTYPES:
+                        raise CheckpointError(
+                            f"tensor {name!r} in {path.name} is stored as {stored}; specrt "
+                            f"loads float checkpoints ({', '.join(sorted(_FLOAT_DTYPES))}) "
+                            "only: use the model's unquantized weights")
                     if shape != want[name]:
                         raise CheckpointError(
                             f"tensor {name!r} in {path.name} has shape {list(shape)}, expected "
