@@ -8,14 +8,16 @@ original model, whose weights are rounded to bf16 as the converter rounds them.
 """
 from __future__ import annotations
 
+import errno
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from specrt.hub import gguf_convert
+from specrt.hub import gguf_convert, gguf_tokenizer
 from specrt.hub.cli import main
 from tests.tiny import CHAT_TEMPLATE, hf_model, make_model
 
@@ -57,9 +59,11 @@ def _tokenizer_metadata(writer, hf_dir: Path, cfg: dict, chat_template: bool) ->
 
 
 def write_gguf(hf_dir: Path, path: Path, arch: str | None = None, chat_template: bool = True,
-               extra=None) -> Path:
+               extra=None, tensors=None) -> Path:
     """The tiny checkpoint in `hf_dir` as llama.cpp would write it (arch: override the name;
-    extra: a function of the GGUFWriter that adds more metadata)."""
+    extra: a function of the GGUFWriter that adds (or overwrites) metadata; tensors: a function
+    of {hf_name: array} giving what to write, where an (array, GGMLQuantizationType) value is
+    written as that raw type)."""
     from gguf import GGUFWriter
     from safetensors.numpy import load_file
 
@@ -79,7 +83,11 @@ def write_gguf(hf_dir: Path, path: Path, arch: str | None = None, chat_template:
     _tokenizer_metadata(w, hf_dir, cfg, chat_template)
     if extra:
         extra(w)
-    for name, t in load_file(str(hf_dir / "model.safetensors")).items():
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    for name, t in (tensors(weights) if tensors else weights).items():
+        if isinstance(t, tuple):
+            w.add_tensor(_gguf_name(name), t[0], raw_dtype=t[1])
+            continue
         if cfg["model_type"] == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             t = llama_permute(t, heads if "q_proj" in name else kv_heads)
         w.add_tensor(_gguf_name(name), np.ascontiguousarray(t, dtype=np.float32))
@@ -200,3 +208,145 @@ def test_rope_scaling_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert "rope scaling 'linear' is not supported" in err[-1] and len(err) == 1
     assert not (tmp_path / "out").exists()
+
+
+# --- malformed GGUFs: one UnsupportedGGUF naming the problem, before anything is written ----
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("tiny") / "hf", "qwen2", seed=6, layers=1)
+
+
+def _kv(key: str, value, vtype: str):
+    from gguf import GGUFValueType
+
+    return lambda w: w.add_key_value(key, value, GGUFValueType[vtype])
+
+
+def _bad_utf8_token(w) -> None:
+    tokens = list(w.kv_data[0]["tokenizer.ggml.tokens"].value)
+    tokens[5] = tokens[5].encode() + b"\xaa"  # 0xaa cannot start a UTF-8 character
+    w.add_token_list(tokens)
+
+
+def _no_merges(w) -> None:  # and no scores: transformers then fails with KeyError 'scores'
+    del w.kv_data[0]["tokenizer.ggml.merges"]
+
+
+def _merge_of_unknown_tokens(w) -> None:  # "a b" but no "ab": a Rust panic in `tokenizers`
+    w.add_token_list(["a", "b", "c"])
+    w.add_token_types([1, 1, 1])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(2)
+    w.add_bos_token_id(0)
+
+
+def _1d_embeddings(sd: dict) -> dict:
+    return {**sd, "model.embed_tokens.weight": sd["model.embed_tokens.weight"].reshape(-1)}
+
+
+def _f64_norm(sd: dict) -> dict:
+    from gguf import GGMLQuantizationType
+
+    norm = sd["model.norm.weight"].astype(np.float64)
+    return {**sd, "model.norm.weight": (norm, GGMLQuantizationType.F64)}
+
+
+_MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
+    "block_count string": ({"extra": _kv("qwen2.block_count", "two", "STRING")},
+                           "'qwen2.block_count' must be an integer, but the file stores string"),
+    "eps string": ({"extra": _kv("qwen2.attention.layer_norm_rms_epsilon", "x", "STRING")},
+                   "'qwen2.attention.layer_norm_rms_epsilon' must be a finite number"),
+    "context_length 0": ({"extra": _kv("qwen2.context_length", 0, "UINT32")},
+                         "max_position_embeddings must be an integer in [1, "),
+    "odd key_length": ({"extra": lambda w: w.add_key_length(15)},
+                       "qwen2.attention.key_length is 15, but rope needs an even"),
+    "1-D token_embd": ({"tensors": _1d_embeddings},
+                       "token_embd.weight has shape [20480], but it must be 2-D"),
+    "F64 norm": ({"tensors": _f64_norm}, "output_norm.weight is stored as F64"),
+    "no merges or scores": ({"extra": _no_merges},
+                            "neither 'tokenizer.ggml.merges' nor 'tokenizer.ggml.scores'"),
+    "token not UTF-8": ({"extra": _bad_utf8_token}, "tokenizer.ggml.tokens[5] is not UTF-8"),
+    "merge of unknown tokens": ({"extra": _merge_of_unknown_tokens},
+                                "merges[0] 'a b' needs the token 'ab'"),
+}
+
+
+def _no_weights(*args, **kwargs):
+    raise RuntimeError("weights were written before the GGUF was refused")
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("case", list(_MALFORMED))
+def test_malformed_gguf_refused_before_writing(case, tiny_qwen, tmp_path, capsys, monkeypatch):
+    kwargs, words = _MALFORMED[case]
+    gguf = write_gguf(tiny_qwen, tmp_path / "bad.gguf", **kwargs)
+    with monkeypatch.context() as mp:  # the library path (specrt.hub.fetch) sees UnsupportedGGUF
+        mp.setattr(gguf_convert, "write_safetensors", _no_weights)
+        with pytest.raises(gguf_convert.UnsupportedGGUF, match=re.escape(words)):
+            gguf_convert.convert_gguf(gguf, tmp_path / "lib", progress=False)
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: cannot convert {gguf}: ") and words in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_tokenizer_panic_is_unsupported_gguf(tiny_qwen, tmp_path, monkeypatch):
+    """Without the merges check, `tokenizers` panics (pyo3's PanicException, a BaseException):
+    that too must end as UnsupportedGGUF, and nothing written."""
+    gguf = write_gguf(tiny_qwen, tmp_path / "bad.gguf", extra=_merge_of_unknown_tokens)
+    monkeypatch.setattr(gguf_tokenizer, "_check_merges", lambda tokens, merges: None)
+    monkeypatch.setattr(gguf_convert, "write_safetensors", _no_weights)
+    with pytest.raises(gguf_convert.UnsupportedGGUF,
+                       match=r"tokenizer metadata cannot be read \(PanicException: "):
+        gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_interrupt_while_loading_tokenizer_is_not_swallowed(tiny_qwen, tmp_path, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    monkeypatch.setattr(gguf_tokenizer, "_build_tokenizer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def _tokenizer_write_fails(monkeypatch, message: str) -> None:
+    """The Rust tokenizers report a failed write of tokenizer.json as a plain Exception."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    def save(*args, **kwargs):
+        raise Exception(message)  # noqa: TRY002 - what `tokenizers` raises
+
+    monkeypatch.setattr(TokenizersBackend, "_save_pretrained", save)
+
+
+def test_disk_full_while_saving_tokenizer(tiny_qwen, tmp_path, capsys, monkeypatch):
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    _tokenizer_write_fails(monkeypatch, "No space left on device (os error 28)")
+    with pytest.raises(OSError) as info:
+        gguf_convert.convert_gguf(gguf, tmp_path / "lib", progress=False)
+    assert info.value.errno == errno.ENOSPC and info.value.filename.endswith("tokenizer.json")
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys)
+    assert "failed: disk full (partial files were removed)" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_other_tokenizer_write_failure_is_os_error(tiny_qwen, tmp_path, monkeypatch):
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    _tokenizer_write_fails(monkeypatch, "something odd\nsecond line")
+    with pytest.raises(OSError, match=r"cannot write the tokenizer \(Exception: something "
+                                      r"odd\).*tokenizer\.json") as info:
+        gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
+    assert info.value.errno == errno.EIO
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]

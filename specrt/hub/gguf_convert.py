@@ -24,8 +24,10 @@ This module knows nothing about where GGUF files come from (see `specrt.hub.fetc
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -36,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specrt.errors import UnsupportedGGUF
-from specrt.hub.gguf_tokenizer import (QWEN_STOPS, generation_config, special_token_ids,
-                                       write_tokenizer)
+from specrt.errors import ConfigError, UnsupportedGGUF
+from specrt.hub.gguf_tokenizer import (QWEN_STOPS, REMAKE as _REMAKE, generation_config,
+                                      load_tokenizer, save_tokenizer, special_token_ids)
 from specrt.model import checksum
 
 # Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
@@ -89,7 +91,42 @@ def _field(reader, key: str, default=_REQUIRED):
         if default is not _REQUIRED:
             return default
         raise UnsupportedGGUF(f"GGUF metadata lacks {key!r}")
-    return field.contents()
+    try:
+        return field.contents()
+    except (ValueError, IndexError) as e:  # e.g. a string that is not UTF-8
+        raise UnsupportedGGUF(f"GGUF metadata {key!r} cannot be read ({e}); {_REMAKE}") from None
+
+
+def _stored_as(reader, key: str, value) -> str:
+    """How the file stores `key`, for messages: e.g. "string 'two'"."""
+    kind = reader.fields[key].types[0].name.lower()
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _number(reader, key: str, kind: type, default=_REQUIRED):
+    """Numeric metadata `key` as `kind` (int or float); `default` when the key is absent.
+    A string, array, bool, fraction (for int) or non-finite value is refused, naming the key."""
+    value = _field(reader, key, default)
+    if key not in reader.fields:
+        return value
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and kind is int:
+        ok = float(value).is_integer()
+    if not ok:
+        want = "an integer" if kind is int else "a finite number"
+        raise UnsupportedGGUF(f"GGUF metadata {key!r} must be {want}, but the file stores "
+                              f"{_stored_as(reader, key, value)}; {_REMAKE}")
+    return kind(value)
+
+
+def _string(reader, key: str, default=_REQUIRED):
+    """String metadata `key` (or `default` when absent); any other type is refused."""
+    value = _field(reader, key, default)
+    if key in reader.fields and not isinstance(value, str):
+        raise UnsupportedGGUF(f"GGUF metadata {key!r} must be a string, but the file stores "
+                              f"{_stored_as(reader, key, value)}; {_REMAKE}")
+    return value
 
 
 def _f32(x: float) -> float:
@@ -105,61 +142,82 @@ def _check_rope(reader, arch: str, head_dim: int) -> None:
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise UnsupportedGGUF("rope frequency factors (rope_freqs.weight, Llama 3.1-style rope "
                               "scaling) are not supported (plain rope only)")
-    rot = _field(reader, f"{arch}.rope.dimension_count", head_dim)
-    if int(rot) != head_dim:
+    rot = _number(reader, f"{arch}.rope.dimension_count", int, head_dim)
+    if rot != head_dim:
         raise UnsupportedGGUF(f"partial rotary embeddings ({arch}.rope.dimension_count {rot}, "
                               f"head_dim {head_dim}) are not supported")
 
 
 def read_config(reader) -> dict:
     """config.json contents for the model in an open `gguf.GGUFReader`."""
-    arch = _field(reader, "general.architecture")
+    arch = _string(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedGGUF(f"architecture {arch!r} is not supported; specrt converts "
                               f"{' and '.join(map(repr, ARCHITECTURES))} GGUFs")
     names = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedGGUF("GGUF has no token_embd.weight")
+    embd_shape = names["token_embd.weight"].shape.tolist()  # fastest-first: [hidden, vocab]
+    if len(embd_shape) != 2:
+        raise UnsupportedGGUF(f"token_embd.weight has shape {embd_shape[::-1]}, but it must "
+                              f"be 2-D [vocab, hidden]; {_REMAKE}")
 
-    def key(name: str, default=_REQUIRED):
-        return _field(reader, f"{arch}.{name}", default)
+    def key(name: str, default=_REQUIRED, kind: type = int):
+        return _number(reader, f"{arch}.{name}", kind, default)
 
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", 0)) or hidden // max(heads, 1)
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = _head_dim(arch, key("attention.key_length", 0), hidden, heads)
     _check_rope(reader, arch, head_dim)
-    n_layers = int(key("block_count"))
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
+    n_layers = key("block_count")
+    bos = _number(reader, "tokenizer.ggml.bos_token_id", int, None)
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
-        "vocab_size": int(names["token_embd.weight"].shape[1]),
+        "vocab_size": int(embd_shape[1]),
         "hidden_size": hidden,
-        "intermediate_size": int(key("feed_forward_length")),
+        "intermediate_size": key("feed_forward_length"),
         "num_hidden_layers": n_layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "num_key_value_heads": key("attention.head_count_kv", heads),
         "hidden_act": "silu",
         "attention_bias": arch == "qwen2",
         "attention_dropout": 0.0,
-        "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(key("rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon", kind=float)),
+        "rope_theta": _f32(key("rope.freq_base", 10000.0, kind=float)),
         "rope_scaling": None,
-        "max_position_embeddings": int(key("context_length")),
+        "max_position_embeddings": key("context_length"),
         "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        "bos_token_id": bos,
+        "eos_token_id": _number(reader, "tokenizer.ggml.eos_token_id", int),
         "initializer_range": 0.02,
         "use_cache": True,
         "torch_dtype": "bfloat16",
         "dtype": "bfloat16",
     }
-    if head_dim != hidden // max(heads, 1):
+    if head_dim != hidden // heads:
         config["head_dim"] = head_dim
     if arch == "qwen2":
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=n_layers)
     else:
         config.update(mlp_bias=False, pretraining_tp=1)
     return config
+
+
+def _head_dim(arch: str, key_length: int, hidden: int, heads: int) -> int:
+    """Per-head width: `{arch}.attention.key_length`, else hidden / heads; rope needs it even."""
+    if heads < 1:
+        raise UnsupportedGGUF(f"GGUF metadata {arch}.attention.head_count is {heads}, but it "
+                              f"must be at least 1; {_REMAKE}")
+    if key_length:
+        head_dim, source = key_length, f"{arch}.attention.key_length is {key_length}"
+    else:
+        head_dim = hidden // heads
+        source = (f"{arch}.embedding_length / {arch}.attention.head_count is "
+                  f"{hidden} / {heads} = {head_dim}")
+    if head_dim % 2:
+        raise UnsupportedGGUF(f"GGUF metadata {source}, but rope needs an even head "
+                              f"dimension; {_REMAKE}")
+    return head_dim
 
 
 def permuted_rows(config: dict) -> dict[str, int]:
@@ -185,7 +243,11 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     from specrt.model.config import ModelConfig
     from specrt.model.loader import expected_shapes as loader_shapes
 
-    return loader_shapes(ModelConfig.from_dict(config, source="GGUF metadata"))
+    try:
+        model_config = ModelConfig.from_dict(config, source="GGUF metadata")
+    except ConfigError as e:  # the values come from the GGUF: report them as its problem
+        raise UnsupportedGGUF(str(e)) from None
+    return loader_shapes(model_config)
 
 
 def plan_tensors(reader, config: dict) -> list[tuple[str, object, tuple[int, ...]]]:
@@ -201,11 +263,32 @@ def plan_tensors(reader, config: dict) -> list[tuple[str, object, tuple[int, ...
         if want.get(name) != shape:
             raise UnsupportedGGUF(
                 f"{t.name} -> {name}: shape {shape}, config wants {want.get(name)}")
+        if not _can_dequantize(t.tensor_type):
+            raise UnsupportedGGUF(f"{t.name} is stored as {t.tensor_type.name}, which specrt "
+                                  "cannot convert; use a GGUF whose tensors are F32, F16, BF16 "
+                                  "or a llama.cpp quantization such as Q8_0 or Q4_K_M")
         plan.append((name, t, shape))
     missing = sorted(set(want) - {name for name, _, _ in plan})
     if missing:
         raise UnsupportedGGUF(f"GGUF lacks {len(missing)} tensors, e.g. {missing[:3]}")
     return plan
+
+
+@functools.cache
+def _can_dequantize(qtype) -> bool:
+    """Whether `gguf.quants.dequantize` knows `qtype` (not F64, integer types, Q8_1, Q8_K...):
+    tried on one zero block, so this follows whatever the installed gguf supports."""
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    if qtype not in GGML_QUANT_SIZES:
+        return False
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    try:
+        dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def dequantize_bf16(tensor, row_start: int = 0, row_stop: int | None = None) -> torch.Tensor:
@@ -272,34 +355,48 @@ def _umask() -> int:
     return mask
 
 
-def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
-    """Convert `gguf_path` into the directory `out_dir` (which must not exist yet).
-
-    Atomic: everything is built in a temporary sibling directory that is renamed into place at
-    the end, and removed if anything (including KeyboardInterrupt) stops the conversion.
-    Raises UnsupportedGGUF for a file that is not a well-formed qwen2 or llama model.
-    """
+def _open(gguf_path: Path):
+    """A `gguf.GGUFReader` of the file; UnsupportedGGUF when it is not a readable GGUF."""
     from gguf import GGUFReader
 
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    if out_dir.exists():
-        raise FileExistsError(f"{out_dir} already exists")
     with open(gguf_path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise UnsupportedGGUF("not a GGUF file (it does not start with the bytes 'GGUF')")
     try:
-        reader = GGUFReader(str(gguf_path))
+        return GGUFReader(str(gguf_path))
     except (ValueError, IndexError) as e:  # numpy's complaints about a truncated/garbled header
         raise UnsupportedGGUF(f"not a readable GGUF file ({e})") from None
-    config = read_config(reader)
-    plan = plan_tensors(reader, config)
-    token_ids = special_token_ids(reader, QWEN_STOPS)
+
+
+def _tokenizer_settings(reader) -> tuple[dict[str, int], int | None, str | None]:
+    """(Qwen stop-token ids, pad id, chat template) of the GGUF; refuses other tokenizers."""
     tokenizer = _field(reader, "tokenizer.ggml.model", None)
     if tokenizer not in ("gpt2", "llama"):  # what transformers' GGUF reader builds for these
         raise UnsupportedGGUF(f"tokenizer {tokenizer!r} is not supported ('gpt2' BPE or "
                               "'llama' sentencepiece)")
-    pad = _field(reader, "tokenizer.ggml.padding_token_id", None)
-    chat_template = _field(reader, "tokenizer.chat_template", None)
+    token_ids = special_token_ids(reader, QWEN_STOPS)
+    pad = _number(reader, "tokenizer.ggml.padding_token_id", int, None)
+    return token_ids, pad, _string(reader, "tokenizer.chat_template", None)
+
+
+def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
+    """Convert `gguf_path` into the directory `out_dir` (which must not exist yet).
+
+    Everything that can be refused (metadata, tensor types and shapes, the tokenizer) is
+    checked before anything is written. Atomic: everything is built in a temporary sibling
+    directory that is renamed into place at the end, and removed if anything (including
+    KeyboardInterrupt) stops the conversion.
+    Raises UnsupportedGGUF for a file that is not a well-formed qwen2 or llama model, OSError
+    for a failed write (ENOSPC when the disk is full).
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} already exists")
+    reader = _open(gguf_path)
+    config = read_config(reader)
+    plan = plan_tensors(reader, config)
+    token_ids, pad, chat_template = _tokenizer_settings(reader)
+    tok = load_tokenizer(reader, gguf_path, config, chat_template)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
@@ -307,13 +404,13 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
             json.dumps(generation_config(config, token_ids, pad), indent=2) + "\n")
+        save_tokenizer(tok, tmp, chat_template)
+        del tok
         sha256 = write_safetensors(plan, tmp / "model.safetensors", progress,
                                    permuted_rows(config))
         # verified in full at the first load, then by size + mtime (specrt.model.checksum)
         checksum.record_conversion(tmp, "model.safetensors",
                                    (tmp / "model.safetensors").stat().st_size, sha256)
-        del plan, reader  # unmap the GGUF before transformers reads it once more
-        write_tokenizer(gguf_path, tmp, config, chat_template)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal dir
         os.replace(tmp, out_dir)
     except BaseException:
