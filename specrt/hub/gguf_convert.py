@@ -323,7 +323,7 @@ def write_safetensors(plan, path: Path, progress: bool = True,
     blob += b" " * (-len(blob) % 8)  # the format pads the header so tensor data is 8-aligned
 
     bar = tqdm(total=offset, unit="B", unit_scale=True, desc="convert weights",
-               disable=not progress)
+               disable=None if progress else True)      # None: no bar when not a terminal
     digest = hashlib.sha256()
     with open(path, "wb") as f, bar:
         def write(data) -> None:  # bytes or a contiguous array: both are buffers
