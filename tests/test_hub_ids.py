@@ -165,3 +165,24 @@ def test_a_file_is_named_as_a_file_not_looked_up_on_the_hub(name, tmp_path, monk
     with pytest.raises(SpecrtError, match="is a file, not a model directory") as e:
         resolve.resolve_model_dir(name)
     assert ("python -m specrt.models convert" in str(e.value)) == name.endswith(".gguf")
+
+
+def test_a_mistyped_relative_directory_is_named_besides_the_hub_failure(tmp_path, monkeypatch):
+    """`review/tinyy` where review/ exists reads as an `org/name` id, and the hub lookup fails
+    (here: offline); the error also says there is no such directory, so the typo shows."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def unreachable(*args, **kwargs):
+        raise LocalEntryNotFoundError("cannot reach the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "review" / "tiny").mkdir(parents=True)
+    with pytest.raises(SpecrtError, match="there is no directory") as e:
+        resolve.resolve_model_dir("review/tinyy")
+    assert str(tmp_path / "review" / "tinyy") in str(e.value)
+    assert "Hugging Face" in str(e.value)
+    with pytest.raises(SpecrtError) as e:             # no such parent: an id, no path hint
+        resolve.resolve_model_dir("some-org/model")
+    assert "no directory" not in str(e.value)

@@ -12,6 +12,7 @@ A model is, in this order:
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -46,7 +47,15 @@ def resolve_model_dir(model: str | Path) -> Path:
         raise SpecrtError(f"model {model!r} is not fetched yet; run: "
                           f"{fetch_command(str(model))}")
     if isinstance(model, str) and _HUB_ID.fullmatch(model):
-        return _from_hub(model)
+        try:
+            return _from_hub(model)
+        except ModelFetchError as e:
+            if not _looks_like_path(model):
+                raise
+            # `review/tinyy` where review/ exists is most likely a mistyped directory
+            raise ModelFetchError(f"there is no directory {os.path.abspath(path)} (if you "
+                                  f"meant a local model directory, check the path), and {e}") \
+                from e.__cause__
     raise SpecrtError(f"model directory {path} does not exist; pass a Hugging Face-style "
                       "directory (config.json + *.safetensors), a Hugging Face id such as "
                       "Qwen/Qwen2.5-Coder-1.5B-Instruct, or fetch the default pair with: "
@@ -91,6 +100,12 @@ def _from_hub(model_id: str) -> Path:
         raise ModelFetchError(f"could not fetch {model_id!r} from the Hugging Face Hub "
                               f"({type(e).__name__}: {_first_line(e)}); check the network "
                               "connection, or pass a local directory") from e
+
+
+def _looks_like_path(model: str) -> bool:
+    """A name that reads as a file system path: it starts with '.', '/' or '~', or the
+    directory it would be in exists."""
+    return model.startswith((".", "/", "~")) or Path(model).expanduser().parent.is_dir()
 
 
 def _first_line(error: Exception) -> str:
