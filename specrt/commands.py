@@ -3,6 +3,7 @@ one-line usage errors. Only CLIs import this."""
 from __future__ import annotations
 
 import argparse
+import functools
 
 from specrt.errors import ModelFetchError, SpecrtError
 
@@ -16,10 +17,18 @@ def run_command(body, interrupted: str = "interrupted") -> int:
     when the environment sets SPECRT_DEBUG=1); 130 on Ctrl-C. A reader that closes the pipe
     early (`... | head -c 5`) ends the command quietly with 0, as the Python docs advise
     (stdout is pointed at /dev/null so the exit flush cannot fail again).
+
+    Ctrl-C while a specrt thread the body started still runs (a scheduler's "specrt-..."
+    thread, maybe loading a model or calibrating inside torch's C++ code) ends the process at
+    once (os._exit(130), after a flush): waiting for that thread could take many seconds, and a
+    Python shutdown around it aborts ("terminate called without an active exception", 134).
+    Without such a thread (other threads, like tqdm's monitor, idle in Python) it returns 130.
     """
     import os
     import sys
+    import threading
 
+    before = set(threading.enumerate())
     try:
         return body()
     except ModelFetchError as e:
@@ -31,6 +40,9 @@ def run_command(body, interrupted: str = "interrupted") -> int:
     except KeyboardInterrupt:
         if interrupted:
             _say(interrupted, lead="\n")  # after the answer's partial line on a terminal
+        if any(t.name.startswith("specrt-") and t.is_alive()
+               for t in set(threading.enumerate()) - before):
+            _exit_now(130)
         return 130
     except BrokenPipeError:
         try:
@@ -45,6 +57,47 @@ def run_command(body, interrupted: str = "interrupted") -> int:
         _say(f"error: internal error: {type(e).__name__}: {e} (set SPECRT_DEBUG=1 for the "
              "traceback, and please report it)")
         return 1
+
+
+def interruptible(main):
+    """Wrap a CLI's `main(argv)` so that a Ctrl-C before run_command takes over (while torch is
+    imported or the parser is built: the first second or two) also ends it with one line
+    `interrupted` on stderr and exit status 130, not a KeyboardInterrupt traceback."""
+    @functools.wraps(main)
+    def wrapper(argv=None):
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            return interrupted_status()
+    return wrapper
+
+
+def interrupted_status(message: str = "interrupted") -> int:
+    """What Ctrl-C outside run_command answers: `message` on stderr, then 130 to exit with.
+    For an entry point's own imports (`python -m specrt.generate` importing the CLI)."""
+    _say(message, lead="\n")
+    return 130
+
+
+def report_error(message: str, status: int) -> int:
+    """One line `error: message` on stderr; returns `status` (for a failure that is neither a
+    SpecrtError nor a ModelFetchError, e.g. a missing optional package: 1)."""
+    _say(f"error: {message}")
+    return status
+
+
+def _exit_now(status: int) -> None:
+    """Flush what was printed, then leave without Python's shutdown (which would wait for, or
+    abort inside, a thread still running native code)."""
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):    # a closed pipe: nothing to keep
+            pass
+    os._exit(status)
 
 
 def _say(line: str, lead: str = "") -> None:

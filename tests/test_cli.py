@@ -115,3 +115,59 @@ def test_speculative_config_none_is_plain_decoding(tiny_noeos_dir, tiny_draft_di
     assert none["token_ids"] == plain["token_ids"] == spec["token_ids"]
     assert none["stats"]["num_drafts"] == plain["stats"]["num_drafts"] == 0
     assert spec["stats"]["num_drafts"] > 0
+
+
+def test_draft_model_without_a_draft_is_refused_before_anything_loads(tmp_path):
+    """'{}' is method draft_model; with --model and no --draft it cannot run: refused on the
+    flags (the missing model directory is not even looked at), naming --draft."""
+    for spec in ("{}", '{"method": "draft_model", "num_speculative_tokens": 3}'):
+        proc = run_cli("--model", tmp_path / "missing", "--speculative-config", spec,
+                       check=False)
+        assert proc.returncode == 2 and "--draft" in proc.stderr, proc.stderr
+        assert "does not exist" not in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("source", ["stdin", "file"])
+def test_a_prompt_file_that_is_not_utf8_names_prompt_file(source, tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"def f(\xff):")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "specrt.generate", "--model", str(tmp_path / "missing"),
+         "--prompt-file", "-" if source == "stdin" else str(path)],
+        input=path.read_bytes(), capture_output=True, env=env, cwd=ROOT, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert err.startswith("error: --prompt-file") and "not valid UTF-8" in err, err
+    assert "surrogate" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_commands_import_no_torch_before_their_handlers_run():
+    """A CLI module (the console scripts' targets) imports torch only inside main, where a
+    Ctrl-C meets specrt's handler (tests/test_interrupts.py sends it)."""
+    code = ("import sys, specrt.api.cli, specrt.serve.cli, specrt.hub.cli, specrt.generate, "
+            "specrt.serve; print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT, timeout=60)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_ctrl_c_with_only_foreign_threads_left_returns_130_in_process(capsys):
+    """Only a specrt thread still running (a scheduler's) makes run_command end the process at
+    once (tests/test_interrupts.py); others, such as tqdm's monitor, leave it to return 130."""
+    import threading
+
+    from specrt.commands import run_command
+
+    stop = threading.Event()
+
+    def body():
+        threading.Thread(target=stop.wait, name="tqdm_monitor", daemon=True).start()
+        raise KeyboardInterrupt
+
+    try:
+        assert run_command(body) == 130
+    finally:
+        stop.set()
+    assert capsys.readouterr().err.strip() == "interrupted"

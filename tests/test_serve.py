@@ -784,3 +784,64 @@ def test_a_step_that_cannot_be_delivered_fails_no_other_request(llm, monkeypatch
     assert got == ("ok", solo)
     monkeypatch.setattr(RequestHandle, "put", put)
     assert run_bounded(lambda: llm.generate(PROMPTS[0], **kw).token_ids, TIMEOUT) == ("ok", solo)
+
+
+def test_a_busy_port_or_a_bad_host_is_bad_input_before_anything_loads(capsys):
+    """The socket is bound before the model is resolved (here it does not exist): a port in
+    use or a host that is not this machine's is one line naming the flag, exit 2."""
+    from specrt.serve.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        assert main(["--model", "/nonexistent", "--port", str(port)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--port {port}" in err[0] and "in use" in err[0], err
+    for host in ("192.0.2.1", "a..b"):          # TEST-NET-1: no machine's own; not a name
+        assert main(["--model", "/nonexistent", "--host", host, "--port", "0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--host {host!r}" in err[0], err
+
+
+def test_without_the_serve_extra_help_works_and_serving_says_what_to_install(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "fastapi").mkdir()
+    (tmp_path / "fastapi" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}")
+
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "specrt.serve", *args], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    helped = serve("--help")
+    assert helped.returncode == 0 and "--max-num-seqs" in helped.stdout, helped.stderr
+    proc = serve("--model", "/nonexistent", "--port", "0")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("error: the HTTP server needs the serve extra: pip install "
+                                   "'specrt[serve]' (missing fastapi)")
+
+
+def test_a_draft_model_config_without_a_draft_is_refused_on_the_flags():
+    """The server would start and answer every request with a 400."""
+    from specrt.errors import ArgumentError
+    from specrt.serve.cli import build_parser, check_flags
+
+    for spec in ("{}", '{"method": "draft_model"}'):
+        args = build_parser().parse_args(["--model", "/nonexistent",
+                                          "--speculative-config", spec])
+        with pytest.raises(ArgumentError, match="--draft"):
+            check_flags(args)
+    for ok in (["--draft", "/nonexistent"], []):       # with a draft; the default pair has one
+        argv = ["--speculative-config", "{}"] + (["--model", "/x"] + ok if ok else [])
+        check_flags(build_parser().parse_args(argv))
+
+
+def test_the_max_queue_error_names_its_flag(capsys):
+    from specrt.serve.cli import main
+
+    assert main(["--model", "/nonexistent", "--max-queue", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --max-queue: ")

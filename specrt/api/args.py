@@ -16,7 +16,6 @@ from pathlib import Path
 from specrt.errors import ArgumentError
 from specrt.checks import check_bool, check_int, show
 from specrt.spec.config import DRAFT_STOP, check_draft_stop
-from specrt.spec.sampling import MAX_TEMPERATURE  # noqa: F401  (the server bounds it too)
 
 MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
 MAX_BATCH_SIZE = 1024

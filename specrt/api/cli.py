@@ -19,6 +19,7 @@ import json
 import sys
 
 from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
+from specrt.commands import interruptible
 
 DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges "
                   "overlapping intervals and returns them sorted. Include a docstring.")
@@ -74,6 +75,7 @@ def default_speculative(has_draft: bool) -> dict:
     return {"method": "ngram", "num_speculative_tokens": 4}
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 done, 2 bad input (one `error:` line), 1 a runtime failure, 130 Ctrl-C
     (specrt.commands.run_command; SPECRT_DEBUG=1 shows an internal error's traceback)."""
@@ -131,10 +133,10 @@ def check_flags(args) -> _Request:
         for t in prompt:
             check_int("a token id in --prompt-ids", t, 0, 2**31 - 1)
     else:
-        prompt = check_text("--prompt", args.prompt if args.prompt is not None
-                            else DEFAULT_PROMPT)
+        name = "--prompt-file" if args.prompt_file is not None else "--prompt"
+        prompt = check_text(name, args.prompt if args.prompt is not None else DEFAULT_PROMPT)
         if not prompt:
-            raise ArgumentError("--prompt is empty; give some text")
+            raise ArgumentError(f"{name} is empty; give some text")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed)
     flag = args.speculative_config
@@ -143,21 +145,47 @@ def check_flags(args) -> _Request:
         raise ArgumentError("--no-spec and --speculative-config contradict each other; "
                             "give one of them")
     spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
+    check_draft_given(spec, args.model, args.draft)
     return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
                     check_stop(args.stop), spec)
 
 
+def check_draft_given(spec, model, draft) -> None:
+    """Method draft_model needs a draft: --draft, or "model" in the config (with no --model the
+    default pair brings one). Checked on the flags, not after the load (generate), nor per
+    request (serve: every request would get a 400)."""
+    from specrt.errors import ArgumentError
+    from specrt.spec.config import SpecConfig
+
+    if (isinstance(spec, SpecConfig) and spec.method == "draft_model" and spec.model is None
+            and draft is None and model is not None):
+        raise ArgumentError("--speculative-config: method 'draft_model' (also the default of "
+                            "a JSON object without \"method\") needs a draft model; pass "
+                            "--draft DIR, put \"model\": DIR in the config, or choose "
+                            "\"method\": \"ngram\"")
+
+
 def _read_prompt_file(path: str) -> str:
+    """The file's text (`-`: standard input's bytes), which must be UTF-8."""
     from specrt.errors import ArgumentError
 
-    if path == "-":
-        return sys.stdin.read()
+    where = "standard input" if path == "-" else path
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ArgumentError(f"--prompt-file {path}: cannot read it as UTF-8 text "
-                            f"({e.__class__.__name__}: {e})") from None
+        if path == "-":
+            if not hasattr(sys.stdin, "buffer"):         # a text stream put there (tests)
+                return sys.stdin.read()
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise ArgumentError(f"--prompt-file {where}: cannot read it ({e.strerror or e})") \
+            from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArgumentError(f"--prompt-file {where} is not valid UTF-8 ({e.reason} at byte "
+                            f"{e.start}); save it as UTF-8 text") from None
 
 
 def _check_length(req: _Request, spec) -> None:
@@ -191,6 +219,7 @@ def _run(args) -> int:
         prompt, messages = None, [{"role": "system", "content": args.system},
                                   {"role": "user", "content": req.prompt}]
     p = req.params
+    interrupted = False
     try:
         run = llm.submit(prompt, messages=messages, max_new_tokens=req.max_new_tokens,
                          temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
@@ -202,8 +231,14 @@ def _run(args) -> int:
             if chunk.text and not args.json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+    except KeyboardInterrupt:
+        # No close: it would wait for the scheduler thread's work in progress (a calibration
+        # for `auto` takes seconds); run_command ends the process without it.
+        interrupted = True
+        raise
     finally:
-        llm.close()
+        if not interrupted:
+            llm.close()
     result = run.result()
     if args.json:
         print(json.dumps({"token_ids": result.token_ids, "text": result.text,

@@ -66,7 +66,12 @@ class Scheduler:
 
         self._thread = threading.Thread(target=run, name="specrt-scheduler", daemon=True)
         self._thread.start()
-        ready.wait()
+        try:
+            ready.wait()
+        except BaseException:      # Ctrl-C during the load: the thread ends when the build does
+            with self._lock:
+                self._closed = True
+            raise
         if failed:
             self._closed = True
             raise failed[0]

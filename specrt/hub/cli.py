@@ -21,10 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from specrt.commands import OneLineParser, run_command
+from specrt.commands import OneLineParser, interruptible, run_command
 from specrt.errors import ArgumentError, ModelFetchError, NotRegularFileError, SpecrtError
-from specrt.hub.fetch import cache_lock, cached_models, fetch
-from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, fetch_command, spec_for
 from specrt.logs import configure_logging
@@ -56,6 +54,8 @@ def _cmd_path(name: str) -> int:
 
 
 def _cmd_list() -> int:
+    from specrt.hub.fetch import cached_models
+
     rows = cached_models()
     print(f"cache: {cache_dir()}")
     if not rows:
@@ -89,6 +89,9 @@ def _check_convert_paths(gguf: Path, out: Path) -> None:
 
 
 def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
+    from specrt.hub.fetch import cache_lock
+    from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
+
     _check_convert_paths(gguf, out)
     start = time.perf_counter()
     # A conversion into the cache's models/ holds the cache lock: a fetch removes every
@@ -110,6 +113,7 @@ def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
     return 0
 
 
+@interruptible          # the module imports no torch: Ctrl-C finds the handler at once
 def main(argv=None) -> int:
     parser = OneLineParser(prog="python -m specrt.models",
                            description="Fetch, list and locate the models specrt knows.")
@@ -134,6 +138,8 @@ def main(argv=None) -> int:
 
 def _command(args) -> int:
     if args.command == "fetch":
+        from specrt.hub.fetch import fetch
+
         _check_names(args.names)
         fetch(args.names, progress=not args.quiet)
         return 0

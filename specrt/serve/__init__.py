@@ -8,8 +8,16 @@
     metrics     Prometheus metrics under vLLM's names, in a registry owned by the app
 
 Built on specrt.api only, never on the engine below it. Library modules log to the `specrt`
-logger and never print.
+logger and never print. Importing this package imports nothing of the `serve` extra (FastAPI,
+uvicorn, prometheus-client): `python -m specrt.serve --help` works without it, and the command
+says which package is missing.
 """
-from specrt.serve.app import ServeConfig, build_app
-
 __all__ = ["ServeConfig", "build_app"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from specrt.serve import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'specrt.serve' has no attribute {name!r}")

@@ -4,6 +4,13 @@ Flags follow `vllm serve` where vLLM has them (--model, --served-model-name, --h
 --speculative-config, --max-model-len, --max-num-seqs, --dtype, --device). With no --model it
 serves the default pair, like `python -m specrt.generate`. This is an edge: it configures the
 root logger (specrt's records and uvicorn's) and prints nothing else.
+
+Before anything is fetched or loaded it checks the flags, that the `serve` extra is installed,
+and binds --host:--port, so a typo, a busy port or a missing package costs no model load.
+Exit status: 2 bad input (a flag, a busy port, an unknown host), 1 a runtime failure (the
+`serve` extra missing, a failed fetch), 130 on Ctrl-C before the server runs (while loading);
+once it runs, SIGINT (Ctrl-C) or SIGTERM shuts it down gracefully (in-flight responses end)
+and it exits 0.
 """
 from __future__ import annotations
 
@@ -13,8 +20,10 @@ import logging
 
 from specrt.api.args import DTYPE_NAMES
 from specrt.api.cli import add_draft_args
+from specrt.commands import interruptible
 
 log = logging.getLogger("specrt.serve")
+SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")     # pyproject's `serve` extra
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,66 +75,157 @@ def speculative_from_flag(value: str | None, has_draft: bool) -> dict | None:
     return json.loads(value)
 
 
-# the flags whose names differ from LLM's arguments, which the checks' messages name
-FLAG_OF = {"max_seq_len": "--max-model-len", "max_batch_size": "--max-num-seqs"}
+# LLM's argument names, which the checks' messages start with -> the flag that sets each here
+FLAG_OF = {"max_seq_len": "--max-model-len", "max_batch_size": "--max-num-seqs",
+           "max_queue": "--max-queue", "draft_vocab": "--draft-vocab",
+           "draft_stop": "--draft-stop"}
 
 
-def check_flags(args) -> None:
+def check_flags(args):
     """LLM's checks of the flags it is built from, and the speculative config's, run on the
-    flags alone: a typo costs no fetch and no model load."""
+    flags alone: a typo costs no fetch and no model load. Returns the checked LLMArgs (dtype
+    and device resolved)."""
     from specrt.api.args import LLMArgs
+    from specrt.api.cli import check_draft_given
     from specrt.errors import ArgumentError
+    from specrt.spec.config import SpecConfig
 
     try:
-        LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
-                max_seq_len=args.max_seq_len, max_batch_size=args.max_num_seqs,
-                max_queue=args.max_queue, draft_dtype=args.draft_dtype,
-                draft_vocab=args.draft_vocab, draft_stop=args.draft_stop)
+        checked = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype,
+                          device=args.device, max_seq_len=args.max_seq_len,
+                          max_batch_size=args.max_num_seqs, max_queue=args.max_queue,
+                          draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
+                          draft_stop=args.draft_stop)
     except ArgumentError as e:
         name = str(e).split(" ", 1)[0]
         if name in FLAG_OF:
             raise ArgumentError(f"{FLAG_OF[name]}: {e}") from None
         raise
-    speculative_from_flag(args.speculative_config, has_draft=True)
+    spec = speculative_from_flag(args.speculative_config, has_draft=True)
+    check_draft_given(SpecConfig.parse(spec), args.model, args.draft)
+    return checked
 
 
+def missing_serve_extra() -> str | None:
+    """The first module of the `serve` extra that cannot be imported (or one it needs), or
+    None when the HTTP server can run."""
+    import importlib
+
+    for module in SERVE_EXTRA:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            return e.name or module
+    return None
+
+
+def bind(host: str, port: int):
+    """The server's listening socket, bound before any model is fetched or loaded: a busy
+    port or an unknown host is bad input (ArgumentError) found at once."""
+    import errno
+    import socket
+
+    from specrt.errors import ArgumentError
+
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ArgumentError(f"--host {host!r}: cannot resolve it ({e.strerror}); give an "
+                            "address or name of this machine, e.g. 127.0.0.1 or 0.0.0.0") \
+            from None
+    except (UnicodeError, ValueError) as e:       # an empty label, a NUL byte
+        raise ArgumentError(f"--host {host!r} is not a host name ({e}); give an address "
+                            "or name of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    try:
+        return socket.create_server(address, family=family)
+    except OSError as e:
+        where = f"{host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            fix = (f"--port {port}: {where} is already in use (another server?); stop it "
+                   "or choose another --port (0: any free one)")
+        elif e.errno == errno.EACCES:
+            fix = (f"--port {port}: permission denied on {where} (ports below 1024 need "
+                   "privileges); choose another --port, e.g. 8000")
+        elif e.errno == errno.EADDRNOTAVAIL:
+            fix = (f"--host {host!r} is not an address of this machine; use 127.0.0.1, "
+                   "0.0.0.0 or one of its own addresses")
+        else:
+            fix = f"cannot listen on {where} ({e.strerror or e}); check --host and --port"
+        raise ArgumentError(fix) from None
+
+
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":     # torch's own info records (e.g. at exit) are not ours
+        logging.getLogger("torch").setLevel(logging.WARNING)
     from specrt.commands import run_command
 
-    # Exit status as in every specrt command: 2 bad input, 1 runtime failure, 130 Ctrl-C.
-    return run_command(lambda: _serve(args), interrupted="")
+    # Exit status as in every specrt command: 2 bad input, 1 runtime failure, 130 Ctrl-C
+    # (while loading; a running server shuts down gracefully and exits 0).
+    return run_command(lambda: _serve(args))
 
 
 def _serve(args) -> int:
-    import torch
+    from specrt.checks import check_int
+    from specrt.commands import report_error
+
+    missing = missing_serve_extra()
+    if missing is not None:
+        return report_error("the HTTP server needs the serve extra: pip install "
+                            f"'specrt[serve]' (missing {missing})", status=1)
     import uvicorn
 
     from specrt.api.async_llm import AsyncLLM
     from specrt.hub.resolve import resolve_pair
-    from specrt.checks import check_int
     from specrt.serve.app import ServeConfig, build_app
 
     check_int("--port", args.port, 0, 65535, fix="a TCP port (0: any free one)")
-    check_flags(args)                   # before resolve_pair, which may fetch ~6 GB
-    model, draft = resolve_pair(args.model, args.draft, progress=True)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    spec = speculative_from_flag(args.speculative_config, draft is not None)
-    name = args.served_model_name or model.name
-    log.info("loading %s%s (%s, %s)", model, f" with draft {draft}" if draft else "",
-             args.dtype, device)
-    allm = AsyncLLM(model, draft=draft, dtype=args.dtype, device=device,
-                    max_seq_len=args.max_seq_len, max_batch_size=args.max_num_seqs,
-                    max_queue=args.max_queue, draft_dtype=args.draft_dtype,
-                    draft_vocab=args.draft_vocab, draft_stop=args.draft_stop)
+    checked = check_flags(args)     # before resolve_pair, which may fetch ~6 GB
+    sock = bind(args.host, args.port)
     try:
-        app = build_app(allm, ServeConfig(name, spec))
-        log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, args.host,
-                 args.port, json.dumps(spec), args.max_num_seqs)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    log_config=None)
+        model, draft = resolve_pair(args.model, args.draft, progress=True)
+        spec = speculative_from_flag(args.speculative_config, draft is not None)
+        name = args.served_model_name or model.name
+        log.info("loading %s%s (%s, %s)", model, f" with draft {draft}" if draft else "",
+                 str(checked.dtype).removeprefix("torch."), checked.device)
+        allm = AsyncLLM(model, draft=draft, dtype=checked.dtype, device=checked.device,
+                        max_seq_len=args.max_seq_len, max_batch_size=args.max_num_seqs,
+                        max_queue=args.max_queue, draft_dtype=args.draft_dtype,
+                        draft_vocab=args.draft_vocab, draft_stop=args.draft_stop)
+        try:
+            app = build_app(allm, ServeConfig(name, spec))
+            port = sock.getsockname()[1]             # the real one with --port 0
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, host,
+                     port, json.dumps(spec), args.max_num_seqs)
+            config = uvicorn.Config(app, host=args.host, port=port,
+                                    log_level=args.log_level, log_config=None)
+            _run_server(uvicorn.Server(config), sock)
+        finally:
+            allm.close()
     finally:
-        allm.close()
+        sock.close()
     return 0
+
+
+def _run_server(server, sock) -> None:
+    """uvicorn on the bound socket until SIGINT or SIGTERM, then its graceful shutdown. uvicorn
+    raises the signal again once it has shut down; a handler of ours takes it then, so the
+    command exits 0, as a server stopped on request should."""
+    import signal
+
+    def after_shutdown(signum, frame):
+        if not server.should_exit:      # before uvicorn took the signals: stop as Ctrl-C does
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, after_shutdown) for sig in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

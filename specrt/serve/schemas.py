@@ -13,7 +13,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from specrt.api.args import MAX_TEMPERATURE
+from specrt.spec.sampling import MAX_TEMPERATURE
 
 # engine finish reason -> OpenAI's ("eos": the model ended its answer; "stop": a stop string)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}

@@ -1,0 +1,171 @@
+"""Ctrl-C and SIGTERM as a user sends them, to the commands in subprocesses: at any moment (torch
+imported, a model loading, `auto` calibrating) a command ends at once with one line
+`interrupted` and exit status 130, no traceback and no C++ abort; a running server shuts down
+gracefully and exits 0."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Stands in for a slow step inside torch's C++ code: the thread that runs it is busy in native
+# code when the SIGINT comes, as a real model load or calibration is.
+BUSY = textwrap.dedent("""
+    def busy(*args, **kwargs):
+        import sys, time, torch
+        print("BUSY", file=sys.stderr, flush=True)
+        x, end = torch.randn(256, 256), time.time() + 60
+        while time.time() < end:
+            x = (x @ x).tanh()
+        raise SystemExit("BUSY ran to its end: the SIGINT did not stop the command")
+""")
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+    env.pop("SPECRT_DEBUG", None)
+    return env
+
+
+def _interrupt_when(proc: subprocess.Popen, marker: str, sig=signal.SIGINT) -> str:
+    """Read stderr up to a line holding `marker`, send `sig`, return what was read."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if marker in line:
+            proc.send_signal(sig)
+            return "".join(seen)
+    pytest.fail(f"{marker!r} never came:\n{''.join(seen)}")
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 15) -> tuple[int, str]:
+    """The exit status and the rest of stderr; fails if the command is still running after
+    `timeout` seconds."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"still running {timeout} s after the signal")
+    return proc.returncode, err
+
+
+def _assert_interrupted(rc: int, err: str) -> None:
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted"), err
+    assert "terminate called" not in err and "Traceback" not in err, err
+
+
+def _popen(code: str, *args, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                            env=_env(**env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("cli", ["specrt.api.cli", "specrt.serve.cli"])
+def test_ctrl_c_while_the_model_loads_exits_130_at_once(cli, tiny_noeos_dir):
+    """The model loads on the scheduler's thread; the process must not wait for it, nor shut
+    Python down around it (that aborted: `terminate called without an active exception`)."""
+    code = BUSY + textwrap.dedent(f"""
+        import sys
+        from specrt.model.transformer import Transformer
+        Transformer.from_dir = classmethod(busy)
+        from {cli} import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    proc = _popen(code, "--model", tiny_noeos_dir, "--dtype", "float32",
+                  *(["--prompt-ids", "5,6"] if cli == "specrt.api.cli" else ["--port", "0"]))
+    _interrupt_when(proc, "BUSY")
+    rc, err = _finish(proc)      # BUSY would run 60 s; _finish allows 15
+    _assert_interrupted(rc, err)
+
+
+def test_ctrl_c_while_auto_calibrates_exits_130_at_once(tiny_noeos_dir, tiny_draft_dir,
+                                                        tmp_path):
+    """`auto`'s calibration runs on the scheduler's thread; closing the LLM would wait for it."""
+    code = BUSY + textwrap.dedent("""
+        import sys
+        from specrt.engine.engine import Engine
+        Engine.cost_model = busy
+        from specrt.api.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    proc = _popen(code, "--model", tiny_noeos_dir, "--draft", tiny_draft_dir, "--dtype",
+                  "float32", "--prompt-ids", "5,6", "--max-new-tokens", "4",
+                  SPECRT_CALIBRATION=str(tmp_path / "calibration.json"))
+    _interrupt_when(proc, "BUSY")
+    rc, err = _finish(proc)      # BUSY would run 60 s; _finish allows 15
+    _assert_interrupted(rc, err)
+
+
+# `import torch` made slow (a second or two in real life): the SIGINT lands inside it.
+SLOW_TORCH = textwrap.dedent("""
+    import builtins, sys, time
+    real_import = builtins.__import__
+    def slow_import(name, *args, **kwargs):
+        if name == "torch" and "torch" not in sys.modules:
+            print("IMPORTING", file=sys.stderr, flush=True)
+            time.sleep(30)
+        return real_import(name, *args, **kwargs)
+    builtins.__import__ = slow_import
+""")
+
+
+@pytest.mark.parametrize("entry, args", [
+    ("-m specrt.generate", ["--model", "{tiny}", "--prompt-ids", "5"]),
+    ("-m specrt.serve", ["--model", "{tiny}", "--port", "0"]),
+    ("-m specrt.models", ["list"]),
+    ("specrt.api.cli:main", ["--model", "{tiny}", "--prompt-ids", "5"]),   # console scripts
+    ("specrt.serve.cli:main", ["--model", "{tiny}", "--port", "0"]),
+    ("specrt.hub.cli:main", ["list"]),
+])
+def test_ctrl_c_while_torch_is_imported_exits_130(entry, args, tiny_noeos_dir, tmp_path):
+    args = [a.format(tiny=tiny_noeos_dir) for a in args]
+    if entry.startswith("-m "):
+        run = f"import runpy; runpy.run_module({entry[3:]!r}, run_name='__main__', " \
+              "alter_sys=True)"
+    else:        # what pip's console-script wrapper runs
+        module, func = entry.split(":")
+        run = f"from {module} import {func}; sys.exit({func}())"
+    code = SLOW_TORCH + run
+    proc = _popen(code, *args, SPECRT_CACHE=str(tmp_path / "cache"))
+    _interrupt_when(proc, "IMPORTING")
+    rc, err = _finish(proc)
+    _assert_interrupted(rc, err)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_running_server_shuts_down_gracefully_and_exits_0(sig, tiny_noeos_dir):
+    """--port 0: the port the kernel chose is the one logged (and answering); the dtype logged
+    is the one `auto` resolved to; SIGINT or SIGTERM: a graceful shutdown, exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "specrt.serve", "--model", tiny_noeos_dir,
+                             "--port", "0", "--max-num-seqs", "1"], cwd=ROOT, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "serving" in line:
+                break
+        log = "".join(seen)
+        loading = re.search(r"loading \S+ \((\w+), (\w+)\)", log)
+        assert loading and loading.group(1) in ("bfloat16", "float32"), log
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1))
+        assert port != 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
+            assert answer.status == 200
+    except BaseException:
+        proc.kill()            # a failed check must not leave the server running
+        proc.communicate()
+        raise
+    proc.send_signal(sig)
+    rc, err = _finish(proc)
+    assert rc == 0, log + err
+    assert "Traceback" not in err and "Application shutdown complete" in err, err
