@@ -122,9 +122,10 @@ def busy_sign(times: dict[int, list[list[float]]]) -> str | None:
     """Why `times` (times[T][model][repeat]) look slowed by another process, or None. Memory
     speed moves a forward's time by tens of percent over minutes; a process competing for
     the cores makes single forwards several times slower (a parallel region waits for a
-    descheduled thread): on the 2-core machine with two other busy processes, 25% of the
-    forwards ran 2-10x their size's median (benchmarks/RESULTS.md, "A calibration on a busy
-    machine")."""
+    descheduled thread): on the 2-core machine with two other busy processes, 34 of 168
+    forwards ran over 2x their size's median (up to 56x); with nothing else running none did
+    (at most 1.25x) (benchmarks/RESULTS.md, "Serving and input hardening, and a calibration
+    on a busy machine")."""
     counted = slow = 0
     for per_model in times.values():
         for reps in per_model:
