@@ -184,29 +184,20 @@ def test_converted_weights_checksum_recorded_and_verified(tiny_dir, tmp_path):
     specrt.LLM(d, max_seq_len=16, dtype="float32").close()
 
 
-def test_disk_full_is_explained(private_cache, monkeypatch, capsys):
-    def full(spec, out, workdir, progress):
-        out.write_bytes(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(hub_fetch, "_assemble", full)
-    assert models.main(["fetch", "--quiet", DEFAULT_DRAFT]) == 1
-    err = capsys.readouterr().err
-    assert "disk full" in err and "SPECRT_CACHE" in err
-    assert _leftovers(private_cache) == [] and not models.gguf_path(DEFAULT_DRAFT).exists()
-
-
-def test_other_write_failures_are_a_fetch_error_not_an_internal_one(private_cache, monkeypatch,
-                                                                     capsys):
+@pytest.mark.parametrize("code, words", [
+    (errno.ENOSPC, ["disk full", "SPECRT_CACHE"]),
+    (errno.EIO, ["fetching failed while reading or writing under"]),   # not "internal error"
+])
+def test_write_failures_are_explained(code, words, private_cache, monkeypatch, capsys):
     def failed(spec, out, workdir, progress):
         out.write_bytes(b"partial")
-        raise OSError(errno.EIO, "Input/output error")
+        raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(hub_fetch, "_assemble", failed)
     assert models.main(["fetch", "--quiet", DEFAULT_DRAFT]) == 1
     err = capsys.readouterr().err
-    assert "fetching failed while reading or writing under" in err and "internal" not in err
-    assert _leftovers(private_cache) == []
+    assert all(w in err for w in words) and "internal" not in err, err
+    assert _leftovers(private_cache) == [] and not models.gguf_path(DEFAULT_DRAFT).exists()
 
 
 def test_a_python_without_pip_is_told_to_install_pip(private_cache, monkeypatch, capsys):
