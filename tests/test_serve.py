@@ -802,6 +802,28 @@ def test_a_busy_port_or_a_bad_host_is_bad_input_before_anything_loads(capsys):
         assert len(err) == 1 and f"--host {host!r}" in err[0], err
 
 
+def test_the_early_socket_refuses_clients_until_the_server_starts_and_is_dual_stack():
+    """Bound but not listening while the models load (a client, or a TCP readiness probe, is
+    refused at once instead of hanging through the load); `--host ::` takes IPv4 too, as
+    uvicorn's own socket did."""
+    from specrt.serve.cli import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(sock.getsockname(), timeout=5)
+    finally:
+        sock.close()
+    try:
+        sock6 = bind("::", 0)
+    except specrt.SpecrtError:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        assert sock6.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+    finally:
+        sock6.close()
+
+
 def test_without_the_serve_extra_help_works_and_serving_says_what_to_install(tmp_path):
     import os
     import subprocess

@@ -120,26 +120,32 @@ def missing_serve_extra() -> str | None:
 
 
 def bind(host: str, port: int):
-    """The server's listening socket, bound before any model is fetched or loaded: a busy
-    port or an unknown host is bad input (ArgumentError) found at once."""
+    """The server's socket, bound (not yet listening) before any model is fetched or loaded:
+    a busy port or an unknown host is bad input (ArgumentError) found at once, and until the
+    server starts (listen) a client is refused at once instead of hanging through the load.
+    Bound as uvicorn binds: IPv6 for a host with ':' (dual-stack where the system is), else
+    IPv4, SO_REUSEADDR."""
     import errno
     import socket
 
     from specrt.errors import ArgumentError
 
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        family, _, _, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock.bind((host, port))
+        return sock
     except socket.gaierror as e:
+        sock.close()
         raise ArgumentError(f"--host {host!r}: cannot resolve it ({e.strerror}); give an "
                             "address or name of this machine, e.g. 127.0.0.1 or 0.0.0.0") \
             from None
-    except (UnicodeError, ValueError) as e:       # an empty label, a NUL byte
+    except (UnicodeError, ValueError, TypeError) as e:    # an empty label, a NUL byte
+        sock.close()
         raise ArgumentError(f"--host {host!r} is not a host name ({e}); give an address "
                             "or name of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
-    try:
-        return socket.create_server(address, family=family)
     except OSError as e:
+        sock.close()
         where = f"{host}:{port}"
         if e.errno == errno.EADDRINUSE:
             fix = (f"--port {port}: {where} is already in use (another server?); stop it "
@@ -151,7 +157,7 @@ def bind(host: str, port: int):
             fix = (f"--host {host!r} is not an address of this machine; use 127.0.0.1, "
                    "0.0.0.0 or one of its own addresses")
         else:
-            fix = f"cannot listen on {where} ({e.strerror or e}); check --host and --port"
+            fix = f"cannot bind {where} ({e.strerror or e}); check --host and --port"
         raise ArgumentError(fix) from None
 
 
@@ -200,10 +206,11 @@ def _serve(args) -> int:
             app = build_app(allm, ServeConfig(name, spec))
             port = sock.getsockname()[1]             # the real one with --port 0
             host = f"[{args.host}]" if ":" in args.host else args.host
-            log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, host,
-                     port, json.dumps(spec), args.max_num_seqs)
             config = uvicorn.Config(app, host=args.host, port=port,
                                     log_level=args.log_level, log_config=None)
+            sock.listen(config.backlog)    # from here clients queue; uvicorn accepts in ms
+            log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, host,
+                     port, json.dumps(spec), args.max_num_seqs)
             _run_server(uvicorn.Server(config), sock)
         finally:
             allm.close()
