@@ -345,6 +345,32 @@ def test_a_calibration_from_a_busy_machine_is_timed_again_and_else_not_saved(
     assert costs in json.loads((tmp_path / "calibration.json").read_text()).values()
 
 
+def test_costs_timed_on_a_busy_machine_reach_no_disk_by_any_path(llm, tmp_path, monkeypatch):
+    """Repairing a damaged file saves only trusted entries; an entry another process saved
+    (timed quiet) replaces a busy one in memory and is kept at the next save."""
+    from specrt.spec import calibration
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+    monkeypatch.setattr(calibration, "_cache", {})
+    monkeypatch.setattr(calibration, "_untrusted", set())
+    verdict = ["busy"]
+    monkeypatch.setattr(calibration, "_measure_once", lambda models, max_t, graphed: (
+        [[0.5] * max_t for _ in models], verdict[0]))
+    busy = forward_seconds(llm.target, 3)            # timed busy twice: kept in memory only
+    key = next(k for k, v in calibration._cache.items() if v is busy)
+    path.write_text("{damaged")
+    verdict[0] = None
+    forward_seconds(llm.target, 4)                    # another size: reads, heals, saves
+    assert key not in json.loads(path.read_text())
+    saved = json.loads(path.read_text())
+    saved[key] = [0.25] * 3                           # another process timed it quiet
+    path.write_text(json.dumps(saved))
+    forward_seconds(llm.target, 5)                    # reads the file again, then saves
+    assert json.loads(path.read_text())[key] == [0.25] * 3
+    assert calibration._cache[key] == [0.25] * 3
+
+
 def test_a_cost_curve_is_interpolated_between_timed_points_and_never_falls():
     """Latency cannot fall as T grows: a timed point that reads faster than a narrower one
     (timing noise) is raised to it, and so is what is interpolated after it."""

@@ -88,8 +88,9 @@ def timed_together(models: list[Transformer], max_t: int,
         if any(k not in _cache for k in keys):
             entries, healed = _load_disk()
             _cache.update(entries)
+            _untrusted.difference_update(entries)    # another process's, timed quiet
             if healed:                       # rewrite a damaged file now, with the good entries
-                _save_disk(_cache)
+                _save_trusted()
         if all(k in _cache and len(_cache[k]) == max_t for k in keys):
             return [_cache[k] for k in keys]
     out, trusted = _measure(models, max_t, graphed)
@@ -99,8 +100,13 @@ def timed_together(models: list[Transformer], max_t: int,
             _untrusted.difference_update(keys)
         else:
             _untrusted.update(keys)
-        _save_disk({k: v for k, v in _cache.items() if k not in _untrusted})
+        _save_trusted()
     return out
+
+
+def _save_trusted() -> None:
+    """Save the calibrations in memory, less those timed on a busy machine (call with _lock)."""
+    _save_disk({k: v for k, v in _cache.items() if k not in _untrusted})
 
 
 def _measure(models: list[Transformer], max_t: int,
