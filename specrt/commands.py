@@ -38,10 +38,15 @@ def run_command(body, interrupted: str = "interrupted") -> int:
         _say(f"error: {e}")
         return 2
     except KeyboardInterrupt:
+        busy = any(t.name.startswith("specrt-") and t.is_alive()
+                   for t in set(threading.enumerate()) - before)
+        if busy:        # a second Ctrl-C now would escape this handler: ignore it
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if interrupted:
             _say(interrupted, lead="\n")  # after the answer's partial line on a terminal
-        if any(t.name.startswith("specrt-") and t.is_alive()
-               for t in set(threading.enumerate()) - before):
+        if busy:
             _exit_now(130)
         return 130
     except BrokenPipeError:

@@ -186,6 +186,8 @@ def test_converted_weights_checksum_recorded_and_verified(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("code, words", [
     (errno.ENOSPC, ["disk full", "SPECRT_CACHE"]),
+    (errno.EDQUOT, ["disk full", "SPECRT_CACHE"]),                    # a quota: the same fix
+    (errno.ENOTDIR, ["cannot use the model cache", "set SPECRT_CACHE to a directory"]),
     (errno.EIO, ["fetching failed while reading or writing under"]),   # not "internal error"
 ])
 def test_write_failures_are_explained(code, words, private_cache, monkeypatch, capsys):

@@ -283,14 +283,13 @@ def test_a_token_list_emptied_while_it_is_read_is_no_crash(backend):
         lst = [1, 1, None] + [7] * 10_000
         lst[2] = Shrinks(lst)
         index = index_cls(1, 3)
-        try:
-            if call == "propose":
-                propose(lst, 4, 1, 3)
-            else:
-                index.extend(lst)
-        except ValueError as e:
-            assert "changed size while it was read" in str(e)
+        run = (lambda: propose(lst, 4, 1, 3)) if call == "propose" else (lambda: index.extend(lst))
+        if backend == "cpp":          # C++ sees the list shrink under it and says so
+            with pytest.raises(ValueError, match="changed size while it was read"):
+                run()
             assert len(index) == 0
+        else:                         # Python reads whatever the list holds: no error is owed
+            run()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -5,8 +5,9 @@ Each push costs time bounded by the push, not by the text so far: the ids are de
 settled head (decoded once) and a short window behind it (decoded again per token or per push).
 The window's first ids move into the head only where decoding the two parts apart gives the
 same text as decoding them together, with `_CONTEXT` ids of right context; for byte-level BPE
-(Qwen2's) that is every character boundary. A tokenizer whose decoder is not local that way
-keeps a growing window: slower, never different from decoding everything at once.
+(Qwen2's) that is every character boundary, for a decoder that strips a leading space
+(SentencePiece's) every id that does not start with one. A split is tried at four places; where
+none is safe the window grows until one is: slower, never different from decoding at once.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class TextStream:
             if head.endswith("\ufffd") or not self._tail.startswith(head):
                 continue                             # inside a character: one id back
             if self.tokenizer.decode(window[k:]) != self._tail[len(head):]:
-                return False
+                continue                             # not local here (e.g. a stripped space)
             self._head.append(head)
             self._recent += head
             self._tail = self._tail[len(head):]
@@ -127,8 +128,9 @@ class TextStream:
             if recent.endswith("\ufffd"):          # an unfinished multi-byte character
                 end -= 1
             for s in self.stop:                    # a suffix that may grow into a stop string
+                shown = recent[:end]
                 for n in range(min(len(s) - 1, end), 0, -1):
-                    if recent[:end].endswith(s[:n]):
+                    if shown.endswith(s[:n]):
                         end -= n
                         break
         end = max(at + end, self.emitted)

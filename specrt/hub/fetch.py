@@ -196,13 +196,16 @@ def _explained_os_errors():
     try:
         yield
     except OSError as e:
-        if e.errno == errno.ENOSPC:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise ModelFetchError(
                 f"disk full while writing under {cache_dir()} (partial files were removed); "
                 "free some space or set SPECRT_CACHE to a directory on a larger disk") from None
         if isinstance(e, PermissionError) or e.errno in (errno.EROFS, errno.EACCES):
             raise ModelFetchError(f"cannot write the model cache: {e}; set SPECRT_CACHE to a "
                                   "writable directory") from None
+        if e.errno in (errno.ENOTDIR, errno.ENAMETOOLONG):
+            raise ModelFetchError(f"cannot use the model cache {cache_dir()}: {e}; set "
+                                  "SPECRT_CACHE to a directory (or leave it unset)") from None
         raise ModelFetchError(f"fetching failed while reading or writing under {cache_dir()}: "
                               f"{e}; rerun the fetch (partial files were removed)") from e
 
