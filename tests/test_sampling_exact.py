@@ -40,6 +40,30 @@ def test_warp_top_k_and_top_p():
     torch.testing.assert_close(hot[0], P ** 2 / (P ** 2).sum())
 
 
+def test_a_tiny_temperature_or_top_p_is_greedy_not_nan(small_pair):
+    """logits / 1e-39 overflowed to inf and top_p 1e-46 rounded to 0 in float32: NaN
+    probabilities, and every sampled token was id 0. A temperature below 1e-5 is greedy (as in
+    vLLM); a top_p that small keeps the most likely token only: both give the greedy answer."""
+    assert SamplingParams(temperature=1e-39).greedy and SamplingParams(temperature=1e-6).greedy
+    assert not SamplingParams(temperature=1e-5).greedy
+    logits = torch.log(P)[None] * 50
+    probs = warp(logits, SamplingParams(temperature=1.0, top_p=1e-46))
+    assert torch.equal(probs[0], torch.tensor([1.0, 0, 0, 0, 0]))
+    target, draft = small_pair
+    llm = specrt.LLM(target, draft=draft, dtype="float32", max_seq_len=64)
+    try:
+        greedy = llm.generate(PROMPT, max_new_tokens=8).token_ids
+        assert len(set(greedy)) > 1 or greedy[0] != 0
+        spec = {"method": "draft_model", "num_speculative_tokens": 3}
+        for kw in (dict(temperature=1e-39), dict(temperature=1.0, top_p=1e-46)):
+            for speculative in (None, spec):
+                got = llm.generate(PROMPT, max_new_tokens=8, seed=1, speculative=speculative,
+                                   **kw).token_ids
+                assert got == greedy, (kw, speculative)
+    finally:
+        llm.close()
+
+
 def test_warp_rows_equals_warp_bit_for_bit():
     """The graphs' warp (settings read from the device, one batch of rows with different
     settings) gives every row the bits `warp` gives it alone: temperatures, top-k below, at
@@ -84,6 +108,29 @@ def test_million_draws_match_warped_target(params):
     assert (freq - p.double()).abs().max().item() < 0.002, (freq, p)
     rate = num_accepted.double().mean().item()
     assert rate == pytest.approx(torch.minimum(p, q).sum().item(), abs=0.002)
+
+
+def test_every_position_of_a_three_draft_round_follows_its_target():
+    """K = 3 with a different p and q at each position (and the bonus position's own p): the
+    token committed at position j, over the rows that reach it, follows p_j; the acceptance
+    after j accepted drafts is sum min(p_j, q_j). The tests above see position 0 only; a rule
+    that is right there and wrong later (e.g. a resample at j >= 2 that subtracts the previous
+    position's q: 0.21 off at j = 2) passes them."""
+    n, K, V = 400_000, 3, 5
+    gen = torch.Generator().manual_seed(7)
+    p = torch.stack([P, Q, P.roll(1), Q.roll(2)])                      # [K + 1, V]
+    q = torch.stack([Q, P.roll(3), Q.roll(1)])                         # [K, V]
+    drafts = torch.stack([sample(q[j].expand(n, V), gen) for j in range(K)], dim=1)  # [n, K]
+    uniforms, noise = draw_randomness(n, K, V, gen, "cpu")
+    num_accepted, out = rejection_sample(p.expand(n, K + 1, V), q.expand(n, K, V), drafts,
+                                         uniforms, noise)
+    for j in range(K + 1):
+        reached = num_accepted >= j                                    # position j committed
+        freq = torch.bincount(out[reached, j], minlength=V).double() / reached.sum()
+        assert (freq - p[j].double()).abs().max().item() < 0.005, (j, freq, p[j])
+        if j < K:
+            accepted = (num_accepted[reached] > j).double().mean().item()
+            assert accepted == pytest.approx(torch.minimum(p[j], q[j]).sum().item(), abs=0.005)
 
 
 def test_one_hot_drafts_match_target():

@@ -24,11 +24,19 @@ MAX_TOP_K = 2**31 - 1
 # Past this the distribution is uniform to float32's precision; past float32's largest
 # finite value the division overflows inside torch.
 MAX_TEMPERATURE = 1e4
+# Below this a temperature is greedy, as in vLLM: logits / T would overflow float32 to inf
+# (NaN probabilities: every draw id 0) for T near 1e-37, and well before that the warped
+# distribution is the argmax but for ties within T.
+GREEDY_BELOW = 1e-5
+# A top_p under float32's smallest normal number would round to 0 and cut every token; any
+# positive top_p that small keeps only the most likely one, as this value does.
+MIN_TOP_P = 2.0 ** -126
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How a token is chosen from logits. temperature == 0 means greedy."""
+    """How a token is chosen from logits. temperature == 0 (or below GREEDY_BELOW) means
+    greedy."""
 
     temperature: float = 0.0
     top_k: int = 0          # 0 = off
@@ -45,6 +53,9 @@ class SamplingParams:
         set_(self, "top_k", check_int("top_k", self.top_k, 0, MAX_TOP_K, fix="0 disables it"))
         set_(self, "top_p", check_number("top_p", self.top_p, 0.0, 1.0, lo_open=True,
                                          fix="1 disables it"))
+        if self.temperature < GREEDY_BELOW:
+            set_(self, "temperature", 0.0)
+        set_(self, "top_p", max(self.top_p, MIN_TOP_P))
         if self.seed is not None:
             check_int("seed", self.seed, 0, MAX_SEED, fix="or None for a fresh random seed")
 
