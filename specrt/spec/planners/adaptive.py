@@ -31,9 +31,10 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
 with a prior, and weighed pooled with the positions before it (`pooled`); costs come from a
 calibration at first use (specrt.spec.costs), cached per machine and build, and nothing else: a
-plan is a function of the request's own history and the calibrated costs, never of how long
-this run's rounds took, so two identical requests get the same plans (and a seeded sampled
-request the same output) however busy the machine is. A busier machine slows drafting and
+plan is a function of the batch's histories and the calibrated costs, never of how long this
+run's rounds took, so two identical requests run alone (or beside identical companions) get
+the same plans (and a seeded sampled request the same output) however busy the machine is;
+in a mixed batch the plan, and so a sampled request's random stream, depends on the others. A busier machine slows drafting and
 verifying alike, which moves no choice; the ratio between them is what the calibration
 measured. Costs are for the round's whole batch, priced by the tokens each row really computes
 (rows are packed: a row without guesses scores one token; past the backend's batch-invariant
