@@ -171,3 +171,13 @@ def test_ctrl_c_with_only_foreign_threads_left_returns_130_in_process(capsys):
     finally:
         stop.set()
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+@pytest.mark.parametrize("flag, value", [("--draft-stop", "2"), ("--top-p", "0"),
+                                         ("--seed", "-3"), ("--max-seq-len", "0")])
+def test_a_bad_value_names_the_flag_that_set_it(flag, value):
+    """The API's checks name its argument (draft_stop); the CLI's line names the flag."""
+    proc = run_cli("--model", "/nonexistent", flag, value, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"error: {flag}: {flag[2:].replace('-', '_')} must"), \
+        proc.stderr

@@ -14,6 +14,7 @@ status, the same in every specrt command: 0 done, 2 bad input (one `error: ...` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -108,10 +109,11 @@ def check_flags(args) -> _Request:
     from specrt.spec.config import SpecConfig, means_plain
     from specrt.spec.sampling import SamplingParams
 
-    llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
-                  max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
-                  draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
-                  draft_stop=args.draft_stop)
+    with named_flags():
+        llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
+                      max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
+                      draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
+                      draft_stop=args.draft_stop)
     given = [f for f, v in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids),
                             ("--prompt-file", args.prompt_file)) if v is not None]
     if len(given) > 1:
@@ -137,8 +139,9 @@ def check_flags(args) -> _Request:
         prompt = check_text(name, args.prompt if args.prompt is not None else DEFAULT_PROMPT)
         if not prompt:
             raise ArgumentError(f"{name} is empty; give some text")
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            seed=args.seed)
+    with named_flags():
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed)
     flag = args.speculative_config
     plain = flag is not None and means_plain(flag)
     if args.no_spec and flag is not None and not plain:
@@ -148,6 +151,22 @@ def check_flags(args) -> _Request:
     check_draft_given(spec, args.model, args.draft)
     return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
                     check_stop(args.stop), spec)
+
+
+@contextlib.contextmanager
+def named_flags():
+    """An ArgumentError of the API's checks (`draft_stop must be ...`) names the flag that set
+    the value (`--draft-stop: draft_stop must be ...`): this CLI's flags are the API's
+    arguments spelled with dashes."""
+    from specrt.errors import ArgumentError
+
+    try:
+        yield
+    except ArgumentError as e:
+        name = str(e).split(" ", 1)[0]
+        if name.isidentifier() and name.islower():
+            raise ArgumentError(f"--{name.replace('_', '-')}: {e}") from None
+        raise
 
 
 def check_draft_given(spec, model, draft) -> None:
