@@ -3,9 +3,11 @@ one-line usage errors. Only CLIs import this."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+from typing import Callable
 
-from specrt.errors import ModelFetchError, SpecrtError
+from specrt.errors import ArgumentError, ModelFetchError, SpecrtError
 
 
 def run_command(body, interrupted: str = "interrupted") -> int:
@@ -75,6 +77,35 @@ def interruptible(main):
         except KeyboardInterrupt:
             return interrupted_status()
     return wrapper
+
+
+@contextlib.contextmanager
+def exits_on_ctrl_c(module_name: str):
+    """Around an entry module's imports (`python -m specrt.generate` importing torch takes a
+    second or two): run as the command (`module_name` "__main__"), a Ctrl-C there exits with
+    `interrupted` and status 130, not a traceback; imported, the module raises it as usual."""
+    import sys
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        if module_name != "__main__":
+            raise
+        sys.exit(interrupted_status())
+
+
+@contextlib.contextmanager
+def named_flags(flag_of: Callable[[str], str | None]):
+    """An ArgumentError of the API's checks, which starts with the argument's name
+    (`draft_stop must be ...`), names the flag that set it (`--draft-stop: draft_stop must
+    be ...`): flag_of(name) is that flag, or None to leave the message as it is."""
+    try:
+        yield
+    except ArgumentError as e:
+        flag = flag_of(str(e).split(" ", 1)[0])
+        if flag is None:
+            raise
+        raise ArgumentError(f"{flag}: {e}") from None
 
 
 def interrupted_status(message: str = "interrupted") -> int:

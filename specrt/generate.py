@@ -3,14 +3,10 @@
 exit status 130 (specrt.commands)."""
 import sys
 
-from specrt.commands import interrupted_status
+from specrt.commands import exits_on_ctrl_c
 
-try:
+with exits_on_ctrl_c(__name__):
     from specrt.api.cli import main
-except KeyboardInterrupt:
-    if __name__ != "__main__":
-        raise
-    sys.exit(interrupted_status())
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,19 +3,15 @@ code lives in `specrt.hub`. Run as a command, a Ctrl-C at any moment, these impo
 included, ends it with `interrupted` and exit status 130 (specrt.commands)."""
 import sys
 
-from specrt.commands import interrupted_status
+from specrt.commands import exits_on_ctrl_c
 
-try:
+with exits_on_ctrl_c(__name__):
     from specrt.errors import ModelFetchError
     from specrt.hub.cli import main
     from specrt.hub.fetch import cached_models, ensure_gguf, ensure_model, fetch, verify_file
     from specrt.hub.gguf_convert import convert_gguf
     from specrt.hub.paths import cache_dir, gguf_path, is_present, model_dir
     from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, ModelSpec
-except KeyboardInterrupt:
-    if __name__ != "__main__":
-        raise
-    sys.exit(interrupted_status())
 
 __all__ = ["KNOWN_MODELS", "DEFAULT_TARGET", "DEFAULT_DRAFT", "ModelSpec", "ModelFetchError",
            "cache_dir", "model_dir", "gguf_path", "is_present", "verify_file", "ensure_gguf",

@@ -14,13 +14,12 @@ status, the same in every specrt command: 0 done, 2 bad input (one `error: ...` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
 
 from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
-from specrt.commands import interruptible
+from specrt.commands import interruptible, named_flags
 
 DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges "
                   "overlapping intervals and returns them sorted. Include a docstring.")
@@ -109,7 +108,7 @@ def check_flags(args) -> _Request:
     from specrt.spec.config import SpecConfig, means_plain
     from specrt.spec.sampling import SamplingParams
 
-    with named_flags():
+    with named_flags(_flag_of):
         llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
                       max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
                       draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
@@ -139,7 +138,7 @@ def check_flags(args) -> _Request:
         prompt = check_text(name, args.prompt if args.prompt is not None else DEFAULT_PROMPT)
         if not prompt:
             raise ArgumentError(f"{name} is empty; give some text")
-    with named_flags():
+    with named_flags(_flag_of):
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.seed)
     flag = args.speculative_config
@@ -153,20 +152,9 @@ def check_flags(args) -> _Request:
                     check_stop(args.stop), spec)
 
 
-@contextlib.contextmanager
-def named_flags():
-    """An ArgumentError of the API's checks (`draft_stop must be ...`) names the flag that set
-    the value (`--draft-stop: draft_stop must be ...`): this CLI's flags are the API's
-    arguments spelled with dashes."""
-    from specrt.errors import ArgumentError
-
-    try:
-        yield
-    except ArgumentError as e:
-        name = str(e).split(" ", 1)[0]
-        if name.isidentifier() and name.islower():
-            raise ArgumentError(f"--{name.replace('_', '-')}: {e}") from None
-        raise
+def _flag_of(name: str) -> str | None:
+    """This CLI's flag for an API argument: its name spelled with dashes (`--draft-stop`)."""
+    return f"--{name.replace('_', '-')}" if name.isidentifier() and name.islower() else None
 
 
 def check_draft_given(spec, model, draft) -> None:

@@ -2,14 +2,10 @@
 ends it with `interrupted` and exit status 130 until the server runs."""
 import sys
 
-from specrt.commands import interrupted_status
+from specrt.commands import exits_on_ctrl_c
 
-try:
+with exits_on_ctrl_c(__name__):
     from specrt.serve.cli import main
-except KeyboardInterrupt:
-    if __name__ != "__main__":
-        raise
-    sys.exit(interrupted_status())
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,7 @@ import logging
 
 from specrt.api.args import DTYPE_NAMES
 from specrt.api.cli import add_draft_args
-from specrt.commands import interruptible
+from specrt.commands import interruptible, named_flags
 
 log = logging.getLogger("specrt.serve")
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")     # pyproject's `serve` extra
@@ -87,20 +87,14 @@ def check_flags(args):
     and device resolved)."""
     from specrt.api.args import LLMArgs
     from specrt.api.cli import check_draft_given
-    from specrt.errors import ArgumentError
     from specrt.spec.config import SpecConfig
 
-    try:
+    with named_flags(FLAG_OF.get):
         checked = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype,
                           device=args.device, max_seq_len=args.max_seq_len,
                           max_batch_size=args.max_num_seqs, max_queue=args.max_queue,
                           draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
                           draft_stop=args.draft_stop)
-    except ArgumentError as e:
-        name = str(e).split(" ", 1)[0]
-        if name in FLAG_OF:
-            raise ArgumentError(f"{FLAG_OF[name]}: {e}") from None
-        raise
     spec = speculative_from_flag(args.speculative_config, has_draft=True)
     check_draft_given(SpecConfig.parse(spec), args.model, args.draft)
     return checked
