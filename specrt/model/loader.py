@@ -168,9 +168,11 @@ def check_sizes(cfg: ModelConfig, paths, model_dir: Path) -> None:
 
 
 def _header_len(path: Path) -> int:
-    _check_readable(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+    except OSError as e:
+        raise _unreadable(path, e) from None
     return int.from_bytes(raw, "little") if len(raw) == 8 else 0
 
 
@@ -179,11 +181,15 @@ def _check_readable(path: Path) -> None:
     try:
         with open(path, "rb"):
             pass
-    except PermissionError:
-        raise CheckpointError(f"cannot read weights file {path}: permission denied; make it "
-                              "readable (chmod a+r) or run as a user who may read it") from None
     except OSError as e:
-        raise CheckpointError(f"cannot read weights file {path}: {e.strerror or e}") from None
+        raise _unreadable(path, e) from None
+
+
+def _unreadable(path: Path, error: OSError) -> CheckpointError:
+    if isinstance(error, PermissionError):
+        return CheckpointError(f"cannot read weights file {path}: permission denied; make it "
+                               "readable (chmod a+r) or run as a user who may read it")
+    return CheckpointError(f"cannot read weights file {path}: {error.strerror or error}")
 
 
 # safetensors dtype names of the float checkpoints a model is loaded from (cast to `dtype`)

@@ -115,10 +115,9 @@ def _check(x, weight: Int4Weight, bias, out_dtype) -> None:
     fn = "int4 linear"
     if not isinstance(weight, Int4Weight):
         raise checks.fail(fn, "weight", "an Int4Weight (gemv_int4.quantize)", type(weight).__name__)
-    dims = 2
     if not (isinstance(weight.data, torch.Tensor) and isinstance(weight.scale, torch.Tensor)
-            and weight.data.dim() == dims and weight.scale.dim() >= 1):
-        raise checks.fail(fn, "weight", f"uint8 data of {dims} dims and an fp32 scale",
+            and weight.data.dim() == 2 and weight.scale.dim() >= 1):
+        raise checks.fail(fn, "weight", "uint8 data of 2 dims and an fp32 scale",
                           describe(weight))
     N, K = weight.shape
     if not (weight.data.dtype == torch.uint8 and weight.data.is_contiguous()

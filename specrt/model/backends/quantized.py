@@ -59,7 +59,8 @@ def quantized_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None =
         raise ConfigError(f"unknown weight quantization {fmt!r}; choose one of {QUANT_FORMATS}")
     if weight.device.type != "cpu":
         raise ConfigError(f"{fmt} weights run on the CPU only (this model is on "
-                          f"{weight.device}); use draft_dtype='auto' (or the model's dtype) on CUDA")
+                          f"{weight.device}); use draft_dtype='auto' (or the model's dtype) "
+                          "on CUDA")
     multiple = _KERNELS[fmt][1]
     if weight.shape[1] % multiple:
         raise ConfigError(f"{fmt} weights need input sizes that are multiples of {multiple}; "

@@ -34,14 +34,15 @@ calibration at first use (specrt.spec.costs), cached per machine and build, and 
 plan is a function of the batch's histories and the calibrated costs, never of how long this
 run's rounds took, so two identical requests run alone (or beside identical companions) get
 the same plans (and a seeded sampled request the same output) however busy the machine is;
-in a mixed batch the plan, and so a sampled request's random stream, depends on the others. A busier machine slows drafting and
-verifying alike, which moves no choice; the ratio between them is what the calibration
-measured. Costs are for the round's whole batch, priced by the tokens each row really computes
-(rows are packed: a row without guesses scores one token; past the backend's batch-invariant
-pass size each chunk streams the weights again): with more requests in flight, drafting K more
-tokens per row costs more, so a busy batch drafts less, and a match of one row among four is
-cheap to verify. The choice depends only on past rounds, never on the current round's outcome,
-so greedy output stays identical and sampling stays exact.
+in a mixed batch the plan, and so a sampled request's random stream, depends on the others.
+A busier machine slows drafting and verifying alike, which moves no choice; the ratio between
+them is what the calibration measured. Costs are for the round's whole batch, priced by the
+tokens each row really computes (rows are packed: a row without guesses scores one token; past
+the backend's batch-invariant pass size each chunk streams the weights again): with more
+requests in flight, drafting K more tokens per row costs more, so a busy batch drafts less,
+and a match of one row among four is cheap to verify. The choice depends only on past rounds,
+never on the current round's outcome, so greedy output stays identical and sampling stays
+exact.
 
 A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
 doubling after each probe until the drafter wins a round on merit, so a text that turns
