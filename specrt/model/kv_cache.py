@@ -17,6 +17,7 @@ import torch
 
 from specrt.errors import CapacityError, MemoryCapacityError
 from specrt.model.files import human_bytes
+from specrt.model.staging import wait_for
 
 
 class StaticKVCache:
@@ -107,7 +108,7 @@ class StaticKVCache:
             return
         # CUDA only. Wait until the previous copy has read the pinned buffer (inside a graphed
         # round it has: the round's read-back came after it), then queue this one.
-        self._copied.synchronize()
+        wait_for(self._copied)
         self._pinned.copy_(self._host_lengths)
         self.lengths.copy_(self._pinned, non_blocking=True)
         self._copied.record()

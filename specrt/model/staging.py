@@ -22,6 +22,13 @@ from __future__ import annotations
 import torch
 
 
+def wait_for(event) -> None:
+    """Wait for a recorded CUDA event only if it has not completed: `query` is no sync, so a
+    copy that finished long ago (the usual case inside a graphed round) costs no host sync."""
+    if not event.query():
+        event.synchronize()
+
+
 class Staging:
     """A host buffer (pinned on CUDA) and its static device twin of the same shape."""
 
@@ -35,7 +42,7 @@ class Staging:
         """The host buffer as a numpy array (writes go straight into pinned memory, with no
         tensor built from a Python list), once the previous `push` has finished reading it."""
         if self._copied is not None:
-            self._copied.synchronize()     # CUDA only; already complete inside a graphed round
+            wait_for(self._copied)         # CUDA only; already complete inside a graphed round
         return self.host.numpy()
 
     def push(self) -> None:
