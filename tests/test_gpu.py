@@ -174,7 +174,7 @@ def test_round_is_two_replays_and_one_sync(llms, sampling):
 # verify pass whose result for a token could depend on how many tokens share the pass has a
 # fixed reduction order -- attention splits at fixed key positions with one query tile for every
 # T (`verify_attention`), RMSNorm per row (`add_rms_norm`), the four projections and the output
-# head through the batch-invariant matmul (one 32-row tile, fixed k order, split-K fixed per
+# head through the batch-invariant matmul (one 16-row tile shape, fixed k order, split-K fixed per
 # weight; fp32 logits straight from its accumulator) -- and a pass with padding is computed
 # whole through the same kernels. So a verify pass of K + 1 tokens gives each token the bits of
 # its decode step and greedy acceptance reads the argmax plain decoding reads. The promise

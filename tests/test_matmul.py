@@ -39,7 +39,7 @@ CASES = [
     (32, 65, 96, torch.float16, False, torch.float32, None),
     (17, 33, 200, torch.float16, True, torch.float32, 1),
     (3, 200, 40, torch.float32, True, torch.float32, None),     # K < one fp32 block pair
-    (40, 50, 70, torch.float32, True, None, None),             # two row tiles
+    (40, 50, 70, torch.float32, True, None, None),             # three row tiles
 ]
 
 
@@ -65,7 +65,7 @@ def test_matmul_reference_is_the_linear_layer():
     (torch.float32, None, 100)])
 def test_matmul_row_bits_do_not_depend_on_the_other_rows(dtype, out_dtype, split_blocks):
     """Row m of a 32-row call equals the same row computed alone (M = 1), among 3 and 17 rows,
-    at another position, and in a 40-row call (two row tiles), bit for bit: the verify pass's
+    at another position, and in a 40-row call (three row tiles), bit for bit: the verify pass's
     rows get the bits of the decode steps they replace."""
     N, K = 70, 230   # fp32 by default: 4 splits of 2 blocks; fp16: 2 blocks, one split each
     x, w, b = _inputs(40, N, K, dtype, seed=7)
@@ -80,7 +80,7 @@ def test_matmul_row_bits_do_not_depend_on_the_other_rows(dtype, out_dtype, split
     assert torch.equal(run([2, 9, 31]), full[[2, 9, 31]])
     rows17 = list(range(31, 14, -1))                                             # reversed
     assert torch.equal(run(rows17), full[rows17])
-    assert torch.equal(run([35, 3])[1], full[3])       # row 3 at position 1, beside a 2nd tile's
+    assert torch.equal(run([35, 3])[1], full[3])       # row 3 at position 1, beside a later tile's
 
 
 def test_matmul_fp32_output_is_the_accumulator():
@@ -107,10 +107,10 @@ def test_matmul_strided_rows_and_empty_input():
 
 def test_split_k_depends_on_the_weight_shape_only():
     """Splits fill the GPU where N alone gives few tiles (the 1.5B's down projection:
-    [1536, 8960] -> 10 splits of 7 blocks) and never split a wide weight (the output head); the
+    [1536, 8960] -> 6 splits of 12 blocks) and never split a wide weight (the output head); the
     rule takes no M, so a weight always sums in the same order."""
     bf16 = torch.bfloat16
-    assert mm.split_blocks_for(1536, 8960, bf16) == 7                   # 70 blocks, 10 splits
+    assert mm.split_blocks_for(1536, 8960, bf16) == 12                  # 70 blocks, 6 splits
     assert mm.split_blocks_for(151936, 1536, bf16) == 12                # one split
     assert mm.split_blocks_for(17920, 1536, bf16) == 12                 # gate/up: one split
     for n, k in ((2048, 1536), (1536, 1536), (896, 4864), (64, 100)):
@@ -165,3 +165,4 @@ def test_matmul_bf16_matches_reference_and_rows_are_invariant(out_dtype):
         assert torch.equal(part, full[:17])
         for m in range(32):
             assert torch.equal(mm.matmul(x[m:m + 1], w, b, out_dtype)[0], full[m]), m
+

@@ -141,10 +141,11 @@ def matmul_variants(quick: bool) -> list[Variant]:
         for out_dt, bias in itertools.product(sorted({dt, "fp32"}), (True, False)):
             if quick and (dt, out_dt, bias) != ("bf16", "bf16", True):
                 continue
-            consts = {"HAS_BIAS": bias, "BLOCK_M": mm.BLOCK_M, "BLOCK_N": mm.BLOCK_N,
-                      "BLOCK_K": mm.block_k_for(dtype), "DOT_IEEE": dtype == torch.float32}
+            tile = mm.tile_for(dtype)
+            consts = {"HAS_BIAS": bias, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n,
+                      "BLOCK_K": tile.block_k, "DOT_IEEE": dtype == torch.float32}
             out.append(_variant("matmul", "_matmul_kernel", {**types, "y_ptr": f"*{out_dt}"},
-                                consts, mm.NUM_WARPS, dt, num_stages=mm.num_stages_for(dtype),
+                                consts, tile.num_warps, dt, num_stages=tile.num_stages,
                                 aligned=("N", "K"), out="" if out_dt == dt else out_dt))
     return out
 

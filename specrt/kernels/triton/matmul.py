@@ -12,7 +12,7 @@ decode step (M = B) and the same row inside a verify pass (M = B (K + 1)) are su
 orders and round differently in bf16, and greedy speculative output drifts from plain greedy
 output after a near-tie. Here the reduction order of every output element depends only on the
 weight's shape (N, K), never on M or on which other rows share the call:
-- one tile shape for every M: BLOCK_M = 32 rows (padding rows masked to zero, never stored), so
+- one tile shape for every M: BLOCK_M = 16 rows (padding rows masked to zero, never stored), so
   every M runs the same `tl.dot` and the same MMA instruction (mma.sync; wgmma would need 64);
 - the k loop walks fixed BLOCK_K blocks in increasing order;
 - split-K at fixed block boundaries: split s sums k blocks [s * split_blocks, (s + 1) *
@@ -26,6 +26,8 @@ MAX_ROWS rows here and larger ones (prefills) to cuBLAS.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -33,15 +35,19 @@ import triton.language as tl
 from specrt.kernels.checks import require_runnable
 from specrt.kernels.triton.tickets import ticket_buffer, unused_f32
 
-__all__ = ["matmul", "DTYPES", "BLOCK_M", "BLOCK_N", "MAX_ROWS", "block_k_for",
-           "split_blocks_for", "num_stages_for", "NUM_WARPS"]
+__all__ = ["matmul", "Tile", "tile_for", "DTYPES", "BLOCK_M", "BLOCK_N", "MAX_ROWS",
+           "block_k_for", "split_blocks_for", "num_stages_for", "NUM_WARPS"]
 
 # What the launcher can pick; `specrt.kernels.compile_check` compiles exactly these.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BLOCK_M = 32            # rows per tile, for every M (decode B .. verify B (K + 1) <= 32)
-BLOCK_N = 64            # output columns (weight rows) per tile
+# Measured on an H200 (benchmarks.gpu_kernels; RESULTS.md, "The CUDA path on an H200"): of 30
+# tiles, 16 x 32 with 4 stages and ~2 programs per SM read a decode step's weights fastest
+# (the matmuls of one step at M = 1: 1.5B 1279 us, 0.5B 656; the 32 x 64 tile before: 1418,
+# 866; cuBLAS 1297, 665).
+BLOCK_M = 16            # rows per tile, for every M (decode B; a verify pass of 17..32 rows: 2)
+BLOCK_N = 32            # output columns (weight rows) per tile
 NUM_WARPS = 4
-MAX_ROWS = 32           # the largest pass the CUDA backend sends here (one tile)
+MAX_ROWS = 32           # the largest pass the CUDA backend sends here
 TARGET_PROGRAMS = 264   # ~2 programs per SM on an H100/H200 (132 SMs): split-K aims for this
 MIN_SPLIT_BLOCKS = 2    # k blocks per split at least
 
@@ -58,14 +64,33 @@ def num_stages_for(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float32 else 4
 
 
-def split_blocks_for(n: int, k: int, dtype: torch.dtype) -> int:
+@dataclass(frozen=True)
+class Tile:
+    """A launch configuration: the tile, the pipeline and the split-K target. Which one a
+    weight gets depends on its dtype only (`tile_for`), never on M, so a row's bits never
+    depend on the others; `benchmarks.gpu_kernels` times alternatives with `matmul(tile=)`."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    target_programs: int = TARGET_PROGRAMS
+
+
+def tile_for(dtype: torch.dtype) -> Tile:
+    """The launcher's configuration for inputs of `dtype` (`compile_check` compiles these)."""
+    return Tile(BLOCK_M, BLOCK_N, block_k_for(dtype), NUM_WARPS, num_stages_for(dtype))
+
+
+def split_blocks_for(n: int, k: int, dtype: torch.dtype, tile: Tile | None = None) -> int:
     """k blocks per split-K split for a weight [n, k]: a function of the weight's shape only, so
     every call with that weight sums in the same order whatever M is. Splits only when the
-    column tiles alone give fewer than TARGET_PROGRAMS programs (o, qkv and down projections:
+    column tiles alone give fewer than the tile's target_programs (o, qkv and down projections:
     N ~ 1-2k; never the output head), and keeps at least MIN_SPLIT_BLOCKS blocks per split."""
-    k_blocks = max(1, triton.cdiv(k, block_k_for(dtype)))
-    tiles = triton.cdiv(n, BLOCK_N)
-    splits = max(1, min(triton.cdiv(TARGET_PROGRAMS, tiles), k_blocks // MIN_SPLIT_BLOCKS))
+    tile = tile or tile_for(dtype)
+    k_blocks = max(1, triton.cdiv(k, tile.block_k))
+    tiles = triton.cdiv(n, tile.block_n)
+    splits = max(1, min(triton.cdiv(tile.target_programs, tiles), k_blocks // MIN_SPLIT_BLOCKS))
     return triton.cdiv(k_blocks, splits)
 
 
@@ -166,22 +191,24 @@ def matmul(
     out_dtype: torch.dtype | None = None,  # x.dtype (default) or torch.float32
     *,
     split_blocks: int | None = None,  # k blocks per split; None: `split_blocks_for(N, K)`
+    tile: Tile | None = None,  # None: `tile_for(x.dtype)`
 ) -> torch.Tensor:  # [M, N]
     """x @ weight^T (+ bias), each output row's bits independent of M (module docstring).
     Raises ValueError on shapes, dtypes or layouts it does not serve."""
     out_dtype = _check(x, weight, bias, out_dtype)
     M, K = x.shape
     N = weight.shape[0]
-    block_k = block_k_for(x.dtype)
+    tile = tile or tile_for(x.dtype)
+    block_k = tile.block_k
     if split_blocks is None:
-        split_blocks = split_blocks_for(N, K, x.dtype)
+        split_blocks = split_blocks_for(N, K, x.dtype, tile)
     if split_blocks < 1:
         raise ValueError(f"matmul: split_blocks must be >= 1, got {split_blocks}")
     y = torch.empty((M, N), device=x.device, dtype=out_dtype)
     if M == 0 or N == 0:
         return y
     num_splits = max(1, triton.cdiv(triton.cdiv(K, block_k), split_blocks))
-    m_tiles, n_tiles = triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N)
+    m_tiles, n_tiles = triton.cdiv(M, tile.block_m), triton.cdiv(N, tile.block_n)
     if num_splits > 1:
         part = torch.empty((num_splits, M, N), device=x.device, dtype=torch.float32)
         tickets = ticket_buffer(x.device, m_tiles * n_tiles)
@@ -191,8 +218,8 @@ def matmul(
         x, weight, bias if bias is not None else weight, y, part, tickets,
         x.stride(0), weight.stride(0), y.stride(0),
         M, N, K, split_blocks, num_splits,
-        HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
-        DOT_IEEE=x.dtype == torch.float32, num_warps=NUM_WARPS,
-        num_stages=num_stages_for(x.dtype),
+        HAS_BIAS=bias is not None, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k,
+        DOT_IEEE=x.dtype == torch.float32, num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
     )
     return y
