@@ -107,6 +107,22 @@ def test_verify_attention_row_bits_do_not_depend_on_T(split_keys):
         assert torch.equal(alone[:, 0], full[:, t]), f"row {t} differs from its decode step"
 
 
+def test_verify_attention_splits_past_the_last_key_do_no_work_and_leave_tickets_zero():
+    """A cache far longer than the rows' histories: the splits past a row's last key return at
+    once and the live ones merge (the ticket counts live splits only). Wrong counting would leave
+    a tile unmerged (or a ticket above zero, breaking the next launch), so the kernel runs twice
+    and the ticket buffer must be zero after each launch."""
+    from specrt.kernels.triton.tickets import ticket_buffer
+    B, T, Hq, Hkv, D, S = 2, 3, 4, 2, 64, 512                     # 16 splits of 32 keys
+    q, k, v, _ = _attention_inputs(B, T, Hq, Hkv, D, S, torch.float32, seed=12)
+    for lens in ([T, 70], [40, 33]):                              # 1 + 3 and 2 + 2 live splits
+        lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        out = attention_kernel.verify_attention(q, k, v, lens, split_keys=32)
+        torch.testing.assert_close(out, reference.verify_attention(q, k, v, lens),
+                                   atol=1e-4, rtol=1e-4)
+        assert not ticket_buffer(q.device, 1).any()
+
+
 def test_verify_attention_rejects_head_dims_the_compile_check_does_not_cover():
     q, k, v, lens = _attention_inputs(1, 1, 2, 2, 32, 8, torch.float32, seed=0)
     with pytest.raises(ValueError, match="head dim"):

@@ -20,9 +20,11 @@ verify pass reproduces the decode steps it replaces, in bf16 too):
   `[s * split_keys, (s + 1) * split_keys)` and the number of splits is `cdiv(S_max,
   split_keys)`, fixed by the cache, not by `lens` or T. Keys past a query's position are
   masked, and a masked block or an empty split adds exact zeros;
-- the splits' partials (acc, running max m, running sum l) are merged in split order by the
-  last program of a tile to finish (an atomic ticket per tile, reset by that program), so a
-  split attention is one kernel:
+- a split past the row's last key (`lens[b]`) would only add exact zeros, so it returns at
+  once: the launch has `cdiv(S_max, split_keys)` splits, the work only the live ones;
+- the live splits' partials (acc, running max m, running sum l) are merged in split order by
+  the last of them to finish (an atomic ticket per tile, reset by that program), so a split
+  attention is one kernel:
 
     M = max_s m_s,   O = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s
 
@@ -56,7 +58,7 @@ __all__ = ["verify_attention", "rope_verify_attention", "HEAD_DIMS", "DTYPES", "
 HEAD_DIMS = (64, 128)                  # the Qwen2.5 family's; others take SDPA (backends.cuda)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_M = 64                           # query rows (t, g) per program, for every T
-SPLIT_KEYS = 256                       # keys per flash-decoding split on CUDA
+SPLIT_KEYS = 128                       # keys per flash-decoding split on CUDA
 _LOG2E = 1.4426950408889634
 
 
@@ -109,6 +111,12 @@ def _verify_attention_kernel(
     new_start = lens_b - T  # the T new tokens sit at new_start..lens_b - 1
     # Padding rows (t >= T) get positions >= lens_b: they stay finite and are never stored.
     qpos = new_start + t
+
+    # A split past the row's last key would add exact zeros: it stops here, and the tile's
+    # ticket counts only the live splits, so a cache's size (S_max) costs nothing per launch.
+    live = tl.cdiv(lens_b, split_keys)
+    if split >= live:
+        return
 
     b64 = b.to(tl.int64)
     q_base = q_ptr + b64 * stride_qb
@@ -188,12 +196,11 @@ def _verify_attention_kernel(
         tl.debug_barrier()  # every thread's partials are written before the ticket is taken
         ticket_ptr = count_ptr + pid_bh * tl.num_programs(1) + pid_m
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
-        if ticket == NUM_SPLITS - 1:  # the last split of this tile merges, in split order
+        if ticket == live - 1:  # the last live split of this tile merges, in split order
             m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l = tl.zeros([BLOCK_M], dtype=tl.float32)
             o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-            # Splits past the row's last key are empty: they would add exact zeros.
-            for s_i in range(0, tl.cdiv(lens_b, split_keys)):
+            for s_i in range(0, live):
                 pr = (pid_bh * NUM_SPLITS + s_i).to(tl.int64) * M + rows
                 m_s = tl.load(part_m_ptr + pr, mask=row_valid, other=float("-inf"),
                               cache_modifier=".cg")
