@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # GPU check (issue 15, item 5): specrt's CUDA-only tests and measurements, on one GPU machine
 # with no network, inside 8 minutes on one H200. Nothing CPU-only runs here (no C++ build, no
-# CPU tests, no checkpoint written: the probe builds random bf16 models in memory).
+# CPU tests, no checkpoint written: the probes build random bf16 models in memory).
 #
 #     run(command="bash benchmarks/gpu_check.sh", timeout_s=480)   # through the device tool
-#     bash benchmarks/gpu_check.sh            # by hand on a CUDA machine
+#     bash benchmarks/gpu_check.sh            # by hand on a CUDA machine: every step
+#     bash benchmarks/gpu_check.sh probe kernels   # only the steps named (env always runs)
 #     bash benchmarks/gpu_check.sh --dry-run  # print the steps and their caps, run nothing
 #
-# Steps (caps in seconds; they add up to 410, leaving 70 s of the 480 s for start-up and the
+# Steps (caps in seconds; they add up to 440, leaving 40 s of the 480 s for start-up and the
 # summary; a failing or timed-out step is recorded and the next one runs):
 #   env     10   GPU, driver, python / torch / triton versions
-#   tests  220   one pytest process: tests/test_kernels.py with the kernels compiled (bf16
+#   tests  200   one pytest process: tests/test_kernels.py with the kernels compiled (bf16
 #                included: fused verify == decode steps bit for bit) and tests/test_gpu.py
-#   probe  180   one process, `python -m benchmarks.gpu_probe` (its own budget 140 s): 1.5B and
+#   probe  120   one process, `python -m benchmarks.gpu_probe` (its own budget 80 s): 1.5B and
 #                0.5B shapes, decode ms/token vs the weight-read floor, verify(T)/step for
 #                T = 1..17, draft/target step ratio, kernels per step (profiler), host syncs,
-#                bf16 verify == decode over 512 tokens
-# Files under $OUT: env.log, tests.log, probe.log, probe.json, summary.md (the step table, then
-# the probe's table, last; also printed). Exit 0 if every step passed, 1 otherwise, 2 on bad
-# usage or no CUDA.
+#                bf16 verify == decode over 512 tokens, a speculative round's cost
+#   kernels 110  `python -m benchmarks.gpu_kernels` (its own budget 90 s): GPU time per kernel of
+#                one decode step, and the matmul's candidate tiles timed per weight shape
+# Files under $OUT: env.log, tests.log, probe.log, probe.json, kernels.log, kernels.json,
+# summary.md (the step table, then the probe's table, last; also printed). Exit 0 if every
+# step passed, 1 otherwise, 2 on bad usage or no CUDA.
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -27,21 +30,26 @@ OUT=${OUT:-benchmarks/out/gpu}
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET              # the kernels must be compiled, not interpreted
 
+ALL_STEPS=(env tests probe kernels)
 DRY_RUN=0
+STEPS=(env)
 for arg in "$@"; do
     case "$arg" in
         --dry-run) DRY_RUN=1 ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "gpu_check: unknown argument '$arg' (use --dry-run or --help)" >&2; exit 2 ;;
+        tests|probe|kernels) STEPS+=("$arg") ;;
+        *) echo "gpu_check: unknown argument '$arg' (use tests, probe, kernels, --dry-run or" \
+                "--help)" >&2; exit 2 ;;
     esac
 done
+(( ${#STEPS[@]} > 1 )) || STEPS=("${ALL_STEPS[@]}")
 
-STEPS=(env tests probe)
-declare -A CAP=([env]=10 [tests]=220 [probe]=180)
+declare -A CAP=([env]=10 [tests]=200 [probe]=120 [kernels]=110)
 declare -A CMD=(
     [env]="nvidia-smi; $PY -c 'import sys, torch, triton; print(sys.version); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__); print(torch.cuda.get_device_name())'"
     [tests]="$PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_gpu.py -rs"
-    [probe]="$PY -m benchmarks.gpu_probe --budget 140 --json '$OUT/probe.json'"
+    [probe]="$PY -m benchmarks.gpu_probe --budget 80 --json '$OUT/probe.json'"
+    [kernels]="$PY -m benchmarks.gpu_kernels --budget 90 --json '$OUT/kernels.json'"
 )
 
 if (( DRY_RUN )); then
@@ -80,9 +88,10 @@ done
     echo "|---|---|---|---|"
     for s in "${STEPS[@]}"; do echo "| $s | ${STATUS[$s]} | ${SECS[$s]} | ${CAP[$s]} |"; done
     echo
-    echo "tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/tests.log" | tail -n 1)"
-    echo
-    sed -n '/^| model | measure | value |/,$p' "$OUT/probe.log"
+    [[ -f $OUT/tests.log ]] && echo "tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/tests.log" |
+        tail -n 1)" && echo
+    [[ -f $OUT/kernels.log ]] && cat "$OUT/kernels.log" && echo
+    [[ -f $OUT/probe.log ]] && sed -n '/^| model | measure | value |/,$p' "$OUT/probe.log"
 } >"$OUT/summary.md"
 echo
 cat "$OUT/summary.md"

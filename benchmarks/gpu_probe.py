@@ -14,12 +14,16 @@ written) and measures, on CUDA graphs where the engine uses them:
               engine's read-backs
   exact       bf16: 512 greedy decode steps vs the same tokens verified 8 at a time, rows whose
               logits differ in any bit, and argmax mismatches
+  pair        ms per graphed greedy round of the 1.5B with the 0.5B drafting K = 4, and that
+              as a multiple of the 1.5B's decode step (the price of 1 + K proposed tokens)
 Prints a table last and writes JSON (--json). `--tiny` runs the plumbing on CPU in seconds.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import time
 import warnings
 
@@ -93,6 +97,57 @@ def runner_ms(model, cache, t: int, reps: int) -> float:
     return ms
 
 
+@contextlib.contextmanager
+def previous_kernels():
+    """The CUDA layer kernels' settings before the H200's first measurements (RESULTS.md,
+    "The CUDA path on an H200"): 32 x 64 matmul tiles, 256 keys per attention split. (Splits
+    past a row's last key stop at once either way: that change has no switch.)"""
+    from specrt.kernels.triton import matmul as mm
+    from specrt.kernels.triton import verify_attention as va
+
+    saved = mm.tile_for, va.SPLIT_KEYS
+    old_tile = mm.Tile(32, 64, 128, 4, 4, 264)
+    mm.tile_for = lambda dtype: old_tile if dtype != torch.float32 else saved[0](dtype)
+    va.SPLIT_KEYS = 256
+    try:
+        yield
+    finally:
+        mm.tile_for, va.SPLIT_KEYS = saved
+
+
+def before_after(model, cache, reps: int, pairs: int = 3) -> dict:
+    """Decode ms per graphed step with the previous kernels and the current ones, alternated
+    `pairs` times in this process; medians."""
+    before, after = [], []
+    for _ in range(pairs):
+        with previous_kernels():
+            before.append(runner_ms(model, cache, 1, reps))
+        after.append(runner_ms(model, cache, 1, reps))
+    return {"before_ms": statistics.median(before), "after_ms": statistics.median(after),
+            "before_all": before, "after_all": after}
+
+
+SPLITS = (64, 128, 256)
+
+
+def split_keys_step(model, cache, reps: int, pairs: int = 2) -> dict[int, float]:
+    """Decode ms per graphed step by keys per attention split (`verify_attention.SPLIT_KEYS`),
+    each size timed `pairs` times in turn; medians."""
+    from specrt.kernels.triton import verify_attention as va
+    if model.device.type != "cuda":
+        return {}
+    saved = va.SPLIT_KEYS
+    times: dict[int, list[float]] = {k: [] for k in SPLITS}
+    try:
+        for _ in range(pairs):
+            for k in SPLITS:
+                va.SPLIT_KEYS = k
+                times[k].append(runner_ms(model, cache, 1, reps))
+    finally:
+        va.SPLIT_KEYS = saved
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def count_kernels(model, cache) -> int | None:
     if model.device.type != "cuda":
         return None
@@ -147,8 +202,11 @@ def round_syncs(model, prompt: list[int], k: int, rounds: int,
                 eng.step()
             torch.cuda.synchronize()
         calls = [e.name for e in prof.events() if e.name in SYNC_CALLS]
-        out["profiler_syncs_per_round"] = (len(calls) - 1) / rounds   # - the final synchronize
-        out["profiler_sync_calls"] = sorted(set(calls))
+        # The engine calls no cudaDeviceSynchronize (only `auto`'s calibration does); the ones
+        # seen are this probe's closing synchronize and the profiler's own (2 on an H200).
+        out["profiler_syncs_per_round"] = sum(
+            c != "cudaDeviceSynchronize" for c in calls) / rounds
+        out["profiler_sync_calls"] = {c: calls.count(c) for c in sorted(set(calls))}
         out["debug_mode_syncs_per_round"] = count_syncs(
             lambda: [eng.step() for _ in range(rounds)], device) / rounds
         rounds *= 2
@@ -157,6 +215,31 @@ def round_syncs(model, prompt: list[int], k: int, rounds: int,
             eng.step()
     out["read_backs_per_round"] = (eng.graphs.read_backs - before) / rounds
     return out
+
+
+def pair_round(target, draft, prompt: list[int], k: int, rounds: int) -> dict:
+    """ms per greedy speculative round of the pair (draft model, K drafts, graphed), timed
+    over `rounds` rounds after three warm-up rounds. A round costs the same whatever is
+    accepted (the graphs run K drafts and K + 1 verified tokens), so with random weights
+    (almost nothing accepted) it still prices the round: at acceptance a per draft it commits
+    1 + a + ... + a^K tokens."""
+    device = target.device
+    t0 = time.perf_counter()
+    eng = Engine(target, draft, 1, len(prompt) + 2 * (rounds + 3) * (k + 1) + 64, static=True,
+                 graph_max_k=k)
+    capture_s = time.perf_counter() - t0
+    eng.admit(Request(tuple(prompt), (rounds + 3) * (k + 1), SamplingParams(),
+                      spec=SpecConfig("draft_model", k)))
+    for _ in range(3):
+        eng.step()
+    _sync(device)
+    t0 = time.perf_counter()
+    committed = 0
+    for _ in range(rounds):
+        committed += sum(len(s.new_tokens) for s in eng.step())
+    _sync(device)
+    return {"k": k, "rounds": rounds, "round_ms": (time.perf_counter() - t0) * 1e3 / rounds,
+            "tokens_per_round": committed / rounds, "warm_up_s": capture_s}
 
 
 def exactness(model, prompt, steps: int, chunk: int) -> dict:
@@ -201,6 +284,7 @@ def main(argv=None) -> int:
     res: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                  "dtype": str(dtype), "context": args.context, "models": {}}
     rows = []
+    kept: dict = {}
     for shape in shapes:
         if time.perf_counter() - t_start > args.budget:
             rows.append((shape, "skipped: over budget", ""))
@@ -214,6 +298,8 @@ def main(argv=None) -> int:
         m = {"weight_bytes": model.weight_bytes, "floor_ms": floor_ms,
              "backend": model.backend.name}
         m["decode_ms"] = runner_ms(model, cache, 1, reps)
+        m["before_after"] = before_after(model, cache, reps)   # on CPU: the plumbing only
+        m["split_keys_ms"] = split_keys_step(model, cache, reps)
         m["decode_over_floor"] = m["decode_ms"] / floor_ms
         m["verify_over_step"] = {t: runner_ms(model, cache, t, reps) / m["decode_ms"]
                                  for t in range(1, 18)}
@@ -235,12 +321,21 @@ def main(argv=None) -> int:
             m["sampled_round"] = round_syncs(model, prompt[0, :64].tolist(), 4,
                                              10 if args.tiny else 20, SAMPLED)
         res["models"][shape] = m
-        del model, cache, one
+        kept[shape] = model                      # for the pair's rounds below
+        del cache, one
         if device.type == "cuda":
             torch.cuda.empty_cache()
     ms = res["models"]
     if "1.5b" in ms and "0.5b" in ms:
         res["draft_over_target"] = ms["0.5b"]["decode_ms"] / ms["1.5b"]["decode_ms"]
+    pair = ("1.5b", "0.5b") if not args.tiny else ("tiny", "tiny")
+    if all(p in kept for p in pair) and time.perf_counter() - t_start < args.budget:
+        target, draft = kept[pair[0]], kept[pair[1]]
+        prompt = torch.randint(0, target.cfg.vocab_size, (64,)).tolist()
+        res["pair"] = pair_round(target, draft, prompt, 4, 3 if args.tiny else 20)
+        res["pair"]["round_over_target_step"] = \
+            res["pair"]["round_ms"] / ms[pair[0]]["decode_ms"]
+    kept.clear()
     res["seconds"] = time.perf_counter() - t_start
     if args.json:
         with open(args.json, "w") as f:
@@ -251,6 +346,16 @@ def main(argv=None) -> int:
             (shape, "decode ms/token (floor)", f"{m['decode_ms']:.3f} ({m['floor_ms']:.3f}, "
                                                f"{m['decode_over_floor']:.2f}x)"),
             (shape, "verify(T)/step T=2,5,9,17", " ".join(f"{v[t]:.2f}" for t in (2, 5, 9, 17))),
+        ]
+        if "before_after" in m:
+            ba = m["before_after"]
+            rows.append((shape, "decode ms: previous kernels / current (medians, alternated)",
+                         f"{ba['before_ms']:.3f} / {ba['after_ms']:.3f}"))
+        if m.get("split_keys_ms"):
+            rows.append((shape, "decode ms by keys per attention split " + "/".join(
+                map(str, m["split_keys_ms"])), " / ".join(
+                f"{v:.3f}" for v in m["split_keys_ms"].values())))
+        rows += [
             (shape, "kernels per eager step", str(m["kernels_per_step"])),
             (shape, "syncs: eager decode / graphed verify",
              f"{m['syncs_eager_decode']} / {m['syncs_graphed_verify']}"),
@@ -269,6 +374,10 @@ def main(argv=None) -> int:
                          f"{e['rows_differ']} rows differ, {e['argmax_flips']} argmax flips"))
     if "draft_over_target" in res:
         rows.append(("0.5b/1.5b", "draft step / target step", f"{res['draft_over_target']:.2f}"))
+    if "pair" in res:
+        r = res["pair"]
+        rows.append(("/".join(pair), f"greedy round, K={r['k']} (ms; target steps)",
+                     f"{r['round_ms']:.3f}; {r['round_over_target_step']:.2f}"))
     print("\n| model | measure | value |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")
