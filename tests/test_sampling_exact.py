@@ -86,6 +86,23 @@ def test_warp_rows_equals_warp_bit_for_bit():
             assert rows[b, 3] == (0.0 if p.greedy else 1.0)
 
 
+def test_a_top_p_cut_through_tied_tokens_keeps_the_lowest_ids():
+    """4000 tokens of equal probability and a top-p cut through them: the cut keeps the 2000
+    lowest ids, in `warp` on one row, on a batch, and in `warp_rows`, so which tokens survive a
+    tie is a function of the probabilities, not of the sort's order of equal keys (unstable
+    before: threads and shapes scrambled the tied tokens)."""
+    V = 6000
+    logits = torch.full((V,), -30.0)
+    logits[1000:5000] = 0.0                                                # tied tokens
+    want = torch.zeros(V, dtype=torch.bool)
+    want[1000:3000] = True
+    params = SamplingParams(temperature=1.0, top_p=0.5)
+    batch = logits.expand(3, 2, V).clone()
+    rows = torch.tensor([param_row(params, V)] * 3)
+    for probs in (warp(logits, params), warp(batch, params)[2, 1], warp_rows(batch, rows)[1, 0]):
+        assert torch.equal(probs > 0, want)
+
+
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=1.0),
     SamplingParams(temperature=0.8, top_k=3),

@@ -77,7 +77,9 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # stable: tokens of equal probability rank by id, so which of them a cut keeps is a
+        # function of the probabilities (not of the sort's threads or the batch's shape)
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p             # mass strictly above
         drop_sorted = before >= params.top_p                            # never drops the top-1
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
@@ -136,7 +138,7 @@ def warp_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     kth = ranked.gather(-1, (k.clamp(1, V) - 1).expand(*x.shape[:-1], 1))      # [B, ..., 1]
     x = x.masked_fill((k > 0) & (k < V) & (x < kth), float("-inf"))
     probs = torch.softmax(x, dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # as `warp`
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p                 # mass strictly above
     drop = torch.zeros_like(sorted_p, dtype=torch.bool).scatter(-1, order, before >= top_p)
     cut = probs.masked_fill(drop, 0.0)
