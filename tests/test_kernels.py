@@ -123,6 +123,21 @@ def test_verify_attention_splits_past_the_last_key_do_no_work_and_leave_tickets_
         assert not ticket_buffer(q.device, 1).any()
 
 
+def test_verify_attention_with_lens_past_the_cache_leaves_no_ticket_taken():
+    """lens[b] > S_max is checked on CPU tensors but not on CUDA (it would need a host sync):
+    such a launch must still reset its tickets, which every later split launch (attention and
+    matmul) shares. Launched here past the check, then a split matmul must be right."""
+    from specrt.kernels.triton.tickets import ticket_buffer
+    mm = importlib.import_module("specrt.kernels.triton.matmul")
+    B, T, Hq, Hkv, D, S = 1, 1, 2, 2, 64, 64                      # 2 splits of 32 keys
+    q, k, v, _ = _attention_inputs(B, T, Hq, Hkv, D, S, torch.float32, seed=13)
+    attention_kernel._launch(q, k, v, torch.tensor([70], dtype=torch.int32, device=DEVICE),
+                             torch.empty_like(q), T, Hq // Hkv, None, 32, False)
+    assert not ticket_buffer(q.device, 1).any()
+    x, w = torch.randn(1, 256, device=DEVICE), torch.randn(40, 256, device=DEVICE)
+    torch.testing.assert_close(mm.matmul(x, w, split_blocks=2), x @ w.T, atol=1e-3, rtol=1e-4)
+
+
 def test_verify_attention_rejects_head_dims_the_compile_check_does_not_cover():
     q, k, v, lens = _attention_inputs(1, 1, 2, 2, 32, 8, torch.float32, seed=0)
     with pytest.raises(ValueError, match="head dim"):

@@ -114,7 +114,9 @@ def _verify_attention_kernel(
 
     # A split past the row's last key would add exact zeros: it stops here, and the tile's
     # ticket counts only the live splits, so a cache's size (S_max) costs nothing per launch.
-    live = tl.cdiv(lens_b, split_keys)
+    # Capped at the launch's splits: an (unchecked on CUDA) lens_b > S_max must not leave a
+    # ticket waiting for splits that do not exist (the buffer is shared with every launch).
+    live = tl.minimum(tl.cdiv(lens_b, split_keys), NUM_SPLITS)
     if split >= live:
         return
 
