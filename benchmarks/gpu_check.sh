@@ -20,8 +20,9 @@
 #   kernels 110  `python -m benchmarks.gpu_kernels` (its own budget 90 s): GPU time per kernel of
 #                one decode step, and the matmul's candidate tiles timed per weight shape
 # Files under $OUT: env.log, tests.log, probe.log, probe.json, kernels.log, kernels.json,
-# summary.md (the step table, then the probe's table, last; also printed). Exit 0 if every
-# step passed, 1 otherwise, 2 on bad usage or no CUDA.
+# summary.md (the step table, the tests' count, the kernels' tables, then the probe's table,
+# last, each for the steps that ran; also printed). Exit 0 if every step passed, 1 otherwise,
+# 2 on bad usage or no CUDA.
 set -u -o pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -32,17 +33,19 @@ unset TRITON_INTERPRET              # the kernels must be compiled, not interpre
 
 ALL_STEPS=(env tests probe kernels)
 DRY_RUN=0
+PICKED=0
 STEPS=(env)
 for arg in "$@"; do
     case "$arg" in
         --dry-run) DRY_RUN=1 ;;
         -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        tests|probe|kernels) STEPS+=("$arg") ;;
+        env) PICKED=1 ;;                              # always runs
+        tests|probe|kernels) PICKED=1; [[ " ${STEPS[*]} " == *" $arg "* ]] || STEPS+=("$arg") ;;
         *) echo "gpu_check: unknown argument '$arg' (use tests, probe, kernels, --dry-run or" \
                 "--help)" >&2; exit 2 ;;
     esac
 done
-(( ${#STEPS[@]} > 1 )) || STEPS=("${ALL_STEPS[@]}")
+(( PICKED )) || STEPS=("${ALL_STEPS[@]}")
 
 declare -A CAP=([env]=10 [tests]=200 [probe]=120 [kernels]=110)
 declare -A CMD=(
@@ -55,7 +58,7 @@ declare -A CMD=(
 if (( DRY_RUN )); then
     total=0
     for s in "${STEPS[@]}"; do
-        printf '%-6s cap %4ss  %s\n' "$s" "${CAP[$s]}" "${CMD[$s]}"
+        printf '%-7s cap %4ss  %s\n' "$s" "${CAP[$s]}" "${CMD[$s]}"
         total=$(( total + CAP[$s] ))
     done
     echo "total of caps: ${total}s (of 480s); files under OUT=$OUT"
@@ -88,10 +91,11 @@ done
     echo "|---|---|---|---|"
     for s in "${STEPS[@]}"; do echo "| $s | ${STATUS[$s]} | ${SECS[$s]} | ${CAP[$s]} |"; done
     echo
-    [[ -f $OUT/tests.log ]] && echo "tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/tests.log" |
-        tail -n 1)" && echo
-    [[ -f $OUT/kernels.log ]] && cat "$OUT/kernels.log" && echo
-    [[ -f $OUT/probe.log ]] && sed -n '/^| model | measure | value |/,$p' "$OUT/probe.log"
+    ran() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }   # this run's steps only, not stale logs
+    ran tests && echo "tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/tests.log" | tail -n 1)" &&
+        echo
+    ran kernels && cat "$OUT/kernels.log" && echo
+    ran probe && sed -n '/^| model | measure | value |/,$p' "$OUT/probe.log"
 } >"$OUT/summary.md"
 echo
 cat "$OUT/summary.md"

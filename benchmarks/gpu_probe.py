@@ -195,18 +195,25 @@ def round_syncs(model, prompt: list[int], k: int, rounds: int,
     out = {"k": k, "rounds": rounds, "warm_up_s": capture_s}
     before = eng.graphs.read_backs
     if device.type == "cuda":
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, record_function
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(rounds):
-                eng.step()
+                with record_function("specrt_round"):
+                    eng.step()
             torch.cuda.synchronize()
-        calls = [e.name for e in prof.events() if e.name in SYNC_CALLS]
-        # The engine calls no cudaDeviceSynchronize (only `auto`'s calibration does); the ones
-        # seen are this probe's closing synchronize and the profiler's own (2 on an H200).
-        out["profiler_syncs_per_round"] = sum(
-            c != "cudaDeviceSynchronize" for c in calls) / rounds
-        out["profiler_sync_calls"] = {c: calls.count(c) for c in sorted(set(calls))}
+        events = prof.events()
+        spans = [(e.time_range.start, e.time_range.end) for e in events
+                 if e.name == "specrt_round"]
+        calls = [e for e in events if e.name in SYNC_CALLS]
+        # Only the sync calls made inside a round count (not the closing synchronize above,
+        # nor any the profiler makes); all of them are listed by name.
+        inside = [e.name for e in calls
+                  if any(a <= e.time_range.start <= b for a, b in spans)]
+        out["profiler_syncs_per_round"] = len(inside) / rounds
+        out["profiler_sync_calls_in_rounds"] = {c: inside.count(c) for c in sorted(set(inside))}
+        names = [e.name for e in calls]
+        out["profiler_sync_calls"] = {c: names.count(c) for c in sorted(set(names))}
         out["debug_mode_syncs_per_round"] = count_syncs(
             lambda: [eng.step() for _ in range(rounds)], device) / rounds
         rounds *= 2

@@ -165,4 +165,3 @@ def test_matmul_bf16_matches_reference_and_rows_are_invariant(out_dtype):
         assert torch.equal(part, full[:17])
         for m in range(32):
             assert torch.equal(mm.matmul(x[m:m + 1], w, b, out_dtype)[0], full[m]), m
-

@@ -42,8 +42,8 @@ __all__ = ["matmul", "Tile", "tile_for", "DTYPES", "BLOCK_M", "BLOCK_N", "MAX_RO
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Measured on an H200 (benchmarks.gpu_kernels; RESULTS.md, "The CUDA path on an H200"): of 30
 # tiles, 16 x 32 with 4 stages and ~2 programs per SM read a decode step's weights fastest
-# (the matmuls of one step at M = 1: 1.5B 1279 us, 0.5B 656; the 32 x 64 tile before: 1418,
-# 866; cuBLAS 1297, 665).
+# (the matmuls of one step at M = 1, last run: 1.5B 1284 us, 0.5B 665; the 32 x 64 tile
+# before: 1433, 861; cuBLAS 1326, 673).
 BLOCK_M = 16            # rows per tile, for every M (decode B; a verify pass of 17..32 rows: 2)
 BLOCK_N = 32            # output columns (weight rows) per tile
 NUM_WARPS = 4
