@@ -8,14 +8,17 @@
 Requests run on the same scheduler thread as `LLM`'s; awaiting never blocks the event loop
 (steps are handed over with `call_soon_threadsafe`). Cancelling the awaiting task, or
 closing the async iterator, cancels the request and frees its slot at the next round.
-Tokenization runs in the calling task: it is short next to a forward pass.
+Tokenization runs in the calling task: it is short next to a forward pass. A draft model named
+per request is loaded on a worker thread the first time.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator
 
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import StreamChunk, TextRun
+from specrt.spec.config import SpecConfig
 
 
 class AsyncLLM:
@@ -30,8 +33,16 @@ class AsyncLLM:
     def close(self) -> None:
         self.llm.close()
 
+    async def _prepare(self, kwargs: dict) -> None:
+        """A request naming a draft model not loaded yet: load it on a worker thread (seconds),
+        not on the event loop."""
+        spec = SpecConfig.parse(kwargs.get("speculative"))
+        if spec is not None and spec.model is not None:
+            await asyncio.to_thread(self.llm.prepare, spec)
+
     async def stream(self, prompt=None, **kwargs) -> AsyncIterator[StreamChunk]:
         """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats."""
+        await self._prepare(kwargs)
         run = self.llm.submit_stream(prompt, **kwargs)
         try:
             async for chunk in _chunks(run):
@@ -43,6 +54,7 @@ class AsyncLLM:
         """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
         GenerationResult, a list of prompts -> list[GenerationResult], each equal to its
         single run (all submitted at once; cancelling the await cancels every one)."""
+        await self._prepare(kwargs)
         runs = self.llm.submit_all(prompt, **kwargs)
         try:
             for run in runs:

@@ -92,6 +92,7 @@ class LLM:
         self.eos_ids = set(self.target.cfg.eos_token_ids)
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
         self._schedulers_lock = threading.Lock()     # callers' threads add engines
+        self._closed = False                         # set by close(), under that lock
 
     def _load_draft(self, target: Transformer, draft_dir: Path) -> Transformer:
         cfg = ModelConfig.from_dir(draft_dir)
@@ -113,6 +114,8 @@ class LLM:
             return self.scheduler
         key = _real(resolve_model_dir(spec.model))
         with self._schedulers_lock:         # two threads naming one new draft: one engine
+            if self._closed:
+                raise SpecrtError("this LLM was closed; create a new one")
             if key not in self._schedulers:
                 if len(self._schedulers) > MAX_DRAFT_ENGINES:
                     raise ConfigError(f"at most {MAX_DRAFT_ENGINES} other draft models can be "
@@ -124,6 +127,11 @@ class LLM:
                                    static=self.cuda_graphs, draft_stop=self.draft_stop),
                     self.max_queue)
             return self._schedulers[key]
+
+    def prepare(self, speculative=None) -> None:
+        """Load the engine that requests with this `speculative` config run on, if a draft
+        model it names is not loaded yet (AsyncLLM calls this off the event loop)."""
+        self._scheduler_for(SpecConfig.parse(speculative))
 
     def cost_model(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> CostModel:
         """What `auto` with num_speculative_tokens = max_k plans with: this machine's
@@ -142,6 +150,7 @@ class LLM:
     def close(self) -> None:
         """Cancel every request and stop the scheduler threads."""
         with self._schedulers_lock:
+            self._closed = True             # no engine for a new draft is built after this
             schedulers = list(self._schedulers.values())
         for scheduler in schedulers:
             scheduler.close()
@@ -225,9 +234,13 @@ class LLM:
         """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
         for a list of prompts -> list[GenerationResult], each equal to its single run."""
         runs = self.submit_all(prompt, **kwargs)
-        for run in runs:
-            for _ in run.chunks():
-                pass
+        try:
+            for run in runs:
+                for _ in run.chunks():
+                    pass
+        finally:
+            for run in runs:     # an error or Ctrl-C: nobody will read the others (no-op for
+                run.handle.cancel()                                  # the runs that finished)
         results = [run.result() for run in runs]
         return results if is_batch(prompt) else results[0]
 

@@ -11,6 +11,7 @@ from typing import Iterator
 
 from specrt.api.text_stream import TextStream
 from specrt.engine.handle import RequestHandle
+from specrt.engine.metrics import with_new_tokens
 from specrt.engine.request import Step
 from specrt.errors import SpecrtError
 
@@ -72,7 +73,7 @@ class TextRun:
         if step.finished and self.finish_reason is None:
             self.finish_reason = step.finish_reason
         if step.stats is not None:
-            self.stats = dict(step.stats, new_tokens=len(self.token_ids))
+            self.stats = with_new_tokens(step.stats, len(self.token_ids))
         done = self.finish_reason is not None
         return StreamChunk(text, ids, self.finish_reason if done else None,
                            self.stats if done else None, step)
@@ -83,7 +84,7 @@ class TextRun:
         if step is None:
             return True
         if step.stats is not None:
-            self.stats = dict(step.stats, new_tokens=len(self.token_ids))
+            self.stats = with_new_tokens(step.stats, len(self.token_ids))
         return step.finished
 
     def chunks(self) -> Iterator[StreamChunk]:

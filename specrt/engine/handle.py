@@ -12,12 +12,23 @@ import threading
 from typing import Callable
 
 from specrt.engine.request import Request, Step
+from specrt.errors import SpecrtError
+
+
+# A request submitted or awaited on the thread that runs the rounds (inside `Scheduler.call`)
+# could never be served: refused instead of hanging every caller of the engine.
+OWN_THREAD = ("a request cannot be submitted or waited for on the scheduler's own thread "
+              "(inside Scheduler.call): its steps would never come; do it from another thread")
 
 
 class RequestHandle:
-    def __init__(self, request: Request, cancel: Callable[[str], None]):
+    def __init__(self, request: Request, cancel: Callable[[str], None],
+                 on_scheduler: Callable[[], bool] = lambda: False):
+        """cancel(request_id) asks the scheduler to stop it; on_scheduler() says whether the
+        calling thread is the one that would put the steps (waiting there could never end)."""
         self.request = request
         self._cancel = cancel
+        self._on_scheduler = on_scheduler
         self._steps: collections.deque[Step] = collections.deque()
         self._cond = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -57,6 +68,8 @@ class RequestHandle:
             while not self._steps:
                 if self.done:
                     return None
+                if self._on_scheduler():
+                    raise SpecrtError(OWN_THREAD)
                 if not self._cond.wait(timeout):
                     raise TimeoutError(f"{self.request_id}: no step within {timeout} s")
             return self._steps.popleft()

@@ -67,6 +67,15 @@ class RequestStats:
         }
 
 
+def with_new_tokens(stats: dict, new_tokens: int) -> dict:
+    """A request's stats (`RequestStats.as_dict`) with `new_tokens` replaced, and the rates
+    derived from it recomputed, e.g. for a stop string that cut the answer short."""
+    seconds, passes = stats["seconds"], stats["target_passes"]
+    return dict(stats, new_tokens=new_tokens,
+                tokens_per_second=new_tokens / seconds if seconds > 0 else 0.0,
+                tokens_per_target_pass=new_tokens / passes if passes else 0.0)
+
+
 @dataclasses.dataclass
 class Timing:
     """Wall time of one request from its admission, split by phase (a round's draft and verify

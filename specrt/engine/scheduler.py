@@ -21,7 +21,7 @@ import time
 from typing import Callable
 
 from specrt.engine.engine import Engine
-from specrt.engine.handle import RequestHandle
+from specrt.engine.handle import OWN_THREAD, RequestHandle
 from specrt.engine.request import Request, Step
 from specrt.errors import QueueFullError, SpecrtError
 
@@ -80,8 +80,10 @@ class Scheduler:
     def submit(self, request: Request) -> RequestHandle:
         """Check and queue `request`; its steps arrive through the returned handle. Raises
         SpecrtError for a request that can never run, QueueFullError when the queue is full."""
+        if self._on_own_thread():
+            raise SpecrtError(OWN_THREAD)
         self.engine.check(request)
-        handle = RequestHandle(request, self._cancel)
+        handle = RequestHandle(request, self._cancel, self._on_own_thread)
         with self._lock:
             if self._closed:
                 raise SpecrtError("this LLM was closed; create a new one")
@@ -93,6 +95,9 @@ class Scheduler:
             self._ensure_thread()
             self._lock.notify()
         return handle
+
+    def _on_own_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def call(self, fn: Callable[[], object]) -> object:
         """fn() run on the scheduler's thread between rounds; returns what it returns, raises

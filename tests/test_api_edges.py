@@ -1,0 +1,143 @@
+"""The API's edges a service meets: use after close, a batch whose reader fails, waiting on the
+scheduler's own thread, a draft model named per request under asyncio, and stats that depend on
+neither the batch nor a stop string."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+import specrt
+from specrt.errors import SpecrtError
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def _scheduler_threads() -> int:
+    return sum(t.name == "specrt-scheduler" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_closed_llm_builds_no_engine_for_a_newly_named_draft(tiny_noeos_dir, tiny_draft_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    llm.generate([5, 6, 7], max_new_tokens=2)
+    before = _scheduler_threads()
+    llm.close()
+    named = {"method": "draft_model", "model": str(tiny_draft_dir), "num_speculative_tokens": 2}
+    for speculative in (None, named):
+        with pytest.raises(SpecrtError, match="was closed"):
+            llm.generate([5, 6, 7], max_new_tokens=2, speculative=speculative)
+    assert len(llm._schedulers) == 1                # the default engine only
+    assert _scheduler_threads() <= before - 1      # the default's thread ended, none started
+
+
+def test_a_batch_whose_first_request_fails_cancels_the_rest(tiny_noeos_dir, monkeypatch):
+    """Sync generate of a batch: when reading one run raises (here its prefill failed), the
+    runs nobody will read are cancelled, not left to generate into the void ahead of later
+    callers."""
+    import specrt.engine.engine as engine_module
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=1024, max_batch_size=1, dtype="float32")
+    real, calls = engine_module.prefill_rows, []
+
+    def first_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected prefill failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "prefill_rows", first_fails)
+    try:
+        with pytest.raises(RuntimeError, match="injected prefill failure"):
+            llm.generate([[5, 6, 7], [8, 9, 10], [11, 12, 13]], max_new_tokens=600)
+        deadline = time.monotonic() + 10
+        while (llm.scheduler.pending or any(llm.engine.slots)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert llm.scheduler.pending == 0 and not any(llm.engine.slots)
+        assert len(calls) <= 2            # at most the second request started before its cancel
+    finally:
+        llm.close()
+
+
+def test_waiting_for_a_request_on_the_schedulers_thread_is_an_error_not_a_hang(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    try:
+        with pytest.raises(SpecrtError, match="scheduler's own thread"):
+            llm.scheduler.call(lambda: llm.generate([5, 6, 7], max_new_tokens=3))
+        run = llm.submit([5, 6, 7], max_new_tokens=50)               # submitted elsewhere,
+        with pytest.raises(SpecrtError, match="scheduler's own thread"):   # awaited there
+            llm.scheduler.call(lambda: run.handle.next_step(timeout=5))
+        run.handle.cancel()
+        assert llm.generate([5, 6, 7], max_new_tokens=3).token_ids    # the LLM still serves
+    finally:
+        llm.close()
+
+
+def test_async_requests_naming_a_new_draft_load_it_off_the_event_loop(tiny_noeos_dir,
+                                                                      tiny_draft_dir,
+                                                                      monkeypatch):
+    from specrt.api import llm as llm_module
+    real = llm_module.LLM._load_draft
+
+    def slow_load(self, *args, **kwargs):     # stands in for a real draft's seconds of loading
+        time.sleep(1.0)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(llm_module.LLM, "_load_draft", slow_load)
+    allm = specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    named = {"method": "draft_model", "model": str(tiny_draft_dir), "num_speculative_tokens": 2}
+
+    async def main():
+        gaps, done = [], asyncio.Event()
+
+        async def ticker():
+            last = time.perf_counter()
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.05)
+        res = await allm.generate([5, 6, 7], max_new_tokens=4, speculative=named)
+        done.set()
+        await tick
+        return res, max(gaps)
+
+    try:
+        res, stall = asyncio.run(main())
+        assert len(res.token_ids) == 4
+        assert stall < 0.5, f"the event loop stalled {stall:.2f} s while the draft loaded"
+    finally:
+        allm.close()
+
+
+def test_a_requests_plan_histogram_does_not_depend_on_its_batch(tiny_noeos_dir):
+    """A round in which a speculating row got no drafts is a plain step for that row, whatever
+    plan the batch ran (it was labelled with the batch's plan beside a row that drafted)."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
+    try:
+        sparse = [5, 6, 7, 8]                       # few repeats: often nothing to look up
+        repetitive = [9, 10, 11] * 3                # the n-gram drafter drafts every round
+        alone = llm.generate(sparse, max_new_tokens=40, speculative=NGRAM)
+        both = llm.generate([sparse, repetitive], max_new_tokens=40, speculative=NGRAM)
+        assert both[0].token_ids == alone.token_ids
+        assert alone.stats["plan_histogram"].get("plain", 0) > 0    # the case is exercised
+        for key in ("plan_histogram", "num_drafts", "num_draft_tokens", "target_passes"):
+            assert both[0].stats[key] == alone.stats[key], key
+    finally:
+        llm.close()
+
+
+def test_a_stop_string_cuts_the_rates_with_the_token_count(tiny_noeos_dir):
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
+    try:
+        full = llm.generate("The quick brown", max_new_tokens=40, chat=False)
+        stop = full.text[len(full.text) // 3: len(full.text) // 3 + 3]
+        res = llm.generate("The quick brown", max_new_tokens=40, chat=False, stop=stop)
+        s = res.stats
+        assert res.finish_reason == "stop" and s["new_tokens"] == len(res.token_ids)
+        assert s["new_tokens"] < len(full.token_ids)
+        assert s["tokens_per_target_pass"] == s["new_tokens"] / s["target_passes"]
+        assert s["tokens_per_second"] == pytest.approx(s["new_tokens"] / s["seconds"])
+    finally:
+        llm.close()
