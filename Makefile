@@ -7,6 +7,10 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: install build test compile-check demo bench-llamacpp clean
 
 $(STAMP): requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "make: the pinned requirements need Python >= 3.11; '$(PYTHON)' is" \
+	    "$$($(PYTHON) --version 2>/dev/null || echo missing): run make PYTHON=python3.11 (or newer)"; \
+	  exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt

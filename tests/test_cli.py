@@ -128,6 +128,16 @@ def test_draft_model_without_a_draft_is_refused_before_anything_loads(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_max_new_tokens_past_max_seq_len_is_refused_before_a_fetch(tmp_path):
+    """The flags alone already exceed --max-seq-len: refused before the pair is resolved (the
+    missing model directory is not even looked at, nothing is fetched), naming the flag."""
+    proc = run_cli("--model", tmp_path / "missing", "--max-new-tokens", "5000",
+                   "--max-seq-len", "64", check=False)
+    assert proc.returncode == 2 and "exceeds max_seq_len" in proc.stderr, proc.stderr
+    assert "--max-seq-len" in proc.stderr and "does not exist" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("source", ["stdin", "file"])
 def test_a_prompt_file_that_is_not_utf8_names_prompt_file(source, tmp_path):
     path = tmp_path / "prompt.txt"

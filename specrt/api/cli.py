@@ -197,7 +197,9 @@ def _read_prompt_file(path: str) -> str:
 
 def _check_length(req: _Request, spec) -> None:
     """prompt + max_new_tokens (+ K + 1) must fit in --max-seq-len: known before the load for
-    token ids (a text prompt counts as at least one token here; the engine checks the rest)."""
+    token ids (a text prompt counts as at least one token here; the engine checks the rest);
+    checked once on the flags (spec None while the default's K is unknown) before anything is
+    fetched, and again with the config the pair gives."""
     from specrt.engine.request import check_length
 
     n = len(req.prompt) if isinstance(req.prompt, list) else 1
@@ -210,6 +212,8 @@ def _run(args) -> int:
     from specrt.spec.config import SpecConfig
 
     req = check_flags(args)
+    # Before a fetch: the length with what the flags fix (the default's K needs the pair).
+    _check_length(req, None if req.spec == "default" else req.spec)
     model, draft = resolve_pair(req.llm.model, req.llm.draft, progress=True)
     spec = SpecConfig.parse(default_speculative(draft is not None)) if req.spec == "default" \
         else req.spec
