@@ -247,3 +247,32 @@ def test_a_speculative_request_joining_plain_ones_in_lower_slots(tiny_noeos_dir,
     alone = [outputs(Engine(target, None, 1, 256), [r])[0] for r in requests]
     assert together == alone
     assert [len(t) for t in together] == [2, 40, 12]
+
+
+def test_a_draft_with_fewer_ids_than_its_target_reads_past_them(tmp_path, tiny_noeos_dir,
+                                                                tiny_draft_dir):
+    """Checkpoints pad their vocabularies differently (Qwen2.5-7B: 152,064 ids, the 0.5B
+    draft: 151,936). A target id past the draft's vocabulary, in the prompt or chosen by the
+    target, used to crash the draft's embedding lookup and end the whole batch; the draft now
+    reads a placeholder there and the output stays the target's."""
+    import shutil
+
+    from tests.tiny import make_model
+
+    big = make_model(tmp_path / "big", "qwen2", seed=0, eos=False, vocab_size=336,
+                     tokenizer=False)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tiny_noeos_dir / f).exists():
+            shutil.copy(tiny_noeos_dir / f, big / f)
+    llm = specrt.LLM(big, draft=tiny_draft_dir, max_seq_len=128, max_batch_size=2,
+                     dtype="float32")
+    try:
+        prompts = [[330, 5, 6], [200, 218, 23, 135]]           # 330: past the draft's 320 ids
+        plain = [llm.generate(p, max_new_tokens=12).token_ids for p in prompts]
+        assert any(t >= 320 for t in plain[1])                 # the target writes such ids too
+        for method in ("draft_model", "auto"):
+            spec = {"method": method, "num_speculative_tokens": 3}
+            got = llm.generate(prompts, max_new_tokens=12, speculative=spec)
+            assert [r.token_ids for r in got] == plain, method
+    finally:
+        llm.close()

@@ -39,6 +39,7 @@ from specrt.spec.sampling import choose_rows
 
 
 SHORTLIST = 65536     # ids a draft scores by default in a vocabulary over twice as large
+UNREADABLE_AS = 0     # what a draft reads for a target id past its own vocabulary
 
 
 def confidence(logits: torch.Tensor) -> torch.Tensor:
@@ -127,7 +128,7 @@ class DraftModelDrafter:
         fed = [len(p) for p in pending]
         if max(fed) == 0:
             return None
-        pending = self._catch_up_long_rows(pending)
+        pending = self._catch_up_long_rows(self._readable(pending))
         B = len(fed)
         self._pending[:B] = fed
         sampled = any(a and not p.greedy for p, a in zip(ctx.params, ctx.active))
@@ -179,6 +180,15 @@ class DraftModelDrafter:
         past = torch.arange(tokens.shape[1], device=device)[None, :] \
             >= torch.tensor(counts, device=device)[:, None]                 # [B, K']
         return tokens.masked_fill_(past, NO_DRAFT), qs, counts
+
+    def _readable(self, pending: list[list[int]]) -> list[list[int]]:
+        """The draft reads ids below its own vocabulary size only; a target with more ids (a
+        prompt id, or a token the target chose, in the gap) is fed UNREADABLE_AS instead. That
+        only spoils the draft's guesses near it: the target verifies every guess."""
+        V = self.model.cfg.vocab_size
+        if V >= self.target_vocab_size:
+            return pending
+        return [[t if t < V else UNREADABLE_AS for t in p] for p in pending]
 
     def _catch_up_long_rows(self, pending: list[list[int]]) -> list[list[int]]:
         """Feed all but the last token of each long catch-up (a new request's prompt) on its
