@@ -710,3 +710,22 @@ def test_a_draft_accepted_every_time_reaches_a_long_k_within_a_few_rounds():
     planner.reset([0])
     ks = _all_right(planner, 5)
     assert ks[0] < 6 <= ks[4], ks
+
+
+def test_calibrations_are_keyed_by_the_cpu_arm_ones_too(tmp_path):
+    """Arm's /proc/cpuinfo names no model: implementer and part stand for it, so a Neoverse N1
+    and a V1 never share a calibration (both were 'unknown'); a CPU device keys as `cpu`."""
+    from specrt.spec.calibration import cpu_name, device_name
+
+    def info(part):
+        path = tmp_path / f"cpuinfo-{part}"
+        path.write_text("processor\t: 0\nBogoMIPS\t: 243.75\nCPU implementer\t: 0x41\n"
+                        f"CPU architecture: 8\nCPU part\t: {part}\n\nprocessor\t: 1\n")
+        return str(path)
+
+    assert cpu_name(info("0xd0c")) == "arm implementer 0x41 part 0xd0c"
+    assert cpu_name(info("0xd40")) != cpu_name(info("0xd0c"))
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R45\nflags\t: avx512f\n")
+    assert cpu_name(str(x86)) == "AMD EPYC 9R45"
+    assert device_name(torch.device("cpu")) == "cpu"

@@ -14,7 +14,6 @@ import platform
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Callable, TypeVar
 
 from benchmarks.harness.timing import measure, median
@@ -23,13 +22,9 @@ T = TypeVar("T")
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's name, as `auto`'s calibration keys it."""
+    from specrt.spec.calibration import cpu_name
+    return cpu_name()
 
 
 def load_average() -> tuple[float, float, float]:

@@ -59,9 +59,18 @@ def calibration_key(model: Transformer, max_t: int) -> str:
     """What a forward's cost depends on: the weights and how they are stored (dtype, int8, the
     output head's shortlist), the device, threads, CPU and the build of the kernels."""
     head = None if model.head_rows is None else len(model.head_rows)
-    return "|".join(map(str, (model.source, model.dtype, model.quant, head, model.device,
-                              torch.get_num_threads(), max_t, cpu_name(),
-                              model.backend.build_id, _SCHEME)))
+    return "|".join(map(str, (model.source, model.dtype, model.quant, head,
+                              device_name(model.device), torch.get_num_threads(), max_t,
+                              cpu_name(), model.backend.build_id, _SCHEME)))
+
+
+def device_name(device: torch.device) -> str:
+    """The device as the key needs it: `cpu` (the CPU's name is its own field), or a CUDA
+    device with its model and compute capability (`cuda:0` alone is any GPU)."""
+    if device.type != "cuda":
+        return str(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{device}:{torch.cuda.get_device_name(device)}:sm{major}{minor}"
 
 
 def _key(model: Transformer, max_t: int, graphed: bool) -> str:
@@ -236,15 +245,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def cpu_name() -> str:
-    """The CPU's model name: timings from one CPU are not reused on another."""
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name: timings from one CPU are not reused on another. Arm's cpuinfo
+    names no model: its implementer and part numbers stand for it (Neoverse N1 and V1 differ)."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                name, sep, value = line.partition(":")
+                if sep and name.strip() not in fields:
+                    fields[name.strip()] = value.strip()
     except OSError:
         pass
+    if fields.get("model name"):
+        return fields["model name"]
+    if fields.get("CPU implementer") and fields.get("CPU part"):
+        return f"arm implementer {fields['CPU implementer']} part {fields['CPU part']}"
     return platform.processor() or "unknown"
 
 
