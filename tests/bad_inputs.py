@@ -136,6 +136,7 @@ SPEC_CASES = [
     ({"method": "ngram", "k": 4}, "unknown speculative config key"),
     ({1: 2}, "unknown speculative config key"), ({None: 1}, "unknown speculative config key"),
     ("{", "not valid JSON"), ("[" * 50000, "not valid JSON"), ("", "not valid JSON"),
+    ('{"num_speculative_tokens": ' + "9" * 5000 + "}", "not valid JSON"),  # > 4300 digits
     ('"ngram"', "must be a JSON object"), ("[]", "must be a JSON object"),
     ("5", "must be a JSON object"), (5, "must be a JSON object"),
     (b'{"method": "ngram"}', "must be a JSON object"), (["ngram"], "must be a JSON object"),

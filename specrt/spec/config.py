@@ -81,7 +81,8 @@ class SpecConfig:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except (json.JSONDecodeError, RecursionError) as e:
+            except (ValueError, RecursionError) as e:   # ValueError: JSONDecodeError, and
+                                                        # an integer of over 4300 digits
                 raise ArgumentError(f"speculative config is not valid JSON ({str(e)[:80]}); "
                                     'example: \'{"method": "ngram", "num_speculative_tokens": '
                                     "4}'") from None
