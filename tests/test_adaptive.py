@@ -371,6 +371,28 @@ def test_costs_timed_on_a_busy_machine_reach_no_disk_by_any_path(llm, tmp_path, 
     assert calibration._cache[key] == [0.25] * 3
 
 
+def test_a_save_keeps_what_another_process_saved_while_this_one_measured(llm, tmp_path,
+                                                                          monkeypatch):
+    """Two processes calibrating at once: the one that saves last used to write only the file
+    it had read before measuring, dropping the other's entry (its next run timed again)."""
+    from specrt.spec import calibration
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+    monkeypatch.setattr(calibration, "_cache", {})
+    monkeypatch.setattr(calibration, "_untrusted", set())
+
+    def measure_while_another_saves(models, max_t, graphed):
+        path.write_text(json.dumps({"another process's model": [0.125] * 3}))
+        return [[0.5] * max_t for _ in models], None
+
+    monkeypatch.setattr(calibration, "_measure_once", measure_while_another_saves)
+    forward_seconds(llm.target, 3)
+    saved = json.loads(path.read_text())
+    assert saved["another process's model"] == [0.125] * 3
+    assert [0.5] * 3 in saved.values() and len(saved) == 2
+
+
 def test_a_cost_curve_is_interpolated_between_timed_points_and_never_falls():
     """Latency cannot fall as T grows: a timed point that reads faster than a narrower one
     (timing noise) is raised to it, and so is what is interpolated after it."""

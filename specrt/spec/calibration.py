@@ -18,6 +18,7 @@ and if that one was slowed too it serves the process that timed it but is not sa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -114,8 +115,33 @@ def timed_together(models: list[Transformer], max_t: int,
 
 
 def _save_trusted() -> None:
-    """Save the calibrations in memory, less those timed on a busy machine (call with _lock)."""
-    _save_disk({k: v for k, v in _cache.items() if k not in _untrusted})
+    """Save the calibrations in memory, less those timed on a busy machine, into what is on
+    disk now: another process may have saved its own since this one read the file (while this
+    one measured, seconds), and a lock file keeps two writers from dropping each other's
+    (call with _lock)."""
+    ours = {k: v for k, v in _cache.items() if k not in _untrusted}
+    with _file_lock():
+        on_disk, _ = _load_disk(quiet=True)
+        _save_disk({**on_disk, **ours})
+
+
+@contextlib.contextmanager
+def _file_lock():
+    """An exclusive lock on `<calibration file>.lock` for a read-merge-write; best effort (no
+    lock where the folder cannot hold one or the platform has no flock)."""
+    try:
+        import fcntl
+        path = disk_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                     # releases the lock
 
 
 def _measure(models: list[Transformer], max_t: int,
@@ -277,27 +303,29 @@ def valid_entry(key, value) -> bool:
                 and 0.0 < x < _MAX_SECONDS for x in value)
 
 
-def _load_disk() -> tuple[dict, bool]:
+def _load_disk(quiet: bool = False) -> tuple[dict, bool]:
     """(the file's valid entries, whether anything was dropped). A damaged file never breaks
-    an `auto` request: what is bad is ignored with a warning and the file is rewritten."""
+    an `auto` request: what is bad is ignored with a warning (not when `quiet`: the save's
+    re-read) and the file is rewritten."""
     path = disk_path()
+    warn = (lambda *a: None) if quiet else log.warning
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         return {}, False
     except (OSError, ValueError, RecursionError) as e:   # unreadable, not UTF-8, not JSON
-        log.warning("ignoring calibration file %s (%s); it is rewritten after the next "
-                    "calibration", path, str(e)[:100])
+        warn("ignoring calibration file %s (%s); it is rewritten after the next "
+             "calibration", path, str(e)[:100])
         return {}, True
     if not isinstance(raw, dict):
-        log.warning("ignoring calibration file %s: expected a JSON object, got %s; it is "
-                    "rewritten now", path, type(raw).__name__)
+        warn("ignoring calibration file %s: expected a JSON object, got %s; it is "
+             "rewritten now", path, type(raw).__name__)
         return {}, True
     good = {k: [float(x) for x in v] for k, v in raw.items() if valid_entry(k, v)}
     if len(good) < len(raw):
-        log.warning("ignoring %d bad entr%s in calibration file %s (each must be a list of "
-                    "positive finite seconds); the file is rewritten now", len(raw) - len(good),
-                    "y" if len(raw) - len(good) == 1 else "ies", path)
+        warn("ignoring %d bad entr%s in calibration file %s (each must be a list of "
+             "positive finite seconds); the file is rewritten now", len(raw) - len(good),
+             "y" if len(raw) - len(good) == 1 else "ies", path)
     return good, len(good) < len(raw)
 
 
