@@ -141,3 +141,25 @@ def test_a_stop_string_cuts_the_rates_with_the_token_count(tiny_noeos_dir):
         assert s["tokens_per_second"] == pytest.approx(s["new_tokens"] / s["seconds"])
     finally:
         llm.close()
+
+
+def test_finished_requests_leave_no_history_and_configs_no_unbounded_planners(tiny_noeos_dir):
+    """A server's clients may send a different speculative config with every request: an
+    engine keeps MAX_PLANNERS planners at most, and a finished request's n-gram history is
+    dropped from its planner's drafters at once (each config kept every slot's history before,
+    ~4 MiB per 8k tokens with long lookups), with every output still the plain one."""
+    from specrt.engine.engine import MAX_PLANNERS
+    from specrt.spec.config import SpecConfig
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=2, dtype="float32")
+    try:
+        prompt = [9, 10, 11] * 5
+        plain = llm.generate(prompt, max_new_tokens=20).token_ids
+        for k in range(1, MAX_PLANNERS + 5):
+            spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+            assert llm.generate(prompt, max_new_tokens=20, speculative=spec).token_ids == plain
+            planner = llm.engine._planners[SpecConfig.parse(spec)]
+            assert all(len(index) == 0 for d in planner.drafters for index in d.indexes)
+        assert len(llm.engine._planners) == MAX_PLANNERS
+    finally:
+        llm.close()

@@ -15,6 +15,7 @@ steps inside the same verify pass.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import logging
@@ -37,6 +38,7 @@ from specrt.spec.sampling import SamplingParams, make_generator
 
 log = logging.getLogger("specrt.engine")
 _GREEDY = SamplingParams()
+MAX_PLANNERS = 8       # speculative configs whose planners an engine keeps (`planner_for`)
 
 
 @dataclasses.dataclass(eq=False)
@@ -94,7 +96,8 @@ class Engine:
         self.slots: list[_Row | None] = [None] * max_batch_size
         self._free = list(range(max_batch_size))     # a heap: the lowest free slot first
         self._spec_rows = 0                           # running requests that speculate
-        self._planners: dict[SpecConfig, Planner] = {}
+        # the newest MAX_PLANNERS configs' planners, least recently used first
+        self._planners: collections.OrderedDict[SpecConfig, Planner] = collections.OrderedDict()
         self.planner: Planner | None = None      # the running batch's, while rows speculate
         self.batch_spec: SpecConfig | None = None
         self._reserved: list[int] = []           # slots admitted, waiting for their prefill
@@ -103,11 +106,19 @@ class Engine:
 
     # --- planners ---------------------------------------------------------------------------
     def planner_for(self, spec: SpecConfig | None) -> Planner | None:
-        """The planner of `spec`, built on first use and kept (its drafters hold caches)."""
+        """The planner of `spec`, built on first use and kept for the next batch of that
+        config; MAX_PLANNERS at most (a server's clients may send many configs): the least
+        recently used one not serving the batch is dropped. Dropping loses nothing a request
+        sees: a planner forgets its batch state at `new_batch`, and costs are cached apart."""
         if spec is None:
             return None
         if spec not in self._planners:
             self._planners[spec] = build_planner(spec, self.draft_drafter, self.cost_model)
+            for old in [s for s, p in self._planners.items() if p is not self.planner]:
+                if len(self._planners) <= MAX_PLANNERS:
+                    break
+                del self._planners[old]
+        self._planners.move_to_end(spec)
         return self._planners[spec]
 
     def cost_model(self, max_k: int) -> CostModel:
@@ -317,7 +328,7 @@ class Engine:
         self.slots[slot] = None
         heapq.heappush(self._free, slot)
         self._spec_rows -= row.request.spec is not None
-        self.cache.rows(slot, slot + 1).truncate([0])
+        self._reset_slot(slot)        # the caches' row, and the drafters' history of it
         if not self._spec_rows:
             self.planner, self.batch_spec = None, None    # the next batch may speculate anew
         log.debug("%s finished (%s) after %d tokens", row.request.request_id, reason,
