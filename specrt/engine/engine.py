@@ -289,11 +289,10 @@ class Engine:
             row.timing.verify += result.verify_seconds
             drafted, accepted = result.outcome.num_drafted[slot], result.outcome.num_accepted[slot]
             # a row with no drafts this round took a plain step, whatever the batch's plan
-            row.stats.record_round(drafted, accepted,
-                                   result.plan.label if speculating[slot] and drafted
-                                   else "plain")
+            label = result.plan.label if speculating[slot] and drafted else "plain"
+            row.stats.record_round(drafted, accepted, label)
             new = self._commit(row, result.outcome.committed[slot])
-            steps.append(self._step(slot, row, new, result.plan.label, drafts[slot], accepted))
+            steps.append(self._step(slot, row, new, label, drafts[slot], accepted))
         return steps
 
     def _commit(self, row: _Row, tokens: list[int]) -> list[int]:
