@@ -124,11 +124,11 @@ def _keys(path: Path) -> list[str]:
     except FileNotFoundError:
         raise CheckpointError(f"weights file {path} is a broken symlink; re-download or "
                               "re-convert the model") from None
-    _check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             return list(f.keys())
     except (SafetensorError, OSError, ValueError) as e:
+        _header_len(path)      # a file it may not read (safetensors says "No such file") says so
         raise CheckpointError(f"cannot read {path}: {e}; the file is corrupt or truncated, "
                               "re-download or re-convert the model") from None
 
@@ -174,15 +174,6 @@ def _header_len(path: Path) -> int:
     except OSError as e:
         raise _unreadable(path, e) from None
     return int.from_bytes(raw, "little") if len(raw) == 8 else 0
-
-
-def _check_readable(path: Path) -> None:
-    """safetensors reports a file it may not open as "No such file or directory"."""
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as e:
-        raise _unreadable(path, e) from None
 
 
 def _unreadable(path: Path, error: OSError) -> CheckpointError:
