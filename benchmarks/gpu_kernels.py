@@ -20,7 +20,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -29,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_probe import SHAPES, build
+from benchmarks.gpu_probe import SHAPES, build, gpu_script_parser
 from specrt.kernels.triton import matmul as mm
 
 BASE = mm.tile_for(torch.bfloat16)
@@ -262,13 +261,8 @@ def summarize(sw: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kernels",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="CPU plumbing run on a tiny model")
-    p.add_argument("--budget", type=float, default=150, help="seconds; later parts skipped")
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
+    args = gpu_script_parser("python -m benchmarks.gpu_kernels", __doc__,
+                             budget=150).parse_args(argv)
     t0 = time.perf_counter()
     device = torch.device("cpu" if args.tiny else "cuda")
     shapes = ["tiny"] if args.tiny else ["1.5b", "0.5b"]

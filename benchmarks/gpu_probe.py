@@ -273,15 +273,21 @@ def exactness(model, prompt, steps: int, chunk: int) -> dict:
     return {"tokens": steps, "chunk": chunk, "rows_differ": differ, "argmax_flips": flips}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_probe",
-                                description=__doc__.split("\n\n")[0])
+def gpu_script_parser(prog: str, doc: str, budget: float) -> argparse.ArgumentParser:
+    """The options the GPU check's scripts share (this one and benchmarks.gpu_kernels)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="CPU plumbing run on a tiny model")
+    p.add_argument("--context", type=int, default=512, help="tokens of history")
+    p.add_argument("--budget", type=float, default=budget,
+                   help="seconds; later sections skipped")
+    p.add_argument("--json", default=None, help="write the results here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = gpu_script_parser("python -m benchmarks.gpu_probe", __doc__, budget=200)
     p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM peak, TB/s (H200: 4.8)")
-    p.add_argument("--context", type=int, default=512)
     p.add_argument("--reps", type=int, default=50)
-    p.add_argument("--budget", type=float, default=200, help="seconds; later sections skipped")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     device = torch.device("cpu" if args.tiny else "cuda")
