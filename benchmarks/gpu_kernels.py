@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_probe import SHAPES, build, gpu_script_parser
+from benchmarks.gpu_probe import PREVIOUS_TILE, SHAPES, build, gpu_script_parser
 from specrt.kernels.triton import matmul as mm
 
 BASE = mm.tile_for(torch.bfloat16)
@@ -36,7 +36,7 @@ BASE = mm.tile_for(torch.bfloat16)
 # three runs chose it (RESULTS.md, "The CUDA path on an H200").
 _CHANGES = [{}, {"num_stages": 3}, {"target_programs": 528}, {"block_n": 64}]
 CANDIDATES = list(dict.fromkeys([dataclasses.replace(BASE, **c) for c in _CHANGES]
-                                + [mm.Tile(32, 64, 128, 4, 4, 264)]))
+                                + [mm.Tile(*PREVIOUS_TILE)]))
 PARTS = ("qkv", "o", "gate_up", "down")
 MIN_BYTES = 256 << 20          # weight copies per graph: more than 5x the H200's 50 MB L2
 

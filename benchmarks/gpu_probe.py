@@ -97,6 +97,9 @@ def runner_ms(model, cache, t: int, reps: int) -> float:
     return ms
 
 
+PREVIOUS_TILE = (32, 64, 128, 4, 4, 264)   # the matmul's Tile before the H200's sweeps
+
+
 @contextlib.contextmanager
 def previous_kernels():
     """The CUDA layer kernels' settings before the H200's first measurements (RESULTS.md,
@@ -106,7 +109,7 @@ def previous_kernels():
     from specrt.kernels.triton import verify_attention as va
 
     saved = mm.tile_for, va.SPLIT_KEYS
-    old_tile = mm.Tile(32, 64, 128, 4, 4, 264)
+    old_tile = mm.Tile(*PREVIOUS_TILE)
     mm.tile_for = lambda dtype: old_tile if dtype != torch.float32 else saved[0](dtype)
     va.SPLIT_KEYS = 256
     try:
