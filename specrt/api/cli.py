@@ -46,12 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None,
                    help="stop string (repeatable); text from it on is not printed")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                   help="auto (default): bfloat16 on a CUDA device with bf16 or where "
-                        "specrt's CPU kernels run it, else float32")
-    add_draft_args(p)
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda or cuda:N (default: cuda if available)")
+    add_weights_args(p)
     p.add_argument("--max-seq-len", type=int, default=4096,
                    help="tokens per sequence (prompt + answer) in the KV cache (default 4096)")
     p.add_argument("--speculative-config", default=None,
@@ -285,8 +280,19 @@ def _trace_line(llm, step) -> str:
             f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}")
 
 
+def add_weights_args(p: argparse.ArgumentParser) -> None:
+    """--dtype, the draft's flags (`add_draft_args`) and --device, shared by this CLI and
+    specrt-serve."""
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
+                   help="auto (default): bfloat16 on a CUDA device with bf16 or where "
+                        "specrt's CPU kernels run it, else float32")
+    add_draft_args(p)
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda if available)")
+
+
 def add_draft_args(p: argparse.ArgumentParser) -> None:
-    """--draft-dtype, --draft-vocab and --draft-stop, shared by this CLI and specrt-serve."""
+    """--draft-dtype, --draft-vocab and --draft-stop (`add_weights_args`)."""
     p.add_argument("--draft-dtype", default="auto",
                    choices=("auto", *QUANT_NAMES, *DTYPE_NAMES[1:]),
                    help="the draft model's weights: auto (default) = int8 where the CPU int8 "

@@ -18,8 +18,7 @@ import argparse
 import json
 import logging
 
-from specrt.api.args import DTYPE_NAMES
-from specrt.api.cli import add_draft_args
+from specrt.api.cli import add_weights_args
 from specrt.commands import interruptible, named_flags
 
 log = logging.getLogger("specrt.serve")
@@ -51,12 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests decoded together (KV-cache slots; default 4)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a slot before new ones get 503 (default 256)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
-                   help="auto (default): bfloat16 on a CUDA device with bf16 or where "
-                        "specrt's CPU kernels run it, else float32")
-    add_draft_args(p)
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda or cuda:N (default: cuda if available)")
+    add_weights_args(p)
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="(default info)")
     return p
