@@ -12,6 +12,7 @@ import threading
 from typing import Callable
 
 from specrt.engine.request import Request, Step
+from specrt.engine.waiting import wait_until
 from specrt.errors import SpecrtError
 
 
@@ -65,14 +66,12 @@ class RequestHandle:
     def next_step(self, timeout: float | None = None) -> Step | None:
         """The next step, waiting for it; None once the last step was taken."""
         with self._cond:
-            while not self._steps:
-                if self.done:
-                    return None
-                if self._on_scheduler():
-                    raise SpecrtError(OWN_THREAD)
-                if not self._cond.wait(timeout):
-                    raise TimeoutError(f"{self.request_id}: no step within {timeout} s")
-            return self._steps.popleft()
+            if not self._steps and not self.done and self._on_scheduler():
+                raise SpecrtError(OWN_THREAD)
+            if not wait_until(lambda seconds: self._cond.wait_for(
+                    lambda: self._steps or self.done, seconds), timeout):
+                raise TimeoutError(f"{self.request_id}: no step within {timeout} s")
+            return self._steps.popleft() if self._steps else None
 
     async def anext_step(self) -> Step | None:
         """`next_step` for asyncio: awaits without blocking the event loop."""

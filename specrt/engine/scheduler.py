@@ -23,6 +23,7 @@ from typing import Callable
 from specrt.engine.engine import Engine
 from specrt.engine.handle import OWN_THREAD, RequestHandle
 from specrt.engine.request import Request, Step
+from specrt.engine.waiting import join, result_of, wait_until
 from specrt.errors import QueueFullError, SpecrtError
 
 log = logging.getLogger("specrt.scheduler")
@@ -67,7 +68,7 @@ class Scheduler:
         self._thread = threading.Thread(target=run, name="specrt-scheduler", daemon=True)
         self._thread.start()
         try:
-            ready.wait()
+            wait_until(ready.wait)
         except BaseException:      # Ctrl-C during the load: the thread ends when the build does
             with self._lock:
                 self._closed = True
@@ -115,7 +116,7 @@ class Scheduler:
             self._calls.append((fn, future))
             self._ensure_thread()
             self._lock.notify()
-        return future.result()
+        return result_of(future)
 
     def close(self) -> None:
         """Cancel everything and stop the thread (waits for the round in progress)."""
@@ -125,7 +126,7 @@ class Scheduler:
             self._lock.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            join(thread)
 
     @property
     def pending(self) -> int:
