@@ -46,6 +46,7 @@ LLM_CASES = [
     ({"draft_stop": 1.5}, "draft_stop"), ({"draft_stop": -0.1}, "draft_stop"),
     ({"draft_stop": NAN}, "draft_stop"), ({"draft_stop": "0.5"}, "draft_stop"),
     ({"draft_stop": None}, "draft_stop"), ({"draft_stop": True}, "draft_stop"),
+    ({"model": "~specrt-no-such-user/m"}, "names no home directory"),
 ]
 
 GENERATE_CASES = [
@@ -192,8 +193,9 @@ MODELS_CASES = [
 ]
 
 CACHE_CASES = [("FILE", "is a file, not a directory"), ("FILE/sub", "is a file"),
-               ("FILE/a/b", "is a file")]
-CALIB_CASES = [("DIR", "is a directory"), ("CACHEFILE", "is a file, not a directory")]
+               ("FILE/a/b", "is a file"), ("~specrt-no-such-user/c", "names no home directory")]
+CALIB_CASES = [("DIR", "is a directory"), ("CACHEFILE", "is a file, not a directory"),
+               ("~specrt-no-such-user/c.json", "names no home directory")]
 
 CASES = ([("llm", a, m) for a, m in LLM_CASES] + [("generate", a, m) for a, m in GENERATE_CASES]
          + [("stream", a, m) for a, m in STREAM_CASES] + [("spec", a, m) for a, m in SPEC_CASES]

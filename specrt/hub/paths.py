@@ -7,8 +7,19 @@ from pathlib import Path
 
 from specrt.errors import CachePathError
 
-__all__ = ["cache_dir", "state_file", "model_dir", "gguf_path", "is_present"]
+__all__ = ["cache_dir", "state_file", "model_dir", "gguf_path", "is_present", "expand_user"]
 DEFAULT_CACHE = "~/.cache/specrt"
+
+
+def expand_user(raw: str | Path, what: str) -> Path:
+    """Path(raw) with a leading `~` or `~user` expanded; one that names no user this system
+    knows (or `~` with no home directory) is a CachePathError naming `what`, not the
+    RuntimeError pathlib raises."""
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:
+        raise CachePathError(f"{what} {str(raw)!r}: its '~' names no home directory this system "
+                             "knows; write the path out in full") from None
 
 
 def cache_dir() -> Path:
@@ -16,7 +27,7 @@ def cache_dir() -> Path:
     specrt starts here. A file where the directory (or one of its parents) belongs is a
     CachePathError, not a NotADirectoryError at the first write."""
     raw = os.environ.get("SPECRT_CACHE", "")
-    path = Path(raw.strip() or DEFAULT_CACHE).expanduser()
+    path = expand_user(raw.strip() or DEFAULT_CACHE, "SPECRT_CACHE")
     for p in (path, *path.parents):
         if os.path.lexists(p):
             if not os.path.isdir(p):
@@ -31,7 +42,7 @@ def state_file(env: str, name: str) -> Path:
     """A state file: `$env` (expanded like SPECRT_CACHE; unset or empty: `cache_dir()/name`).
     A directory where the file belongs is a CachePathError."""
     raw = os.environ.get(env, "").strip()
-    path = Path(raw).expanduser() if raw else cache_dir() / name
+    path = expand_user(raw, env) if raw else cache_dir() / name
     if os.path.isdir(path):
         if raw:
             raise CachePathError(f"{env}={raw!r} is a directory; point it at a file such as "

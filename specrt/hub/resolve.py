@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from specrt.errors import ModelFetchError, SpecrtError
-from specrt.hub.paths import is_present, model_dir
+from specrt.hub.paths import expand_user, is_present, model_dir
 from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, fetch_command
 
 __all__ = ["resolve_model_dir", "resolve_pair", "HUB_FILES"]
@@ -33,7 +33,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?")
 def resolve_model_dir(model: str | Path) -> Path:
     """A directory path, a name `python -m specrt.models` knows (fetched), or a Hugging Face id
     `org/name[@revision]` (from the Hugging Face cache, downloaded into it if missing)."""
-    path = Path(model).expanduser()
+    path = expand_user(model, "model")
     if path.is_dir():
         return path
     if path.exists():          # a file: never a Hugging Face id, whatever its name looks like
@@ -105,7 +105,7 @@ def _from_hub(model_id: str) -> Path:
 def _looks_like_path(model: str) -> bool:
     """A name that reads as a file system path: it starts with '.', '/' or '~', or the
     directory it would be in exists."""
-    return model.startswith((".", "/", "~")) or Path(model).expanduser().parent.is_dir()
+    return model.startswith((".", "/", "~")) or expand_user(model, "model").parent.is_dir()
 
 
 def _first_line(error: Exception) -> str:
