@@ -64,13 +64,14 @@ class Server:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="x", timeout=TIMEOUT,
                                   max_retries=0)
 
-    def raw(self, method: str, path: str, body: bytes | str | dict | None = None):
+    def raw(self, method: str, path: str, body: bytes | str | dict | None = None,
+            content_type: str = "application/json"):
         """(status, headers, body bytes) of one plain HTTP request."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
         try:
             if isinstance(body, dict):
                 body = json.dumps(body)
-            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            conn.request(method, path, body=body, headers={"Content-Type": content_type})
             resp = conn.getresponse()
             return resp.status, dict(resp.getheaders()), resp.read()
         finally:
@@ -339,6 +340,10 @@ BAD = {
     "top_p 0": {"model": "tiny", "prompt": "hi", "top_p": 0},
     "string temperature": {"model": "tiny", "prompt": "hi", "temperature": "0.5"},
     "temperature past float32": {"model": "tiny", "prompt": "hi", "temperature": 1e39},
+    "logprobs asked for": {"model": "tiny", "prompt": "hi", "logprobs": 5},
+    "echo asked for": {"model": "tiny", "prompt": "hi", "echo": True},
+    "a presence penalty": {"model": "tiny", "prompt": "hi", "presence_penalty": 1.5},
+    "JSON mode": {"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
 }
 
 
@@ -363,6 +368,91 @@ def test_bad_chat_input_and_the_server_lives_on(server, client):
     # unknown extra fields are ignored
     res = complete(client, "hi", max_tokens=4, user="u1", extra_body={"foo": {"bar": 1}})
     assert res.usage.completion_tokens == 4
+
+
+def _error(response) -> dict:
+    status, _, body = response
+    assert status == 400, body
+    return json.loads(body)["error"]
+
+
+def test_an_unsupported_field_is_refused_by_name_unless_it_asks_for_nothing(server, client):
+    """Ignoring logprobs, echo, penalties or JSON mode would answer a different question than
+    the client asked; their neutral values (what clients send by default) are accepted."""
+    for field, value in [("logprobs", 2), ("best_of", 3), ("logit_bias", {"5": -100}),
+                         ("frequency_penalty", 0.5), ("tools", [{"type": "function"}])]:
+        error = _error(server.raw("POST", "/v1/completions",
+                                  {"model": "tiny", "prompt": "hi", field: value}))
+        assert error["param"] == field and "not supported" in error["message"], error
+    error = _error(server.raw("POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+        "top_logprobs": 2}))
+    assert error["param"] == "logprobs", error
+    res = complete(client, "hi", max_tokens=4, logprobs=None, echo=False, presence_penalty=0,
+                   extra_body={"response_format": {"type": "text"}, "tool_choice": "none"})
+    assert res.usage.completion_tokens == 4
+
+
+def test_length_errors_name_the_requests_fields_and_the_servers_flag(server):
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    error = _error(server.raw("POST", "/v1/chat/completions",
+                              {**chat, "max_completion_tokens": 0}))
+    assert error["param"] == "max_completion_tokens", error
+    assert error["message"].startswith("max_completion_tokens must be at least 1"), error
+    for body, field in [({**chat, "max_completion_tokens": 10**6}, "max_completion_tokens"),
+                        ({"model": "tiny", "prompt": "hi", "max_tokens": 2**40}, "max_tokens")]:
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        error = _error(server.raw("POST", path, body))
+        assert error["param"] == field and f"+ {field} (" in error["message"], error
+        assert "--max-model-len" in error["message"] and "max_new_tokens" not in \
+            error["message"], error
+
+
+def test_a_body_that_is_not_json_says_how_to_send_one(server):
+    error = _error(server.raw("POST", "/v1/completions", b'{"model": "tiny", "prompt": "\xff"}'))
+    assert "Content-Type: application/json" in error["message"], error
+    error = _error(server.raw("POST", "/v1/completions", "model=tiny&prompt=hi",
+                              content_type="application/x-www-form-urlencoded"))
+    assert "application/x-www-form-urlencoded" in error["message"], error
+    assert "Content-Type: application/json" in error["message"], error
+
+
+def test_every_refused_request_is_counted_by_status(server):
+    key = 'specrt:request_failure_total{model_name="tiny",status="400"}'
+    before = server.metrics().get(key, 0)
+    for body in (b'{"model": ', {"model": "tiny", "prompt": "hi", "max_tokens": "x"},
+                 {"model": "tiny", "prompt": "hi", "max_tokens": 0}):
+        assert server.raw("POST", "/v1/completions", body)[0] == 400
+    assert server.metrics().get(key, 0) - before == 3
+
+
+def test_a_long_tokenization_does_not_stall_other_clients(server, monkeypatch):
+    """A prompt of megabytes takes seconds to tokenize; the event loop serves others meanwhile."""
+    tok = server.llm.tokenizer
+    real_encode = tok.encode
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_encode(text, chat=False):
+        if text == "SLOW":
+            entered.set()
+            release.wait(10)       # stands in for a long tokenization (the GIL is free)
+        return real_encode(text, chat)
+
+    monkeypatch.setattr(tok, "encode", slow_encode)
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(r=server.raw("POST", "/v1/completions", {
+        "model": "tiny", "prompt": "SLOW", "max_tokens": 2})))
+    worker.start()
+    try:
+        assert entered.wait(10), "the slow request never reached the tokenizer"
+        start = time.monotonic()
+        status, _, _ = server.raw("GET", "/health")
+        took = time.monotonic() - start
+    finally:
+        release.set()
+        worker.join(TIMEOUT)
+    assert status == 200 and took < 2.0, took       # the event loop was free (it took ~0.01 s)
+    assert out["r"][0] == 200, out
 
 
 def test_an_internal_error_fails_that_request_alone(server, client, monkeypatch):

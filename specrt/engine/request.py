@@ -72,13 +72,15 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
 
 
 def check_length(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None,
-                 max_seq_len: int, raise_flag: str = "max_seq_len") -> None:
+                 max_seq_len: int, raise_flag: str = "max_seq_len",
+                 budget: str = "max_new_tokens") -> None:
     """prompt + max_new_tokens (+ K + 1 when speculating) must fit in max_seq_len positions;
-    raise_flag: how the caller spells the setting to raise (a CLI: --max-seq-len)."""
+    raise_flag and budget: how the caller spells the setting to raise (a CLI: --max-seq-len)
+    and the token budget (the server: max_tokens)."""
     k = spec.num_speculative_tokens if spec is not None else 0
     need = prompt_tokens + max_new_tokens + (k + 1 if k else 0)
     if need > max_seq_len:
         raise CapacityError(
-            f"the prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens})"
+            f"the prompt ({prompt_tokens} tokens) + {budget} ({max_new_tokens})"
             + (f" + K+1 ({k + 1})" if k else "") + f" = {need} exceeds max_seq_len "
             f"({max_seq_len}); raise {raise_flag} or shorten the request")

@@ -5,8 +5,10 @@
     GET  /v1/models, /health, /metrics (Prometheus text)
 
 `build_app` takes a ready `AsyncLLM`; it neither loads nor closes models (the CLI, or a test,
-owns them). Text is encoded here, in the event loop, so the prompt's length is known for
-`usage` and for the default token budget; the engine gets token ids. The server holds no
+owns them). Text is encoded here, on a worker thread (a long prompt takes seconds to tokenize;
+the event loop serves everyone else meanwhile), so the prompt's length is known for `usage`, the
+default token budget and the length check, which names the request's own fields; the engine
+gets token ids. The server holds no
 request state of its own: every request is a `Generation` that ends when its response does.
 """
 from __future__ import annotations
@@ -21,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import ClientDisconnect
 
 from specrt.api.async_llm import AsyncLLM
+from specrt.engine.request import check_length
+from specrt.errors import SpecrtError
 from specrt.serve import schemas
 from specrt.serve.errors import APIError, as_api_error, error_response, install_handlers
 from specrt.serve.generation import Generation, chat_events, collect, completion_events
@@ -45,7 +49,7 @@ class _State:
 def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     app = FastAPI(title="specrt", summary="OpenAI-compatible speculative decoding server")
     state = app.state.serve = _State(allm, config)
-    install_handlers(app)
+    install_handlers(app, state.metrics.failed)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: schemas.CompletionRequest):
@@ -74,7 +78,7 @@ async def _respond(state: _State, request: Request, body, chat: bool):
     arrived = time.perf_counter()
     gen = None
     try:
-        ids, args = _engine_request(state, body, chat)
+        ids, args = await asyncio.to_thread(_engine_request, state, body, chat)
         gen = Generation(state.allm, state.metrics, ids, args, arrived)
         # a client that leaves while its request is queued frees its place before prefill
         first = await _unless_disconnected(request, gen.start())
@@ -167,6 +171,11 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
                        code="model_not_found")
     if body.n != 1:
         raise APIError(f"n must be 1 (one choice per request), got {body.n}", param="n")
+    unsupported = body.unsupported()
+    if unsupported is not None:
+        name, value = unsupported
+        raise APIError(f"{name} is not supported by this server (got {value!r}); leave it out",
+                       param=name)
     if chat:
         ids = state.llm.encode(messages=[m.as_dict() for m in body.messages])
     else:
@@ -180,14 +189,19 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
     else:
         spec = None if body.speculative is False else body.speculative   # false: plain
     parsed = SpecConfig.parse(spec)
-    max_tokens = body.token_budget()
+    max_tokens, field = body.token_budget()
     if max_tokens is None:
         room = state.llm.max_seq_len - len(ids) - (parsed.num_speculative_tokens + 1
                                                    if parsed is not None else 0)
         default = schemas.CHAT_MAX_TOKENS if chat else schemas.COMPLETION_MAX_TOKENS
-        max_tokens = max(1, min(default, room))   # no room: the engine says why (400)
+        max_tokens = max(1, min(default, room))   # no room: check_length says why (400)
     elif max_tokens < 1:
-        raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+        raise APIError(f"{field} must be at least 1, got {max_tokens}", param=field)
+    try:
+        check_length(len(ids), max_tokens, parsed, state.llm.max_seq_len,
+                     "the server's --max-model-len", budget=field)
+    except SpecrtError as e:
+        raise APIError(str(e), param=field) from None
     return ids, dict(
         max_new_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else float(body.temperature),

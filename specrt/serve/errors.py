@@ -10,6 +10,7 @@ The body is always {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -55,10 +56,20 @@ def error_response(err: APIError) -> JSONResponse:
                         status_code=err.status, headers=headers)
 
 
-def install_handlers(app: FastAPI) -> None:
+SEND_JSON = "send a UTF-8 JSON object with Content-Type: application/json"
+
+
+def install_handlers(app: FastAPI, failed: Callable[[int], None]) -> None:
+    """Answer what FastAPI and Starlette raise before a route runs (a body that is not JSON,
+    a field of the wrong type, an unknown path) as the routes answer: an OpenAI error body,
+    counted by failed(status)."""
+    def answer(err: APIError) -> JSONResponse:
+        failed(err.status)
+        return error_response(err)
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return error_response(exc)
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -70,14 +81,21 @@ def install_handlers(app: FastAPI) -> None:
         else:
             msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: "
                             f"{e['msg']}" for e in errors[:5])
-        return error_response(APIError(msg, 400, param=".".join(loc) or None))
+        content_type = request.headers.get("content-type", "")
+        if "json" not in content_type.lower():     # curl -d sends a form's type
+            msg += (f" (the body came as {content_type or 'no Content-Type'}; {SEND_JSON})")
+        return answer(APIError(msg, 400, param=".".join(loc) or None))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":
+            message = f"the request body could not be read (not UTF-8?); {SEND_JSON}"
         type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
-        return JSONResponse(error_body(str(exc.detail), type_, code=exc.status_code),
+        failed(exc.status_code)
+        return JSONResponse(error_body(message, type_, code=exc.status_code),
                             status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        return error_response(as_api_error(exc))
+        return answer(as_api_error(exc))

@@ -1,9 +1,11 @@
 """The OpenAI request bodies the server accepts, and the response bodies it sends.
 
 Requests are pydantic models in strict mode: a known field of the wrong type ("max_tokens":
-"5", "stop": 3) is a 400, while fields this server does not know (the `openai` client sends
-several, e.g. `logprobs`, `user`) are ignored. Responses are plain dicts in OpenAI's shapes.
-Nothing here talks to the engine.
+"5", "stop": 3) is a 400. An OpenAI or vLLM field this server does not implement (`logprobs`,
+`echo`, `presence_penalty`, `tools`, ...: `UNSUPPORTED`) is a 400 naming it, unless it holds the
+value that asks for nothing (null, false, 0, ...), which is what clients send by default; any
+other field (`user`, ...) is ignored. Responses are plain dicts in OpenAI's shapes. Nothing here
+talks to the engine.
 """
 from __future__ import annotations
 
@@ -23,8 +25,29 @@ Number = Union[StrictInt, StrictFloat]
 COMPLETION_MAX_TOKENS = 16     # a completion's budget when it names none (OpenAI's default)
 CHAT_MAX_TOKENS = 256          # a chat request's budget when it names none (capped by room)
 
+# Fields of OpenAI's or vLLM's requests that this server does not implement, with the values
+# that ask for nothing of them (accepted; any other value is refused rather than ignored).
+UNSUPPORTED: dict[str, tuple] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+    "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0),
+    "ignore_eos": (None, False), "response_format": (None, {"type": "text"}),
+    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "guided_json": (None,), "guided_regex": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,),
+}
+
+
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)   # extras: see `unsupported`
+
+    def unsupported(self) -> tuple[str, object] | None:
+        """The first field of UNSUPPORTED set to a value that asks for something."""
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
+                return name, value
+        return None
 
 
 class StreamOptions(_Base):
@@ -55,8 +78,9 @@ class CompletionRequest(_Sampling):
     prompt: Union[StrictStr, list[StrictInt]]
     max_tokens: Optional[StrictInt] = COMPLETION_MAX_TOKENS
 
-    def token_budget(self) -> Optional[int]:
-        return self.max_tokens
+    def token_budget(self) -> tuple[Optional[int], str]:
+        """(the budget the request set, or None; the field that set it)."""
+        return self.max_tokens, "max_tokens"
 
 
 class TextPart(_Base):
@@ -80,9 +104,10 @@ class ChatCompletionRequest(_Sampling):
     max_tokens: Optional[StrictInt] = None        # None: room left, at most CHAT_MAX_TOKENS
     max_completion_tokens: Optional[StrictInt] = None        # OpenAI's newer name for it
 
-    def token_budget(self) -> Optional[int]:
-        return self.max_completion_tokens if self.max_completion_tokens is not None \
-            else self.max_tokens
+    def token_budget(self) -> tuple[Optional[int], str]:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
 
 
 # --- responses ---------------------------------------------------------------------------------
