@@ -355,7 +355,7 @@ def test_tokenizer_files_are_checked(tiny_dir, fname, mutate, pattern):
 
 
 @pytest.mark.parametrize("template", ["{% for m in messages %}", "{{ 1/0 }}",
-                                      "{{ raise_exception('no system role') }}"])
+                                      "{{ undefined_name.attr }}"])
 def test_broken_chat_template(tiny_dir, template):
     d = copy_model(tiny_dir)
     (d / "chat_template.jinja").write_text(template)
@@ -364,5 +364,25 @@ def test_broken_chat_template(tiny_dir, template):
         with pytest.raises(TokenizerFileError, match="chat_template.jinja fails.*chat=False"):
             llm.generate("hi", max_new_tokens=2, chat=True)
         assert llm.generate("hi", max_new_tokens=2, chat=False).token_ids   # plain text works
+    finally:
+        llm.close()
+
+
+def test_a_template_that_refuses_the_messages_blames_them_not_the_file(tiny_dir):
+    """raise_exception(...) is a template turning down the caller's messages on purpose (roles
+    that do not alternate): the caller's error, worded as the template words it."""
+    d = copy_model(tiny_dir)
+    (d / "chat_template.jinja").write_text(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be "
+        "the user\\'s') }}{% endif %}{{ messages[0]['content'] }}")
+    llm = specrt.LLM(d, max_seq_len=32, dtype="float32")
+    try:
+        with pytest.raises(SpecrtError) as caught:
+            llm.generate(messages=[{"role": "assistant", "content": "hi"}], max_new_tokens=2)
+        assert not isinstance(caught.value, TokenizerFileError)
+        assert str(caught.value) == ("the model's chat template refuses these messages: the "
+                                     "first message must be the user's")
+        assert llm.generate(messages=[{"role": "user", "content": "hi"}],
+                            max_new_tokens=2).token_ids
     finally:
         llm.close()

@@ -84,8 +84,14 @@ class Tokenizer:
             text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
                                                   for m in messages],
                                                  tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001 - the template is user code run by jinja2: a
-            # TemplateError, or anything its expressions raise ({{ 1/0 }}), is the file's fault
+        except Exception as e:  # noqa: BLE001 - the template is user code run by jinja2
+            if type(e).__name__ == "TemplateError" and type(e).__module__.startswith("jinja2"):
+                # exactly TemplateError (no subclass): the template's raise_exception(...)
+                # refusing these messages on purpose, e.g. roles that do not alternate
+                raise SpecrtError(f"the model's chat template refuses these messages: "
+                                  f"{_first_line(e)}") from None
+            # a syntax error, an undefined name, or anything its expressions raise ({{ 1/0 }}):
+            # the file's fault
             raise TokenizerFileError(
                 f"the chat template in {self._template_file()} fails ({type(e).__name__}: "
                 f"{_first_line(e)}); fix the template, or pass a plain prompt with chat=False "
