@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 from pathlib import Path
 
@@ -327,6 +328,33 @@ def _tokenizer_write_fails(monkeypatch, message: str) -> None:
         raise Exception(message)  # noqa: TRY002 - what `tokenizers` raises
 
     monkeypatch.setattr(TokenizersBackend, "_save_pretrained", save)
+
+
+def test_every_file_and_the_folder_reach_the_disk_before_the_rename(tiny_qwen, tmp_path,
+                                                                     monkeypatch):
+    """A crash after the rename must not leave a complete-looking folder with empty files."""
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    synced, renamed = [], []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), bool(renamed)))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        if Path(dst) == tmp_path / "out":      # not the atomic writes of single files inside
+            renamed.append(Path(src))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    out = gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
+    tmp = renamed[-1]
+    before = {Path(p) for p, after in synced if not after}
+    files = {tmp / p.relative_to(out) for p in out.rglob("*") if p.is_file()}
+    assert files and files <= before, files - before
+    assert tmp in before                                   # the folder's entries
+    assert (str(tmp_path), True) in synced                  # the rename's
 
 
 def test_disk_full_while_saving_tokenizer(tiny_qwen, tmp_path, capsys, monkeypatch):

@@ -412,8 +412,36 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
         checksum.record_conversion(tmp, "model.safetensors",
                                    (tmp / "model.safetensors").stat().st_size, sha256)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal dir
+        _sync_tree(tmp)
         os.replace(tmp, out_dir)
+        _sync(out_dir.parent)               # the rename itself
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _sync_tree(root: Path) -> None:
+    """Flush every file under `root`, then `root` itself, to the disk: renamed into place
+    before that, a crash or power loss could leave a complete-looking model whose small files
+    (config.json, the tokenizer) are empty."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _sync(root)
+
+
+def _sync(directory: Path) -> None:
+    """fsync a directory (its entries); skipped where the platform cannot open one."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
