@@ -115,3 +115,30 @@ def test_classic_and_transformers5_config_dialects_agree(tiny_noeos_dir, tmp_pat
     shutil.copytree(tiny_noeos_dir, classic_dir)
     (classic_dir / "config.json").write_text(json.dumps(raw))
     assert ModelConfig.from_dir(classic_dir) == new
+
+
+@pytest.mark.parametrize("same", [False, True])
+def test_a_tied_config_with_its_own_lm_head_runs_as_transformers_does(tiny_llama_dir, tmp_path,
+                                                                     same, caplog):
+    """Some fine-tunes keep tie_word_embeddings true yet store a trained lm_head.weight:
+    transformers then uses it (unties); so must specrt, and say so. An equal copy is dropped."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.helpers import copy_model
+
+    d = copy_model(tiny_llama_dir, tmp_path / "m")
+    weights = load_file(d / "model.safetensors")
+    assert "lm_head.weight" not in weights
+    embed = weights["model.embed_tokens.weight"]
+    weights["lm_head.weight"] = embed.clone() if same else torch.randn(
+        embed.shape, generator=torch.Generator().manual_seed(0))
+    save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
+    ids = torch.tensor([[3, 17, 42, 99, 5]])
+    with torch.no_grad():
+        ref = hf_model(d)(ids).logits
+    with caplog.at_level("WARNING", logger="specrt.model"):
+        ours = Transformer.from_dir(d, max_seq_len=64)
+    torch.testing.assert_close(ours.forward(ids, ours.new_cache(1, 64)), ref, atol=1e-4,
+                               rtol=1e-4)
+    assert ("differs from the embeddings" in caplog.text) == (not same), caplog.text
+    assert (ours.lm_head.weight.data_ptr() == ours.embed.data_ptr()) == same

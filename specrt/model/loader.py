@@ -11,6 +11,7 @@ This module knows the checkpoint's naming scheme but nothing about running the m
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from specrt.errors import CheckpointError, IndexFileError, WeightsSizeError
 from specrt.model import checksum
 from specrt.model.config import ModelConfig
 from specrt.model.files import check_regular, human_bytes, read_json
+
+log = logging.getLogger("specrt.model")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -200,9 +203,13 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"checkpoint in {model_dir} is missing tensor {missing[0]!r}{more}; "
                               "it does not match its config.json")
-    optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    unexpected = [n for n in files if n not in want and n not in optional
-                  and not n.endswith(_IGNORED_SUFFIXES)]
+    # Tied embeddings with an lm_head.weight of their own: read it too; the model uses it where
+    # it differs from the embeddings (as transformers does), else it is dropped
+    # (`_untie_if_different`).
+    head_too = cfg.tie_word_embeddings and "lm_head.weight" in files
+    if head_too:
+        want = {**want, "lm_head.weight": want["model.embed_tokens.weight"]}
+    unexpected = [n for n in files if n not in want and not n.endswith(_IGNORED_SUFFIXES)]
     if unexpected:
         raise CheckpointError(f"checkpoint in {model_dir} has unexpected tensor {unexpected[0]!r}"
                               f" ({len(unexpected)} in all); it does not match its config.json "
@@ -233,4 +240,19 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"cannot read {path}: {e}; the file is corrupt or truncated, "
                                   "re-download or re-convert the model") from None
+    if head_too:
+        _untie_if_different(out, model_dir)
     return out
+
+
+def _untie_if_different(weights: dict[str, torch.Tensor], model_dir: Path) -> None:
+    """config.json ties the output head to the embeddings, yet the checkpoint stores an
+    lm_head.weight: equal, it is dropped; different (some fine-tunes are saved so), the model
+    keeps it as its head, as transformers does, and says so."""
+    if torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"]):
+        del weights["lm_head.weight"]
+        return
+    log.warning("%s: config.json sets tie_word_embeddings, but the checkpoint's lm_head.weight "
+                "differs from the embeddings; using lm_head.weight as the output head (as "
+                "transformers does); set tie_word_embeddings to false to silence this",
+                model_dir)

@@ -57,7 +57,7 @@ class Transformer:
             self.backend = select_backend(self.device, self.dtype, backend)
         self.quant = quant
         linear = functools.partial(self.backend.linear, quant=quant)
-        head = self.embed if cfg.tie_word_embeddings else w.pop("lm_head.weight")
+        head = w.pop("lm_head.weight", self.embed)   # tied: the embeddings (loader.py)
         self.head_rows = None
         if head_rows is not None:
             self.head_rows = torch.tensor(sorted(set(head_rows)), dtype=torch.int64,
