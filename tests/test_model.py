@@ -142,3 +142,27 @@ def test_a_tied_config_with_its_own_lm_head_runs_as_transformers_does(tiny_llama
                                rtol=1e-4)
     assert ("differs from the embeddings" in caplog.text) == (not same), caplog.text
     assert (ours.lm_head.weight.data_ptr() == ours.embed.data_ptr()) == same
+
+
+@pytest.mark.parametrize("rope, theta", [
+    ({"rope_scaling": {"rope_type": "default", "rope_theta": 50.0}}, 50.0),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}}, 50.0),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 50.0},
+      "rope_scaling": {"rope_type": "default", "rope_theta": 300.0}}, 300.0),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 50.0},
+      "rope_scaling": {"rope_type": "default"}}, 7.0),
+])
+def test_rope_theta_is_read_where_transformers_reads_it(tiny_noeos_dir, tmp_path, rope, theta):
+    """rope_scaling, when set, stands in for rope_parameters; a block's rope_theta wins over
+    the top level's (here 7)."""
+    from tests.helpers import copy_model, edit_json
+
+    d = copy_model(tiny_noeos_dir, tmp_path / "m")
+    edit_json(d / "config.json", lambda c: {**c, "rope_theta": 7.0, **rope})
+    ids = torch.tensor([[3, 17, 42, 99, 5, 250, 8, 11]])
+    with torch.no_grad():
+        ref = hf_model(d)(ids).logits
+    ours = Transformer.from_dir(d, max_seq_len=64)
+    assert ours.cfg.rope_theta == theta
+    torch.testing.assert_close(ours.forward(ids, ours.new_cache(1, 64)), ref, atol=1e-4,
+                               rtol=1e-4)

@@ -244,6 +244,10 @@ def _rope_theta(f: _Fields) -> float:
             raise ConfigError(f"{source}: rope_scaling {dict(block)!r} is not supported; "
                               "specrt implements plain RoPE only (rope_scaling: null)")
     theta = f.number("rope_theta", 10000.0)
-    if params and "rope_theta" in params:
-        return _Fields(params, f"{source} rope_parameters").number("rope_theta", theta)
+    # As transformers 5 reads it: rope_scaling (the older name), when set, stands in for
+    # rope_parameters whole; the block's rope_theta wins over the top level's.
+    label, block = ("rope_scaling", scaling) if scaling is not None else \
+        ("rope_parameters", params)
+    if block and "rope_theta" in block:
+        return _Fields(block, f"{source} {label}").number("rope_theta", theta)
     return theta
