@@ -222,6 +222,25 @@ def test_bad_draft_dtype_is_one_clear_error(tiny_noeos_dir, value):
         specrt.LLM(tiny_noeos_dir, dtype="float32", draft_dtype=value)
 
 
+def test_a_float16_pair_keeps_its_draft_unquantized_and_refuses_int8(tiny_noeos_dir,
+                                                                     tiny_draft_dir):
+    """The int8 / int4 kernels take bfloat16 or float32 activations: with float16, "auto" keeps
+    the draft in float16 (it chose int8 and every draft request failed inside the kernel), and
+    an explicit int8 is refused before anything loads."""
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float16", max_seq_len=64)
+    try:
+        assert llm.engine.draft.quant is None
+        plain = llm.generate([5, 6, 7], max_new_tokens=8).token_ids
+        spec = llm.generate([5, 6, 7], max_new_tokens=8,
+                            speculative={"method": "draft_model", "num_speculative_tokens": 3})
+        assert spec.token_ids == plain and spec.stats["num_draft_tokens"] > 0
+    finally:
+        llm.close()
+    for fmt in ("int8", "int4"):
+        with pytest.raises(ArgumentError, match="bfloat16 or float32 activations"):
+            specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float16", draft_dtype=fmt)
+
+
 def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir):
     """A draft scoring only ids < 100 (and the special tokens) proposes nothing else, and the
     target still decides: greedy output equals plain decoding."""

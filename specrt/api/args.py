@@ -142,6 +142,12 @@ def check_draft_dtype(value, device, dtype):
         if value != "auto" and device.type != "cpu":
             raise ArgumentError(f"draft_dtype {value!r} runs on the CPU only (device is "
                                 f"{device}); use draft_dtype='auto'")
+        from specrt.model.backends.quantized import QUANT_ACTIVATIONS
+
+        if value != "auto" and dtype not in QUANT_ACTIVATIONS:
+            raise ArgumentError(f"draft_dtype {value!r} runs with bfloat16 or float32 "
+                                f"activations, not {str(dtype).removeprefix('torch.')}; use "
+                                "dtype bfloat16 or float32, or draft_dtype='auto'")
         return value
     try:
         same = check_dtype(value, device) == dtype

@@ -98,7 +98,7 @@ class LLM:
         cfg = ModelConfig.from_dir(draft_dir)
         quant = self.draft_dtype
         if quant == "auto":
-            quant = auto_draft_format(cfg, self.device)
+            quant = auto_draft_format(cfg, self.device, self.dtype)
         draft_model = Transformer.from_dir(
             draft_dir, self.dtype, self.device, self.max_seq_len, quant=quant,
             head_rows=draft_head_rows(cfg, self.tokenizer, self.draft_vocab))

@@ -20,6 +20,7 @@ from specrt.kernels.cpu import gemv_int4, gemv_int8
 # format -> (its kernel module, the multiple every input size must be)
 _KERNELS = {"int8": (gemv_int8, gemv_int8.BLOCK), "int4": (gemv_int4, gemv_int4.CHUNK)}
 QUANT_FORMATS = tuple(_KERNELS)
+QUANT_ACTIVATIONS = (torch.bfloat16, torch.float32)    # what their kernels take as x
 
 
 class QuantLinear:
@@ -57,6 +58,10 @@ AUTO_DRAFT_FORMATS = ("int8",)
 def quantized_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None = None):
     if fmt not in _KERNELS:
         raise ConfigError(f"unknown weight quantization {fmt!r}; choose one of {QUANT_FORMATS}")
+    if weight.dtype not in QUANT_ACTIVATIONS:
+        raise ConfigError(f"{fmt} weights run with bfloat16 or float32 activations; this model "
+                          f"is in {str(weight.dtype).removeprefix('torch.')}: load it "
+                          "unquantized")
     if weight.device.type != "cpu":
         raise ConfigError(f"{fmt} weights run on the CPU only (this model is on "
                           f"{weight.device}); use draft_dtype='auto' (or the model's dtype) "
@@ -69,16 +74,17 @@ def quantized_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None =
     return _LINEARS[fmt](weight, bias)
 
 
-def auto_draft_format(cfg, device) -> str | None:
+def auto_draft_format(cfg, device, dtype: torch.dtype) -> str | None:
     """draft_dtype "auto": the first of AUTO_DRAFT_FORMATS that serves this draft here, else
     None (the model's dtype)."""
-    return next((f for f in AUTO_DRAFT_FORMATS if quant_serves(f, cfg, device)), None)
+    return next((f for f in AUTO_DRAFT_FORMATS if quant_serves(f, cfg, device, dtype)), None)
 
 
-def quant_serves(fmt: str, cfg, device) -> bool:
+def quant_serves(fmt: str, cfg, device, dtype: torch.dtype) -> bool:
     """Whether `fmt` weights run fast for this model here: on the CPU, with the format's kernel
-    available and every projection's input a multiple of what the format needs."""
+    available, activations it takes (QUANT_ACTIVATIONS) and every projection's input a
+    multiple of what the format needs."""
     kernel, multiple = _KERNELS[fmt]
     widths = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
     return (torch.device(device).type == "cpu" and kernel.AVAILABLE
-            and all(w % multiple == 0 for w in widths))
+            and dtype in QUANT_ACTIVATIONS and all(w % multiple == 0 for w in widths))
