@@ -192,3 +192,37 @@ def test_a_running_server_shuts_down_gracefully_and_exits_0(sig, tiny_noeos_dir)
     rc, err = _finish(proc)
     assert rc == 0, log + err
     assert "Traceback" not in err and "Application shutdown complete" in err, err
+
+
+# A library user's script (no CLI around it) that ends while a request still runs.
+ENDS_WITH_A_STREAM = """
+import sys, specrt
+llm = specrt.LLM(sys.argv[1], max_seq_len=4096, dtype="float32")
+stream = llm.stream([5, 6, 7], max_new_tokens=4000)
+next(stream)
+print("LEAVING", file=sys.stderr, flush=True)
+"""
+INTERRUPTED_GENERATE = """
+import sys, threading, specrt
+llm = specrt.LLM(sys.argv[1], max_seq_len=4096, dtype="float32")
+llm.generate([5, 6], max_new_tokens=2)
+announce = lambda: print("GENERATING", file=sys.stderr, flush=True)
+threading.Timer(0.5, announce).start()       # the SIGINT comes mid-generation
+llm.generate([5, 6, 7], max_new_tokens=4000)
+"""
+
+
+@pytest.mark.parametrize("script, marker, status", [
+    (ENDS_WITH_A_STREAM, None, 0),
+    (INTERRUPTED_GENERATE, "GENERATING", -signal.SIGINT),     # Python's own exit on Ctrl-C
+])
+def test_a_script_that_leaves_a_request_running_exits_cleanly(script, marker, status,
+                                                              tiny_noeos_dir):
+    """Python's shutdown around a scheduler thread busy in torch's C++ code aborted the process
+    ("terminate called without an active exception", 134); the schedulers are closed first."""
+    proc = _popen(script, tiny_noeos_dir)
+    if marker is not None:
+        _interrupt_when(proc, marker)
+    rc, err = _finish(proc)
+    assert rc == status, err
+    assert "terminate called" not in err, err

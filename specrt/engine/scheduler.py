@@ -13,11 +13,13 @@ starts clean.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import logging
 import threading
 import time
+import weakref
 from typing import Callable
 
 from specrt.engine.engine import Engine
@@ -27,6 +29,18 @@ from specrt.engine.waiting import join, result_of, wait_until
 from specrt.errors import QueueFullError, SpecrtError
 
 log = logging.getLogger("specrt.scheduler")
+_live: weakref.WeakSet[Scheduler] = weakref.WeakSet()     # closed at interpreter exit
+
+
+@atexit.register
+def _close_all() -> None:
+    """A script that ends with a request running (a stream not read to its end, an exception
+    or Ctrl-C out of `generate`) would shut Python down around a scheduler thread busy in
+    torch's C++ code, which aborts the process ("terminate called without an active
+    exception"); each scheduler is closed first: its requests cancelled, its thread joined
+    once its round (or load, or calibration) ends."""
+    for scheduler in list(_live):
+        scheduler.close()
 
 
 class Scheduler:
@@ -37,6 +51,7 @@ class Scheduler:
         model on one thread: a second thread that ever ran a parallel op keeps its own idle
         OpenMP team, and two teams on few cores make libgomp throttle its spin-waits, which
         cost ~10% of a decode step here (benchmarks/RESULTS.md, "Serving")."""
+        _live.add(self)
         self.max_queue = max_queue
         self._lock = threading.Condition()
         self._queue: collections.deque[tuple[RequestHandle, float]] = collections.deque()
