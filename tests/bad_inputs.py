@@ -22,9 +22,9 @@ LLM_CASES = [
     ({"model": ["a"]}, "model must be"), ({"model": "a\0b"}, "model must be"),
     ({"draft": 5}, "draft must be"), ({"draft": ""}, "draft must be"),
     ({"draft": 1.5}, "draft must be"), ({"draft": {"x": 1}}, "draft must be"),
-    ({"dtype": "int8"}, "unsupported dtype"), ({"dtype": None}, "unsupported dtype"),
-    ({"dtype": 32}, "unsupported dtype"), ({"dtype": ["float32"]}, "unsupported dtype"),
-    ({"dtype": "fp32"}, "unsupported dtype"), ({"dtype": "torch.int64"}, "unsupported dtype"),
+    ({"dtype": "int8"}, "dtype 'int8' is not"), ({"dtype": None}, "dtype None is not"),
+    ({"dtype": 32}, "dtype 32 is not"), ({"dtype": ["float32"]}, "is not supported; choose"),
+    ({"dtype": "fp32"}, "dtype 'fp32' is not"), ({"dtype": "torch.int64"}, "is not supported"),
     ({"device": "meta"}, "not supported"), ({"device": "tpu:0"}, "device"),
     ({"device": 0}, "device must be"), ({"device": ""}, "device"),
     ({"device": "cuda"}, "CUDA"), ({"device": "cuda:7"}, "CUDA"),
@@ -148,6 +148,8 @@ SPEC_CASES = [
 ]
 
 CLI_CASES = [
+    (["--draft-dtype", "float16"], "error: --draft-dtype: draft_dtype 'float16' is not"),
+    (["--device", "cpu:x"], "error: --device: device 'cpu:x' is not valid"),
     (["--seed", "18446744073709551616"], "seed"), (["--seed", "-1"], "seed"),
     (["--seed", "x"], "invalid int value"), (["--seed", "1.5"], "invalid int value"),
     (["--temperature", "nan"], "temperature"), (["--temperature", "inf"], "temperature"),

@@ -191,3 +191,13 @@ def test_a_bad_value_names_the_flag_that_set_it(flag, value):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(f"error: {flag}: {flag[2:].replace('-', '_')} must"), \
         proc.stderr
+
+
+def test_an_error_is_prefixed_only_with_a_flag_this_cli_has():
+    """named_flags prefixes an API error with the flag its first word names; a message that
+    starts with any other word (`invalid ...`) must not become `--invalid: invalid ...`."""
+    from specrt.api.cli import _flag_of
+
+    assert _flag_of("draft_dtype") == "--draft-dtype" and _flag_of("seed") == "--seed"
+    assert _flag_of("invalid") is None and _flag_of("unsupported") is None
+    assert _flag_of("the") is None

@@ -118,7 +118,7 @@ def test_bad_sampling_params(tiny_dir):
 
 
 def test_bad_dtype_and_device(tiny_dir):
-    with pytest.raises(SpecrtError, match="unsupported dtype 'int8'"):
+    with pytest.raises(SpecrtError, match="dtype 'int8' is not supported"):
         specrt.LLM(tiny_dir, dtype="int8")
     with pytest.raises(SpecrtError, match="device"):
         specrt.LLM(tiny_dir, device="tpu:0", dtype="float32")

@@ -53,7 +53,7 @@ def check_dtype(dtype, device=None):
         return by_name[dtype]
     if isinstance(dtype, torch.dtype) and dtype in by_name.values():
         return dtype
-    raise ArgumentError(f"unsupported dtype {show(dtype)}; choose {', '.join(DTYPE_NAMES)}")
+    raise ArgumentError(f"dtype {show(dtype)} is not supported; choose {', '.join(DTYPE_NAMES)}")
 
 
 def auto_dtype(device):
@@ -79,7 +79,7 @@ def check_device(device):
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
-        raise ArgumentError(f"invalid device {show(device)}: {str(e)[:100]}; use 'cpu' or "
+        raise ArgumentError(f"device {show(device)} is not valid: {str(e)[:100]}; use 'cpu' or "
                             "'cuda'") from None
     if dev.type not in DEVICE_TYPES:
         raise ArgumentError(f"device {show(device)} is not supported; use 'cpu' or 'cuda'")
@@ -155,7 +155,7 @@ def check_draft_dtype(value, device, dtype):
         same = None
     if same:
         return None
-    raise ArgumentError(f"unsupported draft_dtype {show(value)}; choose 'auto', 'int8', 'int4' "
+    raise ArgumentError(f"draft_dtype {show(value)} is not supported; choose 'auto', 'int8', 'int4' "
                         f"or the model's dtype ({str(dtype).removeprefix('torch.')})")
 
 

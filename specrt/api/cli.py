@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 
@@ -148,8 +149,16 @@ def check_flags(args) -> _Request:
 
 
 def _flag_of(name: str) -> str | None:
-    """This CLI's flag for an API argument: its name spelled with dashes (`--draft-stop`)."""
-    return f"--{name.replace('_', '-')}" if name.isidentifier() and name.islower() else None
+    """This CLI's flag for an API argument: its name spelled with dashes (`--draft-stop`), if
+    this CLI has that flag."""
+    flag = f"--{name.replace('_', '-')}"
+    return flag if flag in _flags() else None
+
+
+@functools.cache
+def _flags() -> frozenset[str]:
+    return frozenset(option for action in build_parser()._actions
+                     for option in action.option_strings)
 
 
 def check_draft_given(spec, model, draft) -> None:
