@@ -163,3 +163,25 @@ def test_finished_requests_leave_no_history_and_configs_no_unbounded_planners(ti
         assert len(llm.engine._planners) == MAX_PLANNERS
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("error, logged", [(SpecrtError("bad request"), False),
+                                           (RuntimeError("a bug"), True)])
+def test_a_failed_round_logs_a_traceback_only_for_a_bug(tiny_noeos_dir, monkeypatch, caplog,
+                                                       error, logged):
+    """A SpecrtError reaches its caller, who reports it in one line (the CLI: `error: ...`);
+    logging its traceback too printed 8 lines above that one. Anything else is a bug: logged."""
+    llm = specrt.LLM(tiny_noeos_dir, dtype="float32", max_seq_len=64)
+    try:
+        def fail():
+            raise error
+
+        monkeypatch.setattr(llm.engine, "step", fail)
+        with caplog.at_level("DEBUG", logger="specrt.scheduler"):
+            with pytest.raises(type(error)):
+                llm.generate([5, 6], max_new_tokens=2)
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert bool(errors) == logged and all(r.exc_info for r in errors), caplog.text
+    finally:
+        monkeypatch.undo()
+        llm.close()

@@ -536,6 +536,24 @@ def test_backend_override_rejects_unknown_values(monkeypatch):
         kernels.greedy_accept(torch.zeros(1, 2, 10), torch.zeros(1, 1, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("value, interpret, needle", [
+    ("foo", "1", "must be one of triton, reference"),
+    ("triton", None, "set TRITON_INTERPRET=1 as well"),
+])
+def test_a_bad_kernel_override_is_refused_when_the_model_loads(monkeypatch, tiny_noeos_dir,
+                                                                value, interpret, needle):
+    """Not at the first pass that needs a kernel: after a token was printed, with a traceback,
+    or never (a plain request used no kernel of dispatch's)."""
+    import specrt
+    from specrt.errors import ArgumentError
+
+    monkeypatch.setenv("SPECRT_KERNELS", value)
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ArgumentError, match=needle):
+        specrt.LLM(tiny_noeos_dir, dtype="float32", max_seq_len=64)
+
+
 @pytest.mark.parametrize("forced", ["triton", "reference"])
 def test_dispatch_routes_to_the_forced_backend(monkeypatch, forced):
     q, k, v, lens = _attention_inputs(1, 2, 2, 2, 64, 32, torch.float32, seed=0)

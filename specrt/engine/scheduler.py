@@ -226,7 +226,12 @@ class Scheduler:
         try:
             steps = self.engine.step()
         except Exception as e:
-            log.exception("a round failed; ending the requests that shared it")
+            # each request gets the error; a SpecrtError is the caller's to report (one line),
+            # anything else is a bug, logged here with its traceback
+            if isinstance(e, SpecrtError):
+                log.debug("a round failed; ending the requests that shared it", exc_info=e)
+            else:
+                log.exception("a round failed; ending the requests that shared it")
             steps = self.engine.fail_all(e)
         for step in steps:
             self._deliver(step)

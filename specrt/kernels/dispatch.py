@@ -24,16 +24,27 @@ ENV_VAR = "SPECRT_KERNELS"
 BACKENDS = ("triton", "reference")
 
 
+def forced_backend(device: torch.device | None = None) -> str | None:
+    """The backend SPECRT_KERNELS forces, None when unset. Refused (ArgumentError): an unknown
+    value, and 'triton' for a CPU `device` without Triton's interpreter (TRITON_INTERPRET=1)."""
+    forced = os.environ.get(ENV_VAR, "").strip()
+    if not forced:
+        return None
+    from specrt.errors import ArgumentError
+
+    if forced not in BACKENDS:
+        raise ArgumentError(f"environment variable {ENV_VAR} must be one of "
+                            f"{', '.join(BACKENDS)} (or unset), got {forced!r}")
+    if (forced == "triton" and device is not None and device.type != "cuda"
+            and os.environ.get("TRITON_INTERPRET") != "1"):
+        raise ArgumentError(f"{ENV_VAR}=triton on the CPU runs Triton's interpreter (for tests; "
+                            "slow): set TRITON_INTERPRET=1 as well, or unset " + ENV_VAR)
+    return forced
+
+
 def backend_for(tensor: torch.Tensor) -> str:
     """'triton' or 'reference': the backend the ops below use for inputs like `tensor`."""
-    forced = os.environ.get(ENV_VAR, "").strip()
-    if forced:
-        if forced not in BACKENDS:
-            from specrt.errors import ArgumentError
-            raise ArgumentError(f"environment variable {ENV_VAR} must be one of "
-                                f"{', '.join(BACKENDS)} (or unset), got {forced!r}")
-        return forced
-    return "triton" if tensor.is_cuda else "reference"
+    return forced_backend() or ("triton" if tensor.is_cuda else "reference")
 
 
 def _triton(name: str):

@@ -15,6 +15,7 @@ import os
 import torch
 
 from specrt.errors import ConfigError
+from specrt.kernels.dispatch import forced_backend
 from specrt.model.backends.base import Backend, Linear, Pass
 from specrt.model.backends.torch_ref import TorchReference
 
@@ -33,6 +34,7 @@ def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = 
     if name is not None and name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r} ({ENV_VAR}); choose one of "
                           f"{', '.join(BACKENDS)}")
+    forced_backend(device)         # SPECRT_KERNELS, checked before any pass needs it
     level = os.environ.get(CPU_LEVEL_VAR)
     if level and level not in CPU_LEVELS:
         raise ConfigError(f"unknown CPU kernel level {level!r} ({CPU_LEVEL_VAR}); set it to "
