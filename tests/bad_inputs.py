@@ -115,6 +115,7 @@ STREAM_CASES = [
 ]
 
 SPEC_CASES = [
+    ({"method": "ngram", "model": "some-draft"}, "method 'ngram' drafts from the prompt"),
     ({"model": 5}, 'speculative "model"'), ({"model": ""}, 'speculative "model"'),
     ({"model": ["x"]}, 'speculative "model"'), ({"method": "medusa"}, "is not known"),
     ({"method": None}, "is not known"), ({"method": ["ngram"]}, "is not known"),

@@ -185,3 +185,19 @@ def test_a_failed_round_logs_a_traceback_only_for_a_bug(tiny_noeos_dir, monkeypa
     finally:
         monkeypatch.undo()
         llm.close()
+
+
+def test_async_llm_wrapping_an_llm_takes_no_other_arguments(tiny_noeos_dir):
+    """AsyncLLM(llm=llm, max_batch_size=8) kept batch 1 silently; llm="x" failed later with an
+    AttributeError."""
+    from specrt.errors import ArgumentError
+
+    llm = specrt.LLM(tiny_noeos_dir, dtype="float32", max_seq_len=64)
+    try:
+        with pytest.raises(ArgumentError, match=r"other arguments \(max_batch_size\)"):
+            specrt.AsyncLLM(llm=llm, max_batch_size=8)
+        with pytest.raises(ArgumentError, match="llm must be an LLM, got str"):
+            specrt.AsyncLLM(llm="x")
+        assert specrt.AsyncLLM(llm=llm).llm is llm
+    finally:
+        llm.close()

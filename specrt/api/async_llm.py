@@ -18,12 +18,21 @@ from typing import AsyncIterator
 
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import StreamChunk, TextRun
+from specrt.errors import ArgumentError
 from specrt.spec.config import SpecConfig
 
 
 class AsyncLLM:
     def __init__(self, *args, llm: LLM | None = None, **kwargs):
-        """Build an LLM from LLM's arguments, or wrap an existing one (`llm=`)."""
+        """Build an LLM from LLM's arguments, or wrap an existing one (`llm=`, alone)."""
+        if llm is not None:
+            if not isinstance(llm, LLM):
+                raise ArgumentError(f"llm must be an LLM, got {type(llm).__name__}")
+            if args or kwargs:
+                given = ", ".join([*(repr(a) for a in args), *kwargs])
+                raise ArgumentError(f"llm= wraps a ready LLM, whose settings are fixed; other "
+                                    f"arguments ({given}) would be ignored: pass them to "
+                                    "LLM(...) instead")
         self.llm = llm if llm is not None else LLM(*args, **kwargs)
 
     @property

@@ -67,6 +67,11 @@ class SpecConfig:
                                        or "\0" in self.model):
             raise ArgumentError(f"speculative \"model\" must be a draft model directory or known "
                                 f"name (a non-empty string), got {show(self.model)}")
+        if self.model is not None and self.method == "ngram":
+            # it would load a draft model that prompt lookup never runs
+            raise ArgumentError("speculative \"model\" names a draft model, and method 'ngram' "
+                                "drafts from the prompt with none: drop \"model\", or use "
+                                "method 'draft_model' or 'auto'")
         lo = check_int("prompt_lookup_min", self.prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
         hi = check_int("prompt_lookup_max", self.prompt_lookup_max, 1, MAX_PROMPT_LOOKUP)
         if hi < lo:
