@@ -149,6 +149,8 @@ SPEC_CASES = [
 ]
 
 CLI_CASES = [
+    (["--speculative-config", '{"method": "draft_model", "model": "/nonexistent-draft"}'],
+     '--speculative-config "model": model directory /nonexistent-draft does not exist'),
     (["--draft-dtype", "float16"], "error: --draft-dtype: draft_dtype 'float16' is not"),
     (["--device", "cpu:x"], "error: --device: device 'cpu:x' is not valid"),
     (["--seed", "18446744073709551616"], "seed"), (["--seed", "-1"], "seed"),

@@ -163,11 +163,19 @@ def _flags() -> frozenset[str]:
 
 def check_draft_given(spec, model, draft) -> None:
     """Method draft_model needs a draft: --draft, or "model" in the config (with no --model the
-    default pair brings one). Checked on the flags, not after the load (generate), nor per
-    request (serve: every request would get a 400)."""
-    from specrt.errors import ArgumentError
+    default pair brings one), and a "model" there must resolve. Checked on the flags, not
+    after the load (generate), nor per request (serve: every request would get a 400)."""
+    from specrt.errors import ArgumentError, SpecrtError
+    from specrt.hub.resolve import is_hub_id, resolve_model_dir
     from specrt.spec.config import SpecConfig
 
+    # its draft "model", where it is a directory or a known name (no download): before the
+    # target loads, so a wrong path is not read as a wrong --model
+    if isinstance(spec, SpecConfig) and spec.model is not None and not is_hub_id(spec.model):
+        try:
+            resolve_model_dir(spec.model)
+        except SpecrtError as e:
+            raise ArgumentError(f'--speculative-config "model": {e}') from None
     if (isinstance(spec, SpecConfig) and spec.method == "draft_model" and spec.model is None
             and draft is None and model is not None):
         raise ArgumentError("--speculative-config: method 'draft_model' (also the default of "

@@ -62,6 +62,14 @@ def resolve_model_dir(model: str | Path) -> Path:
                       "python -m specrt.models fetch")
 
 
+def is_hub_id(model: str | Path) -> bool:
+    """Whether resolving `model` would ask the Hugging Face Hub: an `org/name[@revision]` that
+    is neither a directory nor a name `python -m specrt.models` knows."""
+    return (isinstance(model, str) and model not in KNOWN_MODELS
+            and _HUB_ID.fullmatch(model) is not None
+            and not expand_user(model, "model").is_dir())
+
+
 def _from_hub(model_id: str) -> Path:
     """The snapshot directory of `org/name[@revision]` in the Hugging Face cache."""
     repo_id, _, revision = model_id.partition("@")
