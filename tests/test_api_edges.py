@@ -201,3 +201,18 @@ def test_async_llm_wrapping_an_llm_takes_no_other_arguments(tiny_noeos_dir):
         assert specrt.AsyncLLM(llm=llm).llm is llm
     finally:
         llm.close()
+
+
+def test_a_submitted_runs_result_waits_for_its_end(tiny_noeos_dir):
+    """result() before (or after part of) the chunks returned finish_reason 'cancelled' with
+    the tokens read so far, while the request went on running."""
+    llm = specrt.LLM(tiny_noeos_dir, dtype="float32", max_seq_len=128)
+    try:
+        whole = llm.generate([5, 6, 7], max_new_tokens=20)
+        res = llm.submit([5, 6, 7], max_new_tokens=20).result()
+        assert (res.token_ids, res.finish_reason) == (whole.token_ids, "length")
+        run = llm.submit([5, 6, 7], max_new_tokens=20)
+        next(iter(run.chunks()))            # read one chunk, then drop the iterator
+        assert run.result().finish_reason in ("cancelled", "length")
+    finally:
+        llm.close()

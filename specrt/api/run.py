@@ -105,6 +105,10 @@ class TextRun:
             self.handle.cancel()
 
     def result(self) -> GenerationResult:
+        """The request's result; chunks not read yet are read first (waiting for its end)."""
+        if self.finish_reason is None:
+            for _ in self.chunks():
+                pass
         text = self.stream.text if self.stream.tokenizer is not None else ""
         return GenerationResult(self.token_ids, text, self.finish_reason or "cancelled",
                                 self.stats, self.request_id)
