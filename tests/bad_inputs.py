@@ -149,6 +149,8 @@ SPEC_CASES = [
 ]
 
 CLI_CASES = [
+    (["--draft-stop", "0.9"], "--draft-stop sets up a draft model, and none is loaded"),
+    (["--draft-dtype", "int4"], "--draft-dtype sets up a draft model, and none is loaded"),
     (["--speculative-config", '{"method": "draft_model", "model": "/nonexistent-draft"}'],
      '--speculative-config "model": model directory /nonexistent-draft does not exist'),
     (["--draft-dtype", "float16"], "error: --draft-dtype: draft_dtype 'float16' is not"),

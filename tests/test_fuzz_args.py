@@ -6,10 +6,10 @@ Outcomes are: success, or a SpecrtError (CLI: exit 2 and one `error:` line, no t
 a time bound. Bounded for CI: derandomized, a deadline per example, 253 examples in all (100
 generate, 40 LLM(...), 80 CLI, 30 + 3 explicit calibration files; about 15 s on 2 cores).
 
-Probe (254 bad inputs: 57 LLM(...), 79 generate, 8 stream, 41 speculative configs, 54 generate
+Probe (256 bad inputs: 57 LLM(...), 79 generate, 8 stream, 41 speculative configs, 56 generate
 CLI invocations, 8 models CLI invocations, 7 cache/calibration paths), measured with
     python -m pytest -q -p no:cacheprovider tests/test_fuzz_args.py -k probe -s
-254 clear SpecrtError (or exit 2 with one line) / 0 raw traceback / 0 silently accepted / 0 hang
+256 clear SpecrtError (or exit 2 with one line) / 0 raw traceback / 0 silently accepted / 0 hang
 (2026-12-04).
 """
 import contextlib

@@ -144,6 +144,7 @@ def check_flags(args) -> _Request:
                             "give one of them")
     spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
     check_draft_given(spec, args.model, args.draft)
+    check_draft_flags_used(args, spec)
     return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
                     check_stop(args.stop), spec)
 
@@ -182,6 +183,23 @@ def check_draft_given(spec, model, draft) -> None:
                             "a JSON object without \"method\") needs a draft model; pass "
                             "--draft DIR, put \"model\": DIR in the config, or choose "
                             "\"method\": \"ngram\"")
+
+
+def check_draft_flags_used(args, spec) -> None:
+    """A flag that changes only the draft model, when no draft model will load (--model
+    without --draft, and no "model" in --speculative-config), would be ignored: refused."""
+    from specrt.errors import ArgumentError
+    from specrt.spec.config import DRAFT_STOP, SpecConfig
+
+    if args.model is None or args.draft is not None or (
+            isinstance(spec, SpecConfig) and spec.model is not None):
+        return
+    for flag, value, default in (("--draft-dtype", args.draft_dtype, "auto"),
+                                 ("--draft-vocab", args.draft_vocab, "auto"),
+                                 ("--draft-stop", args.draft_stop, DRAFT_STOP)):
+        if value != default:
+            raise ArgumentError(f"{flag} sets up a draft model, and none is loaded: add "
+                                "--draft DIR, or drop " + flag)
 
 
 def _read_prompt_file(path: str) -> str:
@@ -227,6 +245,8 @@ def _run(args) -> int:
     # Before a fetch: the length with what the flags fix (the default's K needs the pair).
     _check_length(req, None if req.spec == "default" else req.spec)
     model, draft = resolve_pair(req.llm.model, req.llm.draft, progress=True)
+    if req.spec is None:
+        draft = None                # plain decoding (--no-spec): no draft to load
     spec = SpecConfig.parse(default_speculative(draft is not None)) if req.spec == "default" \
         else req.spec
     _check_length(req, spec)

@@ -80,7 +80,7 @@ def check_flags(args):
     flags alone: a typo costs no fetch and no model load. Returns the checked LLMArgs (dtype
     and device resolved)."""
     from specrt.api.args import LLMArgs
-    from specrt.api.cli import check_draft_given
+    from specrt.api.cli import check_draft_flags_used, check_draft_given
     from specrt.spec.config import SpecConfig
 
     with named_flags(FLAG_OF.get):
@@ -91,6 +91,7 @@ def check_flags(args):
                           draft_stop=args.draft_stop)
     spec = speculative_from_flag(args.speculative_config, has_draft=True)
     check_draft_given(SpecConfig.parse(spec), args.model, args.draft)
+    check_draft_flags_used(args, SpecConfig.parse(spec))
     return checked
 
 
