@@ -386,3 +386,17 @@ def test_a_template_that_refuses_the_messages_blames_them_not_the_file(tiny_dir)
                             max_new_tokens=2).token_ids
     finally:
         llm.close()
+
+
+def test_a_tokenizer_of_another_model_is_refused_at_load(tiny_dir, tmp_path):
+    """A tokenizer emitting ids past the embedding rows loaded, and a text prompt then failed
+    with 'token id 386 outside the model's vocabulary', blaming the user's text."""
+    from tests.tiny import make_model
+
+    bigger = make_model(tmp_path / "big", "qwen2", vocab_size=400)
+    d = copy_model(tiny_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(bigger / name, d / name)
+    with pytest.raises(TokenizerFileError, match="emits ids up to 399, past the model's "
+                                                 "vocab_size 320"):
+        specrt.LLM(d, dtype="float32", max_seq_len=32)

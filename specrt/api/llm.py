@@ -82,6 +82,8 @@ class LLM:
             target = Transformer.from_dir(self.model_dir, self.dtype, self.device, max_seq_len)
             self.tokenizer = (Tokenizer(self.model_dir) if Tokenizer.available(self.model_dir)
                               else None)
+            if self.tokenizer is not None:
+                self.tokenizer.check_fits(target.cfg.vocab_size)
             draft_model = self._load_draft(target, draft_dir) if draft_dir is not None else None
             return Engine(target, draft_model, max_batch_size, max_seq_len,
                           static=self.cuda_graphs, draft_stop=self.draft_stop)

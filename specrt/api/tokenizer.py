@@ -114,6 +114,16 @@ class Tokenizer:
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab()
 
+    def check_fits(self, vocab_size: int) -> None:
+        """Refuse a tokenizer that emits ids past the model's embedding rows: it belongs to
+        another model (otherwise a text prompt fails later, blaming the prompt's ids)."""
+        top = max(self.vocab().values(), default=-1)
+        if top >= vocab_size:
+            raise TokenizerFileError(
+                f"the tokenizer in {self.model_dir} emits ids up to {top}, past the model's "
+                f"vocab_size {vocab_size} (config.json): it belongs to another model; use the "
+                "model's own tokenizer files")
+
     def special_tokens(self) -> dict[str, int]:
         return {t: self._tok.convert_tokens_to_ids(t) for t in self._tok.all_special_tokens}
 
