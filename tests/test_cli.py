@@ -201,3 +201,15 @@ def test_an_error_is_prefixed_only_with_a_flag_this_cli_has():
     assert _flag_of("draft_dtype") == "--draft-dtype" and _flag_of("seed") == "--seed"
     assert _flag_of("invalid") is None and _flag_of("unsupported") is None
     assert _flag_of("the") is None
+
+
+def test_a_model_without_a_tokenizer_prints_its_answer_as_ids(tmp_path):
+    """Only a line break came out: the answer was lost unless --json was given."""
+    from tests.tiny import make_model
+
+    model = make_model(tmp_path / "m", "qwen2", tokenizer=False, eos=False)
+    proc = run_cli("--model", model, "--prompt-ids", "5,6,7", "--max-new-tokens", 6,
+                   "--dtype", "float32", "--no-spec")
+    api = json.loads(run_cli("--model", model, "--prompt-ids", "5,6,7", "--max-new-tokens", 6,
+                             "--dtype", "float32", "--no-spec", "--json").stdout)
+    assert proc.stdout == " ".join(map(str, api["token_ids"])) + "\n"

@@ -262,7 +262,7 @@ def _run(args) -> int:
         prompt, messages = None, [{"role": "system", "content": args.system},
                                   {"role": "user", "content": req.prompt}]
     p = req.params
-    interrupted = False
+    interrupted = written = False
     try:
         run = llm.submit(prompt, messages=messages, max_new_tokens=req.max_new_tokens,
                          temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
@@ -271,8 +271,15 @@ def _run(args) -> int:
         for chunk in run.chunks():
             if args.trace and chunk.step is not None and chunk.step.index > 0:
                 print(_trace_line(llm, chunk.step), file=sys.stderr)
-            if chunk.text and not args.json:
-                sys.stdout.write(chunk.text)
+            if args.json:
+                continue
+            # a model without a tokenizer has no text: its answer is the ids
+            out = chunk.text if llm.tokenizer is not None else \
+                "".join(f"{' ' if written or i else ''}{t}"
+                        for i, t in enumerate(chunk.token_ids))
+            written = written or bool(out)
+            if out:
+                sys.stdout.write(out)
                 sys.stdout.flush()
     except KeyboardInterrupt:
         # No close: it would wait for the scheduler thread's work in progress (a calibration

@@ -103,6 +103,8 @@ def timed_together(models: list[Transformer], max_t: int,
                 _save_trusted()
         if all(k in _cache and len(_cache[k]) == max_t for k in keys):
             return [_cache[k] for k in keys]
+    log.info("timing the models' forwards for `auto` (once for this machine and build: "
+             "seconds to a minute; cached in %s)", disk_path())
     out, trusted = _measure(models, max_t, graphed)
     with _lock:
         _cache.update(zip(keys, out))
