@@ -393,6 +393,21 @@ def test_a_save_keeps_what_another_process_saved_while_this_one_measured(llm, tm
     assert [0.5] * 3 in saved.values() and len(saved) == 2
 
 
+def test_a_save_interrupted_mid_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from specrt.spec import calibration
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibration.json, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        calibration._save_disk({"a model": [0.5, 0.6]})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_cost_curve_is_interpolated_between_timed_points_and_never_falls():
     """Latency cannot fall as T grows: a timed point that reads faster than a narrower one
     (timing noise) is raised to it, and so is what is interpolated after it."""

@@ -341,7 +341,9 @@ def _save_disk(entries: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(entries, f)
         os.replace(tmp, path)
+        tmp = None
     except OSError as e:
         log.warning("could not save calibrations to %s (%s); they are redone next time", path, e)
+    finally:                   # also on Ctrl-C mid-write: no stray temporary file is left
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
