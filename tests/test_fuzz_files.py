@@ -276,6 +276,20 @@ def test_weights_stored_as_another_dtype(tiny_dir, dtype):
         specrt.LLM(d, dtype="float32")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8])
+def test_a_whole_checkpoint_in_another_dtype_is_refused_for_its_dtype(tiny_dir, dtype):
+    """Every tensor in F64 (twice the bytes) or I8 (half): the size check ran first and blamed
+    config.json ("does not match the checkpoint"), which was right."""
+    from safetensors.torch import load_file, save_file
+
+    d = copy_model(tiny_dir)
+    tensors = {k: v.to(dtype) for k, v in load_file(d / "model.safetensors").items()}
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(specrt.errors.CheckpointError, match=r"is stored as (F64|I8); specrt "
+                                                            "loads float checkpoints"):
+        specrt.LLM(d, dtype="float32")
+
+
 def test_a_quantized_checkpoint_is_refused_by_name(tiny_dir):
     d = copy_model(tiny_dir)
     edit_json(d / "config.json",

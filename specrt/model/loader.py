@@ -11,6 +11,7 @@ This module knows the checkpoint's naming scheme but nothing about running the m
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -179,6 +180,30 @@ def _header_len(path: Path) -> int:
     return int.from_bytes(raw, "little") if len(raw) == 8 else 0
 
 
+def _check_float(files: dict[str, Path]) -> None:
+    """Refuse weights stored as other than BF16 / F16 / F32 (quantized, F64), read from each
+    file's header, before the size check would blame config.json for their size. A header
+    that does not parse is left to safetensors, which says what is wrong with the file."""
+    for path in dict.fromkeys(files.values()):
+        length = _header_len(path)
+        if not 0 < length <= _MAX_HEADER:
+            continue
+        try:
+            with open(path, "rb") as f:
+                f.seek(8)
+                header = json.loads(f.read(length))
+        except (OSError, ValueError):
+            continue
+        for name, info in header.items() if isinstance(header, dict) else ():
+            stored = info.get("dtype") if isinstance(info, dict) else None
+            if name != "__metadata__" and files.get(name) == path and isinstance(stored, str) \
+                    and stored not in _FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"tensor {name!r} in {path.name} is stored as {stored}; specrt loads float "
+                    f"checkpoints ({', '.join(sorted(_FLOAT_DTYPES))}) only: use the model's "
+                    "unquantized weights")
+
+
 def _unreadable(path: Path, error: OSError) -> CheckpointError:
     if isinstance(error, PermissionError):
         return CheckpointError(f"cannot read weights file {path}: permission denied; make it "
@@ -186,6 +211,7 @@ def _unreadable(path: Path, error: OSError) -> CheckpointError:
     return CheckpointError(f"cannot read weights file {path}: {error.strerror or error}")
 
 
+_MAX_HEADER = 100 * 2**20        # bytes of a safetensors header read for the dtype check
 # safetensors dtype names of the float checkpoints a model is loaded from (cast to `dtype`)
 _FLOAT_DTYPES = {"BF16", "F16", "F32"}
 
@@ -195,6 +221,7 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     """Load and check every tensor `cfg` needs, cast to `dtype` on `device`."""
     model_dir = Path(model_dir)
     files = _weight_files(model_dir)
+    _check_float(files)           # first: weights in another form also miss the size check
     check_sizes(cfg, files.values(), model_dir)
     checksum.verify(model_dir)
     want = expected_shapes(cfg)
