@@ -13,6 +13,7 @@ ones; test_errors.py and test_models.py (checksum, stale leftovers) add 5 more.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,20 @@ def test_shard_index_is_checked(sharded_dir, weight_map, pattern):
     d = copy_model(sharded_dir)
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(IndexFileError, match=pattern):
+        specrt.LLM(d, dtype="float32")
+
+
+def test_an_index_that_puts_a_tensor_in_the_wrong_shard_is_blamed_not_the_shard(sharded_dir):
+    """It read 'cannot read ...: File does not contain tensor ...; the file is corrupt or
+    truncated' about a sound shard."""
+    d = copy_model(sharded_dir)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    name = next(n for n, f in index["weight_map"].items() if f == shards[0])
+    index["weight_map"][name] = shards[1]
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(IndexFileError, match=rf"weight_map puts '{re.escape(name)}' in "
+                                             rf"{shards[1]}, which does not hold it"):
         specrt.LLM(d, dtype="float32")
 
 

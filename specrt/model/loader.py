@@ -249,6 +249,13 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     for path, names in by_file.items():
         try:
             with safe_open(str(path), framework="pt") as f:
+                held = set(f.keys())
+                stray = [n for n in names if n not in held]
+                if stray:       # only an index maps names to files: a sound shard, a wrong index
+                    raise IndexFileError(
+                        f"{model_dir / 'model.safetensors.index.json'}: weight_map puts "
+                        f"{stray[0]!r} in {path.name}, which does not hold it; the index does "
+                        "not match its shards: re-download or re-convert the model")
                 for name in names:
                     info = f.get_slice(name)
                     shape, stored = tuple(info.get_shape()), info.get_dtype()
