@@ -11,7 +11,6 @@ This module knows the checkpoint's naming scheme but nothing about running the m
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -132,9 +131,7 @@ def _keys(path: Path) -> list[str]:
         with safe_open(str(path), framework="pt") as f:
             return list(f.keys())
     except (SafetensorError, OSError, ValueError) as e:
-        _header_len(path)      # a file it may not read (safetensors says "No such file") says so
-        raise CheckpointError(f"cannot read {path}: {e}; the file is corrupt or truncated, "
-                              "re-download or re-convert the model") from None
+        raise _corrupt(path, e) from None
 
 
 def expected_elements(cfg: ModelConfig) -> tuple[int, int]:
@@ -182,26 +179,27 @@ def _header_len(path: Path) -> int:
 
 def _check_float(files: dict[str, Path]) -> None:
     """Refuse weights stored as other than BF16 / F16 / F32 (quantized, F64), read from each
-    file's header, before the size check would blame config.json for their size. A header
-    that does not parse is left to safetensors, which says what is wrong with the file."""
+    file's header, before the size check would blame config.json for their size."""
     for path in dict.fromkeys(files.values()):
-        length = _header_len(path)
-        if not 0 < length <= _MAX_HEADER:
-            continue
         try:
-            with open(path, "rb") as f:
-                f.seek(8)
-                header = json.loads(f.read(length))
-        except (OSError, ValueError):
-            continue
-        for name, info in header.items() if isinstance(header, dict) else ():
-            stored = info.get("dtype") if isinstance(info, dict) else None
-            if name != "__metadata__" and files.get(name) == path and isinstance(stored, str) \
-                    and stored not in _FLOAT_DTYPES:
-                raise CheckpointError(
-                    f"tensor {name!r} in {path.name} is stored as {stored}; specrt loads float "
-                    f"checkpoints ({', '.join(sorted(_FLOAT_DTYPES))}) only: use the model's "
-                    "unquantized weights")
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    stored = f.get_slice(name).get_dtype()
+                    if files.get(name) == path and stored not in _FLOAT_DTYPES:
+                        raise CheckpointError(
+                            f"tensor {name!r} in {path.name} is stored as {stored}; specrt "
+                            f"loads float checkpoints ({', '.join(sorted(_FLOAT_DTYPES))}) "
+                            "only: use the model's unquantized weights")
+        except (SafetensorError, OSError) as e:
+            raise _corrupt(path, e) from None
+
+
+def _corrupt(path: Path, error: Exception) -> CheckpointError:
+    """What safetensors' failure to read `path` means; a file this process may not read
+    (safetensors says "No such file") raises that instead (`_header_len`)."""
+    _header_len(path)
+    return CheckpointError(f"cannot read {path}: {error}; the file is corrupt or truncated, "
+                           "re-download or re-convert the model")
 
 
 def _unreadable(path: Path, error: OSError) -> CheckpointError:
@@ -211,7 +209,6 @@ def _unreadable(path: Path, error: OSError) -> CheckpointError:
     return CheckpointError(f"cannot read weights file {path}: {error.strerror or error}")
 
 
-_MAX_HEADER = 100 * 2**20        # bytes of a safetensors header read for the dtype check
 # safetensors dtype names of the float checkpoints a model is loaded from (cast to `dtype`)
 _FLOAT_DTYPES = {"BF16", "F16", "F32"}
 
@@ -256,14 +253,8 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                         f"{model_dir / 'model.safetensors.index.json'}: weight_map puts "
                         f"{stray[0]!r} in {path.name}, which does not hold it; the index does "
                         "not match its shards: re-download or re-convert the model")
-                for name in names:
-                    info = f.get_slice(name)
-                    shape, stored = tuple(info.get_shape()), info.get_dtype()
-                    if stored not in _FLOAT_DTYPES:
-                        raise CheckpointError(
-                            f"tensor {name!r} in {path.name} is stored as {stored}; specrt "
-                            f"loads float checkpoints ({', '.join(sorted(_FLOAT_DTYPES))}) "
-                            "only: use the model's unquantized weights")
+                for name in names:          # dtypes: checked by _check_float
+                    shape = tuple(f.get_slice(name).get_shape())
                     if shape != want[name]:
                         raise CheckpointError(
                             f"tensor {name!r} in {path.name} has shape {list(shape)}, expected "
@@ -272,8 +263,7 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
                     # pages in 4 KiB TLB entries slow every later read of the weights)
                     out[name] = f.get_tensor(name).to(device=device, dtype=dtype, copy=True)
         except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"cannot read {path}: {e}; the file is corrupt or truncated, "
-                                  "re-download or re-convert the model") from None
+            raise _corrupt(path, e) from None
     if head_too:
         _untie_if_different(out, model_dir)
     return out
