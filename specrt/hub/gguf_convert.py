@@ -427,20 +427,19 @@ def _sync_tree(root: Path) -> None:
     (config.json, the tokenizer) are empty."""
     for path in sorted(root.rglob("*")):
         if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _sync(path)
     _sync(root)
 
 
-def _sync(directory: Path) -> None:
-    """fsync a directory (its entries); skipped where the platform cannot open one."""
+def _sync(path: Path) -> None:
+    """fsync a file, or a directory (its entries); a directory the platform cannot open is
+    skipped."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return
+        if path.is_dir():
+            return
+        raise
     try:
         os.fsync(fd)
     finally:
