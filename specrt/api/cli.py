@@ -189,15 +189,16 @@ def check_draft_flags_used(args, spec) -> None:
     """A flag that changes only the draft model, when no draft model will load (--model
     without --draft, and no "model" in --speculative-config), would be ignored: refused."""
     from specrt.errors import ArgumentError
-    from specrt.spec.config import DRAFT_STOP, SpecConfig
+    from specrt.spec.config import SpecConfig
 
     if args.model is None or args.draft is not None or (
             isinstance(spec, SpecConfig) and spec.model is not None):
         return
-    for flag, value, default in (("--draft-dtype", args.draft_dtype, "auto"),
-                                 ("--draft-vocab", args.draft_vocab, "auto"),
-                                 ("--draft-stop", args.draft_stop, DRAFT_STOP)):
-        if value != default:
+    draft_flags = argparse.ArgumentParser(add_help=False)     # the flags and their defaults
+    add_draft_args(draft_flags)
+    for action in draft_flags._actions:
+        if getattr(args, action.dest) != action.default:
+            flag = action.option_strings[0]
             raise ArgumentError(f"{flag} sets up a draft model, and none is loaded: add "
                                 "--draft DIR, or drop " + flag)
 
@@ -273,10 +274,10 @@ def _run(args) -> int:
                 print(_trace_line(llm, chunk.step), file=sys.stderr)
             if args.json:
                 continue
-            # a model without a tokenizer has no text: its answer is the ids
-            out = chunk.text if llm.tokenizer is not None else \
-                "".join(f"{' ' if written or i else ''}{t}"
-                        for i, t in enumerate(chunk.token_ids))
+            out = chunk.text
+            if llm.tokenizer is None:     # no text: the answer is its ids, space-separated
+                out = " ".join(map(str, chunk.token_ids))
+                out = " " + out if out and written else out
             written = written or bool(out)
             if out:
                 sys.stdout.write(out)
