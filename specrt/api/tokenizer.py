@@ -85,7 +85,9 @@ class Tokenizer:
                                                   for m in messages],
                                                  tokenize=False, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - the template is user code run by jinja2
-            if type(e).__name__ == "TemplateError" and type(e).__module__.startswith("jinja2"):
+            from jinja2 import TemplateError
+
+            if type(e) is TemplateError:
                 # exactly TemplateError (no subclass): the template's raise_exception(...)
                 # refusing these messages on purpose, e.g. roles that do not alternate
                 raise SpecrtError(f"the model's chat template refuses these messages: "
