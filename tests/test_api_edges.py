@@ -216,3 +216,42 @@ def test_a_submitted_runs_result_waits_for_its_end(tiny_noeos_dir):
         assert run.result().finish_reason in ("cancelled", "length")
     finally:
         llm.close()
+
+
+def test_async_close_keeps_the_event_loop_serving_while_the_round_in_progress_ends(
+        tiny_noeos_dir, monkeypatch):
+    """AsyncLLM.close() joined the scheduler on the event loop, freezing every other coroutine
+    until the round in progress ended. Here the round can only end once another coroutine on
+    the same loop runs: with a blocking close it never would (a watchdog thread ends it after
+    10 s and the test fails); `aclose()` waits on a worker thread."""
+    from specrt.engine.engine import Engine
+    real_step = Engine.step
+    in_round, release, watchdog_fired = threading.Event(), threading.Event(), []
+
+    def held_step(self):
+        in_round.set()
+        if not release.wait(10):
+            watchdog_fired.append(True)
+        return real_step(self)
+
+    monkeypatch.setattr(Engine, "step", held_step)
+
+    async def main():
+        async with specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32") as allm:
+            task = asyncio.create_task(allm.generate([5, 6, 7], max_new_tokens=8))
+            await asyncio.to_thread(in_round.wait, 10)
+            assert in_round.is_set()
+
+            async def let_the_round_end():
+                await asyncio.sleep(0.05)       # runs only while the loop is free
+                release.set()
+
+            releaser = asyncio.create_task(let_the_round_end())
+            await allm.aclose()
+            await releaser
+            res = await task
+            return res
+
+    res = asyncio.run(main())
+    assert not watchdog_fired, "the event loop was blocked while the scheduler closed"
+    assert res.finish_reason == "cancelled"

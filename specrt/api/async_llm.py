@@ -1,9 +1,9 @@
 """`specrt.AsyncLLM`: the API for asyncio services.
 
-    llm = specrt.AsyncLLM(model="DIR", max_batch_size=8)          # same arguments as LLM
-    res = await llm.generate("Write quicksort", max_new_tokens=64)
-    async for chunk in llm.stream(messages=[{"role": "user", "content": "Hi"}]):
-        print(chunk.text, end="")
+    async with specrt.AsyncLLM(model="DIR", max_batch_size=8) as llm:   # LLM's arguments
+        res = await llm.generate("Write quicksort", max_new_tokens=64)
+        async for chunk in llm.stream(messages=[{"role": "user", "content": "Hi"}]):
+            print(chunk.text, end="")
 
 Requests run on the same scheduler thread as `LLM`'s; awaiting never blocks the event loop
 (steps are handed over with `call_soon_threadsafe`). Cancelling the awaiting task, or
@@ -40,7 +40,21 @@ class AsyncLLM:
         return self.llm.tokenizer
 
     def close(self) -> None:
+        """Cancel every request and stop the scheduler threads, waiting for the round in
+        progress (up to a forward pass). From a coroutine, `await aclose()` instead: this
+        blocks the event loop while it waits."""
         self.llm.close()
+
+    async def aclose(self) -> None:
+        """`close()` on a worker thread: the event loop keeps serving while the round in
+        progress ends."""
+        await asyncio.to_thread(self.llm.close)
+
+    async def __aenter__(self) -> "AsyncLLM":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
 
     async def _prepare(self, kwargs: dict) -> None:
         """A request naming a draft model not loaded yet: load it on a worker thread (seconds),
