@@ -10,7 +10,7 @@ from typing import Callable
 from specrt.errors import ArgumentError, ModelFetchError, SpecrtError
 
 
-def run_command(body, interrupted: str = "interrupted") -> int:
+def run_command(body, interrupted: str = "interrupted", forced: str = "interrupted") -> int:
     """Run a CLI's body and answer the way every specrt command does:
 
     0 success; 2 bad input (a SpecrtError: one line `error: ...` on stderr, no traceback;
@@ -25,7 +25,45 @@ def run_command(body, interrupted: str = "interrupted") -> int:
     once (os._exit(130), after a flush): waiting for that thread could take many seconds, and a
     Python shutdown around it aborts ("terminate called without an active exception", 134).
     Without such a thread (other threads, like tqdm's monitor, idle in Python) it returns 130.
+    A second Ctrl-C, wherever the first is being handled, ends the process at once: `forced`
+    on stderr (what the cleanup it cut short leaves behind), 130.
     """
+    with _second_ctrl_c_exits(forced):
+        return _answer(body, interrupted)
+
+
+@contextlib.contextmanager
+def _second_ctrl_c_exits(forced: str):
+    """While the command runs, the first SIGINT raises KeyboardInterrupt as usual and any later
+    one leaves at once with `forced` and 130. Python's own handler would raise a second
+    KeyboardInterrupt wherever the first is being handled: out of the handler, past its
+    answer, into a shutdown that waits for a busy thread (it hung there). Only on the main
+    thread, and only over Python's default handler (a caller's own handler is kept)."""
+    import signal
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    seen = []
+
+    def on_sigint(signum, frame):
+        if seen:
+            _say(forced, lead="\n")
+            _exit_now(130)
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _answer(body, interrupted: str) -> int:
     import os
     import sys
     import threading

@@ -133,7 +133,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     return run_command(lambda: _command(args), interrupted="interrupted; unfinished files were "
-                       "removed (a verified GGUF is kept for the next fetch)")
+                       "removed (a verified GGUF is kept for the next fetch)",
+                       forced="interrupted again, before the cleanup: a .tmp-* folder may be "
+                       "left (a fetch removes those in its cache)")
 
 
 def _command(args) -> int:
