@@ -78,7 +78,8 @@ def run_dtype(dtype: str, target_dir, args, show: bool) -> dict:
         s = res.stats
         return {"tok_s": timing.decode_speed(res),
                 "new_tokens": s["new_tokens"], "prefill_s": s["prefill_seconds"],
-                "seconds": s["seconds"], "ids": res.token_ids, "gb_per_s": bw_now}
+                "seconds": s["seconds"], "ids": res.token_ids, "gb_per_s": bw_now,
+                "finish_reason": res.finish_reason}
 
     def run_hf():
         t1 = timing.time_once(lambda: hf.generate(hf_model, ids, 1, eos_ids=eos), args.device)
@@ -130,7 +131,11 @@ def summarize_runs(dtype: str, weight_bytes: int, prompt_tokens: int, n: int,
     if hf_runs:
         hfv = timing.median([x["tok_s"] for x in hf_runs])
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(sp_runs, hf_runs)]
-        last = sp_runs[-1]["ids"]
+        # HF runs with min_new_tokens = n, so where specrt ended at an EOS it cannot: compare
+        # the tokens before it
+        last = list(sp_runs[-1]["ids"])
+        if sp_runs[-1].get("finish_reason") == "eos":
+            last = last[:-1]
         diff = compare.first_difference(last, hf_runs[-1]["ids"][: len(last)])
         out.update({"hf_tok_s": hfv, "hf_tok_s_all": [x["tok_s"] for x in hf_runs],
                     "hf_prefill_s": timing.median([x["prefill_s"] for x in hf_runs]),

@@ -151,7 +151,15 @@ def side_by_side(result: E2EResult) -> SideBySide:
                     for t in result.config.tasks),
         prompt_tokens=sum(plains[(t, p, "specrt")].prompt_tokens for t, p in prompts),
         plain_vs_plain={f"{t}/{p}": compare.first_difference(
-            plains[(t, p, "llamacpp")].ids, plains[(t, p, "specrt")].ids) for t, p in prompts})
+            plains[(t, p, "llamacpp")].ids, _printed(plains[(t, p, "specrt")]))
+            for t, p in prompts})
+
+
+def _printed(specrt_run: Measurement) -> tuple[int, ...]:
+    """specrt's ids as llama.cpp shows its own: llama.cpp never prints the end-of-generation
+    token it stops at, so an EOS that ended specrt's answer is left out."""
+    ids = specrt_run.ids
+    return ids[:-1] if specrt_run.finish_reason == "eos" else ids
 
 
 # --- rendering -------------------------------------------------------------------------------

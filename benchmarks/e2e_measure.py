@@ -27,6 +27,7 @@ class Generation:
     plans: tuple[str, ...] = ()                  # every round's plan ("plain", "ngram:3", ...)
     decode: tuple[int, float] | None = None     # (tokens, s) after the prompt's pass; not HF
     drafted_accepted: tuple[int, int] | None = None     # llama.cpp's totals
+    finish_reason: str | None = None    # specrt's ("eos": ids end with the EOS it stopped at)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Runner:
             cli.fail(f"{m.label}: {e}")
         wall = time.perf_counter() - t0
         return Generation(tuple(res.token_ids), wall, res.stats, tuple(rounds), tuple(plans),
-                          timing.decode_phase(res))
+                          timing.decode_phase(res), finish_reason=res.finish_reason)
 
     def _run_llamacpp(self, m: Method, p: Encoded, max_new: int) -> Generation:
         """One llama.cpp process; its prompt must be specrt's tokens (else exit 2)."""
@@ -159,12 +160,12 @@ def run_order(methods: list, prompt_index: int, repeat: int, repeats: int) -> li
 
 
 def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: dict):
-    """Every repeat x prompt x method -> ({(task, id, method): [walls]}, {...: last run},
+    """Every repeat x prompt x method -> ({(task, id, method): [walls]}, {...: [every run]},
     {...: [decode seconds]})."""
     methods = list(config.methods)
     walls: dict[tuple, list[float]] = {}
     decodes: dict[tuple, list[float]] = {}
-    last: dict[tuple, Generation] = {}
+    runs: dict[tuple, list[Generation]] = {}
     bar = cli.progress(total=len(prompts) * len(methods) * config.repeats, desc="e2e",
                        disable=not config.show_progress)
     for rep in range(config.repeats):
@@ -175,10 +176,20 @@ def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: di
                 walls.setdefault((p.task, p.id, m), []).append(g.wall)
                 if g.decode:
                     decodes.setdefault((p.task, p.id, m), []).append(g.decode[1])
-                last[(p.task, p.id, m)] = g
+                runs.setdefault((p.task, p.id, m), []).append(g)
                 bar.update(1)
     bar.close()
-    return walls, last, decodes
+    return walls, runs, decodes
+
+
+def first_mismatch(runs: list[Generation], refs: list[Generation]) -> int | None:
+    """The first token at which any repeat's output differs from the reference's output of
+    the same repeat (None: every repeat agrees)."""
+    for g, ref in zip(runs, refs, strict=True):
+        diff = compare.first_difference(g.ids, ref.ids)
+        if diff is not None:
+            return diff
+    return None
 
 
 def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement], float]:
@@ -198,12 +209,13 @@ def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement]
     warm = [m for m in config.methods if m.engine != "llamacpp"]
     for m in cli.progress(warm, desc="warm-up", disable=not config.show_progress):
         runner.run(m, first, 4)
-    walls, last, decodes = _sweep(runner, config, prompts, encoded)
+    walls, runs, decodes = _sweep(runner, config, prompts, encoded)
     elapsed = time.perf_counter() - t_start
     out = []
-    for (task, pid, m), g in last.items():
-        ref = last[(task, pid, Method(m.engine, "plain"))].ids
-        diff = None if m.is_reference else compare.first_difference(g.ids, ref)
+    for (task, pid, m), every in runs.items():
+        g = every[-1]
+        refs = runs[(task, pid, Method(m.engine, "plain"))]
+        diff = None if m.is_reference else first_mismatch(every, refs)
         dec = decodes.get((task, pid, m))
         out.append(Measurement(
             task=task, prompt=pid, method=m, prompt_tokens=len(encoded[(task, pid)].ids),
@@ -213,7 +225,7 @@ def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement]
             rejections=sum(a < d for d, a in g.rounds), stats=g.stats, plans=g.plans,
             decode_tokens=g.decode[0] if g.decode else None,
             decode_seconds=timing.median(dec) if dec else None,
-            drafted_accepted=g.drafted_accepted))
+            drafted_accepted=g.drafted_accepted, finish_reason=g.finish_reason))
     del runner
     gc.collect()
     return out, elapsed

@@ -101,7 +101,8 @@ class Measurement:
     wall: float                   # s, median over the repeats, prefill included (llama.cpp:
                                   # its prompt + decode time, loading excluded)
     walls: tuple[float, ...]      # s, every repeat
-    first_diff: int | None        # vs plain greedy of the same engine; None: same (or plain)
+    first_diff: int | None        # vs plain greedy of the same engine, the first difference
+                                  # in any repeat; None: the same in every repeat (or plain)
     a: float                      # per-position acceptance; NaN without drafted rounds
     drafted_rounds: int
     rejections: int               # drafted rounds that stopped before the end of their drafts
@@ -112,6 +113,7 @@ class Measurement:
     decode_tokens: int | None = None
     decode_seconds: float | None = None
     drafted_accepted: tuple[int, int] | None = None     # llama.cpp's n_drafted, n_accept
+    finish_reason: str | None = None    # specrt's, last repeat ("eos": ids end with that EOS)
 
     @property
     def new_tokens(self) -> int:

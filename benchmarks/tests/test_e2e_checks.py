@@ -1,0 +1,95 @@
+"""What the benchmarks count as "the same tokens": every repeat of a speculative method against
+plain greedy, and two systems' plain outputs where one ended at an EOS the other never prints.
+Fake runners and canned records: no model is loaded."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from benchmarks import e2e_measure
+from benchmarks.e2e_records import Measurement, Method, Prompt, RunConfig
+
+PLAIN, NGRAM = Method("specrt", "plain"), Method("specrt", "ngram", 4)
+
+
+class OneBadRepeat:
+    """A Runner whose n-gram method emits a wrong token in repeat `bad` only."""
+    bad = 0
+
+    def __init__(self, config):
+        self.repeat = {}
+
+    def encode(self, text):
+        return e2e_measure.Encoded([1, 2, 3], text)
+
+    def run(self, m, p, max_new):
+        ids = (5,) * max_new
+        if max_new != 4:                            # not the warm-up
+            r = self.repeat[m] = self.repeat.get(m, -1) + 1
+            if m == NGRAM and r == self.bad:
+                ids = (5, 9) + ids[2:]
+        return e2e_measure.Generation(ids, 1.0, {}, decode=(max_new - 1, 0.9))
+
+
+def test_a_mismatch_in_any_repeat_is_reported(monkeypatch):
+    """Only the last repeat's output was compared with plain greedy: a wrong token in the
+    first of three repeats went unreported ("0 of N outputs differ")."""
+    monkeypatch.setattr(e2e_measure, "Runner", OneBadRepeat)
+    config = RunConfig(target=Path("/t"), draft=None, dtype="float32", device="cpu",
+                       threads=1, max_new_tokens=8, max_seq_len=64, tasks=("code",),
+                       prompts_per_task=1, repeats=3, methods=(PLAIN, NGRAM), quick=False,
+                       show_progress=False, prompts=Path("/p.json"))
+    for bad, expected in ((0, 1), (2, 1), (3, None)):       # 3: no repeat is wrong
+        OneBadRepeat.bad = bad
+        records, _ = e2e_measure.measure(config, [Prompt("code", "p0", "hi")])
+        by_method = {r.method: r for r in records}
+        assert by_method[NGRAM].first_diff == expected, bad
+        assert by_method[PLAIN].first_diff is None
+
+
+def _record(method, ids, finish_reason=None):
+    return Measurement(task="code", prompt="p", method=method, prompt_tokens=5, ids=ids,
+                       wall=1.0, walls=(1.0,), first_diff=None, a=float("nan"),
+                       drafted_rounds=0, rejections=0, stats=None, decode_tokens=3,
+                       decode_seconds=1.0, finish_reason=finish_reason)
+
+
+def test_llamacpp_plain_is_compared_without_the_eos_specrt_stopped_at():
+    """llama.cpp prints no end-of-generation token; specrt's ids keep the EOS that ended the
+    answer, so equal answers read as "first difference at the last token"."""
+    from benchmarks.e2e_llamacpp import side_by_side
+
+    methods = (PLAIN, Method("llamacpp", "plain"))
+    config = SimpleNamespace(tasks=("code",), methods=methods, threads=2)
+    eos = 151645
+
+    def first_diff(specrt_ids, finish_reason, llamacpp_ids):
+        records = [_record(methods[0], specrt_ids, finish_reason),
+                   _record(methods[1], llamacpp_ids)]
+        side = side_by_side(SimpleNamespace(config=config, measurements=records))
+        return side.plain_vs_plain["code/p"]
+
+    assert first_diff((7, 8, eos), "eos", (7, 8)) is None
+    assert first_diff((7, 8, 9), "length", (7, 8, 9)) is None
+    assert first_diff((7, 8, 9), "length", (7, 8)) == 2          # llama.cpp stopped early
+    assert first_diff((7, 6, eos), "eos", (7, 8)) == 1           # a real difference
+
+
+def test_decode_compares_hf_before_the_eos_specrt_stopped_at():
+    """HF runs with min_new_tokens = n (its EOS masked), so it cannot stop where specrt did;
+    the tokens before specrt's EOS are what both must agree on."""
+    from benchmarks.decode import summarize_runs
+
+    def run(ids, finish_reason):
+        return {"tok_s": 10.0, "new_tokens": len(ids), "prefill_s": 0.1, "seconds": 1.0,
+                "ids": list(ids), "gb_per_s": 40.0, "finish_reason": finish_reason}
+
+    def hf(ids):
+        return {"tok_s": 5.0, "prefill_s": 0.1, "seconds": 2.0, "ids": list(ids)}
+
+    out = summarize_runs("bfloat16", 10**9, 5, 6, [run((7, 8, 2), "eos")], [hf((7, 8, 3, 4))])
+    assert out["same_tokens_as_hf"] and out["first_difference_vs_hf"] is None
+    out = summarize_runs("bfloat16", 10**9, 5, 6, [run((7, 6, 2), "eos")], [hf((7, 8, 3, 4))])
+    assert out["first_difference_vs_hf"] == 1
+    out = summarize_runs("bfloat16", 10**9, 5, 3, [run((7, 8, 2), "length")], [hf((7, 8, 3))])
+    assert out["first_difference_vs_hf"] == 2
