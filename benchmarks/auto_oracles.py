@@ -43,7 +43,7 @@ def build_parser():
     p.add_argument("--budgets", default=None,
                    help="max_new_tokens values to replay at, none past the traces' recorded "
                         "budget (default: 64 and that budget, 64,128 as `record` writes them)")
-    p.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
+    p.add_argument("--auto-k", type=cli.count, default=16, help="auto's K_max (default 16)")
     p.add_argument("--draft-priors", default="",
                    help="also replay auto with these draft-model priors, e.g. 0.6,0.7")
     p.add_argument("--sets", default="",

@@ -66,7 +66,7 @@ def build_parser():
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record the traces (loads the pair, ~20 min)")
     cli.add_common_args(rec, out=False)
-    rec.add_argument("--max-new-tokens", type=int, default=128)
+    rec.add_argument("--max-new-tokens", type=cli.count, default=128)
     rec.add_argument("--traces", default=str(TRACES), help="where to write them")
     rec.add_argument("--sets", default=",".join(PROMPT_SETS),
                      help=f"prompt sets to record (default all: {','.join(PROMPT_SETS)}); the "
@@ -75,12 +75,12 @@ def build_parser():
     cli.add_common_args(rep, out=False, progress=False)          # replays: seconds
     cli.add_record_args(rep)
     rep.add_argument("--traces", default=str(TRACES))
-    rep.add_argument("--auto-k", type=int, default=16, help="auto's K_max (default 16)")
+    rep.add_argument("--auto-k", type=cli.count, default=16, help="auto's K_max (default 16)")
     rep.add_argument("--fixed", default=FIXED, help=f"fixed settings (default {FIXED})")
     rep.add_argument("--draft-stop", type=float, default=DRAFT_STOP,
                      help=f"the draft model's stop (as LLM's draft_stop; default {DRAFT_STOP}, "
                           "0: every round drafts K)")
-    rep.add_argument("--max-new-tokens", type=int, default=None,
+    rep.add_argument("--max-new-tokens", type=cli.count, default=None,
                      help="replay each trace's first N tokens only, as a request with that "
                           "budget, at most the recorded one (64: the e2e runs in RESULTS.md; "
                           "default: all that was recorded)")
@@ -328,7 +328,7 @@ def replay_command(args) -> int:
                 f"`python -m benchmarks.auto_replay record`). Costs: this machine's calibration "
                 f"of the pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
                 f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; the draft "
-                f"model stops below {args.draft_stop:g}.\n\n")
+                f"model stops below {args.draft_stop:g}.\n" + report.note_block(args.note) + "\n")
         report.record_section(SECTION, body + text + "\n", Path(args.results_md))
     report.emit_json({"rows": rows})
     return 0

@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_common_args(p, draft=False, dtype=False)              # --dtypes instead
     p.add_argument("--dtypes", default=None, help="comma-separated dtypes to run "
                    "(default bfloat16,float32)")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens per generation "
+    p.add_argument("--new-tokens", type=cli.count, default=64, help="tokens per generation "
                    "(default 64)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per dtype "
+    p.add_argument("--repeats", type=cli.count, default=3, help="interleaved rounds per dtype "
                    "(default 3)")
     p.add_argument("--prompt", default=PROMPT, help="the chat prompt")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face (floor only)")

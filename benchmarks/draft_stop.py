@@ -39,8 +39,8 @@ def build_parser():
                    help="specrt methods, METHOD:K (auto alone: K <= 16)")
     p.add_argument("--stops", default="0,0.5", help="draft_stop values, the first the "
                    "reference of the ratios (default 0,0.5)")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=cli.count, default=2)
+    p.add_argument("--max-new-tokens", type=cli.count, default=64)
     return p
 
 
@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     print(text)
     if args.record:
         body = (f"Command: `{report.command_line()}`; decode-only tokens/s, medians of "
-                f"{args.repeats}, the stops alternating within each method.\n\n")
+                f"{args.repeats}, the stops alternating within each method.\n"
+                + report.note_block(args.note) + "\n")
         report.record_section(SECTION, body + text + "\n", Path(args.results_md))
     report.emit_json({"rows": rows, "mismatches": mismatches, "runs": runs})
     return 0

@@ -64,16 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_common_args(p)
     p.add_argument("--quick", action="store_true", help="1 prompt per task, K in {2,4}, HF K=4, "
                    "64 new tokens (see below)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=cli.count, default=None,
                    help="new tokens per generation (default 128; 64 with --quick)")
     p.add_argument("--tasks", default=None, help="comma-separated subset of the prompts "
                    "file's tasks (default: all of them)")
-    p.add_argument("--prompts-per-task", type=int, default=None, help="default 3 (1 with --quick)")
+    p.add_argument("--prompts-per-task", type=cli.count, default=None, help="default 3 (1 with --quick)")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts file (default "
                    "benchmarks/prompts.json)")
     p.add_argument("--ks", default=None, help="K values of draft_model/ngram (default 1,2,4,8; "
                    "2,4 with --quick)")
-    p.add_argument("--auto-k", type=int, default=16, help="num_speculative_tokens of auto "
+    p.add_argument("--auto-k", type=cli.count, default=16, help="num_speculative_tokens of auto "
                    "(default 16, as the library's)")
     p.add_argument("--methods", default=None, help="specrt's methods, e.g. plain,ngram:4,"
                    "draft_model:4,auto:16 (a name without :K means every K in --ks; plain is "
@@ -89,9 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default $SPECRT_LLAMACPP_DIR, else $SPECRT_CACHE/llamacpp)")
     p.add_argument("--llamacpp-timeout", type=float, default=600.0,
                    help="seconds one llama.cpp process may take (default 600)")
-    p.add_argument("--repeats", type=int, default=1, help="sweeps over the prompts; the median "
+    p.add_argument("--repeats", type=cli.count, default=1, help="sweeps over the prompts; the median "
                    "time per prompt x method is used (default 1)")
-    p.add_argument("--max-seq-len", type=int, default=4096)
+    p.add_argument("--max-seq-len", type=cli.count, default=4096)
     cli.add_record_args(p)
     return p
 

@@ -29,6 +29,7 @@ import warnings
 
 import torch
 
+from benchmarks.harness import cli
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.model.config import ModelConfig
@@ -280,7 +281,7 @@ def gpu_script_parser(prog: str, doc: str, budget: float) -> argparse.ArgumentPa
     """The options the GPU check's scripts share (this one and benchmarks.gpu_kernels)."""
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="CPU plumbing run on a tiny model")
-    p.add_argument("--context", type=int, default=512, help="tokens of history")
+    p.add_argument("--context", type=cli.count, default=512, help="tokens of history")
     p.add_argument("--budget", type=float, default=budget,
                    help="seconds; later sections skipped")
     p.add_argument("--json", default=None, help="write the results here")
@@ -290,7 +291,7 @@ def gpu_script_parser(prog: str, doc: str, budget: float) -> argparse.ArgumentPa
 def main(argv=None) -> int:
     p = gpu_script_parser("python -m benchmarks.gpu_probe", __doc__, budget=200)
     p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM peak, TB/s (H200: 4.8)")
-    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--reps", type=cli.count, default=50)
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     device = torch.device("cpu" if args.tiny else "cuda")

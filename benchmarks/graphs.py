@@ -52,11 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", default="1,8", help="batch sizes (default 1,8)")
     p.add_argument("--ks", default="4,8", help="draft lengths K (default 4,8)")
     p.add_argument("--prefix", type=int, default=128, help="prompt length P (default 128)")
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30; "
+    p.add_argument("--repeats", type=cli.count, default=None, help="timed rounds (default 30; "
                    "--quick 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds after the prompt "
                    "round, which is untimed too and captures the graph (default 3)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads "
+    p.add_argument("--threads", type=cli.count, default=None, help="torch intra-op threads "
                    "(default 2; --quick 1: a tiny model gains nothing from more)")
     p.add_argument("--out", default=str(results.DEFAULT_OUT),
                    help="directory for graphs.json (default benchmarks/results)")

@@ -25,7 +25,7 @@ from benchmarks.harness.model_dirs import resolve_with_draft
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.huge_pages", __doc__)
     cli.add_common_args(p, out=False, dtype=False, device=False)   # bf16 on the CPU only
-    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    p.add_argument("--rounds", type=cli.count, default=10, help="interleaved rounds (default 10)")
     p.add_argument("--order", choices=("huge-first", "small-first"), default="huge-first",
                    help="which copy of each model is loaded first (default huge-first)")
     return p

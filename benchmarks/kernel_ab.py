@@ -51,8 +51,8 @@ def build_parser():
     p.add_argument("--rows", default="1", help="comma-separated row counts M (default 1)")
     p.add_argument("--format", default="bf16", choices=sorted(SHAPES),
                    help="bf16: the 1.5B target's products (default); int8: the 0.5B draft's")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
-    p.add_argument("--threads", type=int, default=2, help="kernel threads (default 2)")
+    p.add_argument("--rounds", type=cli.count, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--threads", type=cli.count, default=2, help="kernel threads (default 2)")
     p.add_argument("--allow-different-bits", action="store_true",
                    help="time the builds even if their outputs differ")
     return p

@@ -37,7 +37,7 @@ import importlib  # noqa: E402
 
 import triton  # noqa: E402
 
-from benchmarks.harness import timing  # noqa: E402
+from benchmarks.harness import cli, results, timing  # noqa: E402
 from specrt.kernels import reference  # noqa: E402
 
 attention_kernel = importlib.import_module("specrt.kernels.triton.verify_attention")
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="small shapes, few repeats (CPU smoke run)")
     parser.add_argument("--out", type=pathlib.Path, help="also write the JSON to DIR/kernels.json")
-    parser.add_argument("--reps", type=int, default=None, help="timed repeats per measurement")
+    parser.add_argument("--reps", type=cli.count, default=None, help="timed repeats per measurement")
     args = parser.parse_args()
 
     # On CPU the interpreter's bf16 arithmetic is wrong, so the smoke run uses fp32/fp16.
@@ -216,7 +216,7 @@ def main() -> None:
     line = json.dumps(result)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "kernels.json").write_text(line + "\n")
+        results.write_atomically(args.out / "kernels.json", line + "\n")
     print(line)
 
 

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.layer_loop", __doc__)
     cli.add_common_args(p, out=False, dtype=False, device=False)   # bf16 on the CPU only
     cli.add_record_args(p)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
+    p.add_argument("--rounds", type=cli.count, default=5, help="interleaved rounds (median)")
     return p
 
 

@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "qwen2.5-coder-0.5b-instruct)")
     p.add_argument("--quant", default="int8", choices=["int8", "int4", "none"],
                    help="the model's weights: int8 (default), int4, or none (bf16)")
-    p.add_argument("--prompt", type=int, default=252, help="prompt pass tokens (default 252)")
-    p.add_argument("--rounds", type=int, default=11, help="interleaved rounds (default 11)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--prompt", type=cli.count, default=252, help="prompt pass tokens (default 252)")
+    p.add_argument("--rounds", type=cli.count, default=11, help="interleaved rounds (default 11)")
+    p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
     return p
 
 

@@ -202,11 +202,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ngram",
                                      description=__doc__.splitlines()[0])
     # Defaults are SpecConfig's: K=4, prompt_lookup_min=1, prompt_lookup_max=3.
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--min-n", type=int, default=1)
-    parser.add_argument("--max-n", type=int, default=3)
-    parser.add_argument("--vocab", type=int, default=32_000)
-    parser.add_argument("--states", type=int, default=32,
+    parser.add_argument("--k", type=cli.count, default=4)
+    parser.add_argument("--min-n", type=cli.count, default=1)
+    parser.add_argument("--max-n", type=cli.count, default=3)
+    parser.add_argument("--vocab", type=cli.count, default=32_000)
+    parser.add_argument("--states", type=cli.count, default=32,
                         help="consecutive histories timed per length (median over them)")
     parser.add_argument("--budget", type=float, default=0.01,
                         help="seconds of repeated calls per timed state and provider")

@@ -38,13 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.rejection_sim", __doc__,
                    epilog="Example: python -m benchmarks.rejection_sim "
                           "--tokens 1000000 --k 1 --record")
-    p.add_argument("--tokens", type=int, default=1_000_000, help="rows = first tokens counted "
+    p.add_argument("--tokens", type=cli.count, default=1_000_000, help="rows = first tokens counted "
                    "(default 1,000,000)")
-    p.add_argument("--k", type=int, default=1, help="draft tokens per row (default 1)")
-    p.add_argument("--chunk", type=int, default=250_000, help="rows per batched call "
+    p.add_argument("--k", type=cli.count, default=1, help="draft tokens per row (default 1)")
+    p.add_argument("--chunk", type=cli.count, default=250_000, help="rows per batched call "
                    "(default 250,000)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=cli.count, default=2)
     p.add_argument("--device", default="cpu", type=cli.device_arg,
                    help="cpu (default), cuda or cuda:N")
     p.add_argument("--out", default=str(results.DEFAULT_OUT))

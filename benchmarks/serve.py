@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(out=str(RESULTS_DIR))
     cli.add_record_args(p)
     p.add_argument("--clients", default="1,2,4,8", help="concurrent clients per configuration")
-    p.add_argument("--prompts-per-client", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=None, help="new tokens per request "
+    p.add_argument("--prompts-per-client", type=cli.count, default=3)
+    p.add_argument("--max-tokens", type=cli.count, default=None, help="new tokens per request "
                    "(default 128; --quick: 16)")
     p.add_argument("--spec-config", default=None, help="speculative config JSON for the "
                    "speculative configurations (default: the server's default)")

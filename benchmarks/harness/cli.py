@@ -64,6 +64,18 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def count(text: str) -> int:
+    """argparse type of a count (rounds, repeats, tokens, K): a whole number >= 1. A 0 ran
+    the models' loading and then failed on an empty median."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a count: give 1 or more")
+    return n
+
+
 def positive_ints(s: str, what: str, unique_sorted: bool = False) -> list[int]:
     """Parse a comma-separated list of positive integers from the command line, or fail with a
     message naming the option."""

@@ -6,6 +6,7 @@ is for tables and the JSON last line).
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +23,14 @@ def pyplot():
 
 def save_figure(fig, path: Path) -> Path:
     """Lay out, save at 120 dpi, close; -> path."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")    # keeps the format's suffix
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)          # a run killed mid-write leaves no half a picture
+    finally:
+        tmp.unlink(missing_ok=True)
+        pyplot().close(fig)
     print(f"wrote {path}", file=sys.stderr)
     return path

@@ -121,9 +121,12 @@ def results_preamble(info: dict, note: str | None = None) -> str:
                       f"thread, {many:.0f} us on {info['threads_asked']}"
                       + (" (CONTENDED: timings not representative)." if probe["contended"]
                          else "."))
-    if note:
-        lines += ["", f"**{note}**"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + note_block(note)
+
+
+def note_block(note: str | None) -> str:
+    """--note's line for a RESULTS.md section, set off in bold ("" without one)."""
+    return f"\n**{note}**\n" if note else ""
 
 
 def record_section(heading: str, body: str, path: Path = results.RESULTS_MD) -> None:
@@ -149,6 +152,6 @@ def emit_json(obj: dict, path: Path | None = None) -> None:
     """Write obj to `path` (if given) and print it as the LAST line of stdout."""
     line = json.dumps(_jsonable(obj), separators=(", ", ": "))
     if path is not None:
-        Path(path).write_text(json.dumps(_jsonable(obj), indent=1) + "\n")
+        results.write_atomically(Path(path), json.dumps(_jsonable(obj), indent=1) + "\n")
     sys.stdout.flush()
     print(line, flush=True)

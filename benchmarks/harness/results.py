@@ -67,6 +67,19 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return joined + new
 
 
+def write_atomically(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temp file beside it and os.replace: a run killed
+    mid-write leaves the old file or none, never half of the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def write_section(heading: str, body: str, path: Path = RESULTS_MD) -> Path:
     """Replace only our `## heading` section of the shared RESULTS.md (others own the rest);
     returns the path written."""
@@ -77,7 +90,5 @@ def write_section(heading: str, body: str, path: Path = RESULTS_MD) -> Path:
         fcntl.flock(lf, fcntl.LOCK_EX)
         text = path.read_text() if path.exists() else "# Benchmark results\n\n"
         new = replace_section(text, heading, body)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(new.rstrip("\n") + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, new.rstrip("\n") + "\n")
     return path

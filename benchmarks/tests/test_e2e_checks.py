@@ -93,3 +93,49 @@ def test_decode_compares_hf_before_the_eos_specrt_stopped_at():
     assert out["first_difference_vs_hf"] == 1
     out = summarize_runs("bfloat16", 10**9, 5, 3, [run((7, 8, 2), "length")], [hf((7, 8, 3))])
     assert out["first_difference_vs_hf"] == 2
+
+
+def test_results_files_are_replaced_whole(tmp_path, monkeypatch):
+    """e2e.json (which benchmarks.e2e_llamacpp reads back), kernels.json and the plots were
+    written in place: a run killed mid-write left half a file. A write that fails now leaves
+    the old file and no temp file."""
+    from benchmarks.harness import results
+
+    target = tmp_path / "e2e.json"
+    target.write_text("old")
+    results.write_atomically(target, "new")
+    assert target.read_text() == "new"
+
+    def full_disk(self, text, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    try:
+        results.write_atomically(target, "newer")
+    except OSError:
+        pass
+    monkeypatch.undo()
+    assert target.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["e2e.json"]
+
+
+def test_count_flags_refuse_zero_before_any_model_loads():
+    """`layer_loop --rounds 0` loaded four models, then failed on an empty median with a
+    traceback; every count flag of the benchmarks is checked by the parser now."""
+    import argparse
+
+    import pytest
+
+    from benchmarks.harness import cli
+
+    assert cli.count("3") == 3
+    for bad in ("0", "-2", "x", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.count(bad)
+    from benchmarks import decode, e2e, layer_loop
+
+    for main, argv in ((layer_loop.main, ["--rounds", "0"]), (e2e.main, ["--auto-k", "0"]),
+                       (e2e.main, ["--repeats", "0"]), (decode.main, ["--new-tokens", "0"])):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2, argv
