@@ -70,5 +70,24 @@ def test_an_unknown_level_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("SPECRT_CPU_LEVEL", "avx3")
     with pytest.raises(ConfigError, match="SPECRT_CPU_LEVEL.*avx2"):
         select_backend(torch.device("cpu"), torch.bfloat16)
-    monkeypatch.setenv("SPECRT_CPU_LEVEL", "avx2")
-    select_backend(torch.device("cpu"), torch.bfloat16)       # accepted
+
+
+def test_a_level_changed_after_the_kernels_loaded_is_refused(monkeypatch):
+    """Each extension reads the level when it loads; the layer loop loads later than the
+    matrix kernels, so a level set in between gave it the other layout of the int8 weights
+    (a draft whose every product was wrong: acceptance collapsed, silently)."""
+    import torch
+
+    from specrt.errors import ConfigError
+    from specrt.kernels.cpu.extension import CPU_LEVEL_READ
+    from specrt.model.backends import select_backend
+
+    changed = None if CPU_LEVEL_READ == "avx2" else "avx2"
+    if changed is None:
+        monkeypatch.delenv("SPECRT_CPU_LEVEL")
+    else:
+        monkeypatch.setenv("SPECRT_CPU_LEVEL", changed)
+    with pytest.raises(ConfigError, match="SPECRT_CPU_LEVEL changed .* before importing"):
+        select_backend(torch.device("cpu"), torch.bfloat16)
+    monkeypatch.undo()
+    select_backend(torch.device("cpu"), torch.bfloat16)       # as loaded: accepted

@@ -7,6 +7,14 @@ from __future__ import annotations
 import importlib
 import os
 
+# The kernels' level: "avx2" forces the AVX2 kernels on an AVX-512 CPU (tests, comparisons).
+# Each extension reads it once, when it loads (csrc/cpu/cpu_features.h); they load at different
+# times (the layer loop only when a CPU backend is chosen), so the value they read is kept here
+# and a change after that is refused where a model is loaded (specrt.model.backends): two
+# extensions at two levels would read each other's int8 weight layout.
+CPU_LEVEL_VAR = "SPECRT_CPU_LEVEL"
+CPU_LEVEL_READ = os.environ.get(CPU_LEVEL_VAR)
+
 
 def load(module: str, env_var: str, what: str, fallback: str):
     """(the extension module or None, available): built, this CPU runs it, not turned off."""

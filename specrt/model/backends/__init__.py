@@ -25,8 +25,25 @@ ENV_VAR = "SPECRT_BACKEND"
 
 
 # The CPU kernels' level is read by the C++ extensions themselves (csrc/cpu/cpu_features.h),
-# which ignore anything but "avx2"; a typo is caught here, where a model is loaded.
-CPU_LEVEL_VAR, CPU_LEVELS = "SPECRT_CPU_LEVEL", ("avx2",)
+# which ignore anything but "avx2"; a typo, or a change after they loaded, is caught here,
+# where a model is loaded.
+CPU_LEVELS = ("avx2",)
+
+
+def _check_cpu_level() -> None:
+    from specrt.kernels.cpu.extension import CPU_LEVEL_READ, CPU_LEVEL_VAR
+
+    level = os.environ.get(CPU_LEVEL_VAR)
+    if level and level not in CPU_LEVELS:
+        raise ConfigError(f"unknown CPU kernel level {level!r} ({CPU_LEVEL_VAR}); set it to "
+                          f"{' or '.join(CPU_LEVELS)}, or unset it for the best this CPU has")
+    if level != CPU_LEVEL_READ:
+        def shown(value):
+            return "unset" if value is None else repr(value)
+
+        raise ConfigError(f"{CPU_LEVEL_VAR} changed from {shown(CPU_LEVEL_READ)} to "
+                          f"{shown(level)} after specrt's CPU kernels loaded; they read it once "
+                          "per process: set it before importing specrt (or in a new process)")
 
 
 def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = None) -> Backend:
@@ -35,10 +52,7 @@ def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = 
         raise ConfigError(f"unknown backend {name!r} ({ENV_VAR}); choose one of "
                           f"{', '.join(BACKENDS)}")
     forced_backend(device)         # SPECRT_KERNELS, checked before any pass needs it
-    level = os.environ.get(CPU_LEVEL_VAR)
-    if level and level not in CPU_LEVELS:
-        raise ConfigError(f"unknown CPU kernel level {level!r} ({CPU_LEVEL_VAR}); set it to "
-                          f"{' or '.join(CPU_LEVELS)}, or unset it for the best this CPU has")
+    _check_cpu_level()
     if name == "torch_ref":
         return TorchReference()
     if device.type == "cuda" or name == "cuda":
