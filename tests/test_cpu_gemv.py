@@ -181,3 +181,6 @@ def test_the_streaming_read_reads_contiguous_cpu_tensors_and_refuses_views():
         bandwidth.read_seconds([torch.ones(8).expand(4, 8)])
     with pytest.raises(ValueError, match="contiguous CPU tensors"):
         bandwidth.read_seconds([torch.ones(16, 16).t()])
+    for threads in (0, -1, 2.0):     # -1 reached OpenMP, which aborted the whole process
+        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+            bandwidth.read_seconds([t], threads=threads)

@@ -127,6 +127,26 @@ def test_kernel_rows_do_not_depend_on_their_neighbours(kernel, dtype, M):
     assert torch.equal(together, alone)
 
 
+@needs_kernel
+@KERNELS
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_input_makes_its_row_nan_as_in_the_reference(kernel, dtype, bad):
+    """The block maximum (vmaxps) dropped a NaN operand and an infinity gave an infinite scale:
+    the kernels turned a NaN row into finite numbers (or +-inf) where the reference gives NaN,
+    so a draft gone NaN looked healthy. Every position of a 64-value block is tried (the
+    maximum is taken over four vectors, then across lanes)."""
+    x, qw, b = _quantized(kernel, dtype, 3, 40, 256)
+    for col in (0, 5, 16, 31, 47, 63, 64 + 17, 255):
+        xb = x.clone()
+        xb[1, col] = bad
+        want = kernel.reference_linear(xb, qw, b, torch.float32)
+        got = kernel.kernel_linear(xb, qw, b, torch.float32)
+        assert want[1].isnan().all(), col                      # the reference's answer
+        assert got[1].isnan().all(), (col, got[1, :4])
+        torch.testing.assert_close(got[[0, 2]], want[[0, 2]], rtol=2e-3, atol=2e-3)
+
+
 def test_reference_is_close_to_the_float_product():
     x, qw, b, w = _operands(torch.float32, 4, 64, 512, seed=2)
     want = torch.nn.functional.linear(x, w, b)

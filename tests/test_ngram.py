@@ -303,7 +303,11 @@ def test_bad_sizes(backend):
             propose([1, 2], k, 1, 2)
     cases = [((0, 2), "min_n must be >= 1, got 0"),
              ((-1, -2), "min_n must be >= 1, got -1"),
-             ((3, 2), "min_n must be <= max_n, got min_n=3, max_n=2")]
+             ((3, 2), "min_n must be <= max_n, got min_n=3, max_n=2"),
+             # one table per length, made up front: 2**31 - 1 tried to reserve ~64 GB
+             ((1, 1025), "max_n must be <= 1024, got 1025"),
+             ((1, 2**31 - 1), f"max_n must be <= 1024, got {2**31 - 1}"),
+             ((1, 2**40), f"max_n must be <= 1024, got {2**40}")]
     for (min_n, max_n), message in cases:
         with pytest.raises(ValueError) as e:
             index_cls(min_n, max_n)
@@ -311,6 +315,16 @@ def test_bad_sizes(backend):
         with pytest.raises(ValueError) as e:
             propose([1, 2], 2, min_n, max_n)
         assert str(e.value) == message
+    index_cls(1, ngram_index.MAX_NGRAM)                   # the longest allowed
+    # Past int32 (the C++ binding took C ints: a TypeError "incompatible function arguments"
+    # where the fallback answered): k and limit mean "all there is".
+    full = index_cls(1, 2)
+    full.extend([1, 2, 3, 1, 2])
+    assert full.propose(2**31) == full.propose(2**40) == [3, 1, 2]
+    assert full.agreement(2**31) == full.agreement(2**40) == 2
+    assert propose([1, 2, 3, 1, 2], 2**40, 1, 2) == [3, 1, 2]
+    with pytest.raises(ValueError, match=rf"^k must be >= 1, got {-2**31 - 1}$"):
+        full.propose(-2**31 - 1)
     # Sizes are checked before tokens, in both backends.
     with pytest.raises(ValueError, match="^k must be"):
         propose([-1], 0, 1, 2)

@@ -51,9 +51,11 @@ SPECRT_AVX2 static void quantize_row16(const T* x, int64_t K, int16_t* q, float*
   for (int64_t b = 0; b < K / QBLOCK; ++b) {
     __m256 v[QBLOCK / 8];
     __m256 amax = _mm256_setzero_ps();
+    int nan = 0;                       // vmaxps drops a NaN operand: seen apart
     for (int i = 0; i < QBLOCK / 8; ++i) {
       v[i] = load8(x + b * QBLOCK + 8 * i);
       amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], abs_mask));
+      nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
     }
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, amax);
@@ -75,7 +77,7 @@ SPECRT_AVX2 static void quantize_row16(const T* x, int64_t K, int16_t* q, float*
     _mm256_store_si256(reinterpret_cast<__m256i*>(parts), sum);
     int32_t total = 0;
     for (int32_t p : parts) total += p;
-    scale[b] = m / 127.0f;
+    scale[b] = block_scale(m, nan != 0);
     offset[b * 8] = -128 * total;
   }
 }

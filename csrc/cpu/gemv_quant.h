@@ -12,7 +12,9 @@
 #pragma once
 
 #include <immintrin.h>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cpu_features.h"
@@ -41,6 +43,12 @@ SPECRT_AVX512 SPECRT_INLINE __m512 load16(const uint16_t* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// A block's scale: max|x| / 127; NaN where the block holds a NaN or an infinity, as the
+// reference's (its inf / inf and NaN values make every output of the row NaN).
+SPECRT_INLINE float block_scale(float amax, bool has_nan) {
+  return has_nan || std::isinf(amax) ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+}
+
 // One row of x (K values, bf16 or fp32) -> bytes, block scales and lane corrections for
 // weights stored + offset. Rounding: cvtps2dq under the default rounding mode (to nearest, ties
 // to even), as the reference's torch.round.
@@ -52,13 +60,15 @@ SPECRT_AVX512_VNNI void quantize_row(const T* x, int64_t K, uint8_t offset, int8
   for (int64_t b = 0; b < K / QBLOCK; ++b) {
     __m512 v[4];
     __m512 amax = _mm512_setzero_ps();
+    __mmask16 nan = 0;                 // vmaxps drops a NaN operand: seen apart
     for (int i = 0; i < 4; ++i) {
       v[i] = load16(x + b * QBLOCK + 16 * i);
       amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
+      nan |= _mm512_cmp_ps_mask(v[i], v[i], _CMP_UNORD_Q);
     }
     float m = _mm512_reduce_max_ps(amax);
     float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    scale[b] = m / 127.0f;
+    scale[b] = block_scale(m, nan != 0);
     __m512 vinv = _mm512_set1_ps(inv);
     for (int i = 0; i < 4; ++i) {
       __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], vinv));

@@ -47,11 +47,12 @@ void check_tokens_impl(const T* tokens, size_t count) {
 }
 
 template <typename T>
-std::vector<Token> propose_scan(const T* history, size_t len, int k, int min_n, int max_n) {
+std::vector<Token> propose_scan(const T* history, size_t len, int64_t k, int64_t min_n,
+                                int64_t max_n) {
   check_k(k);
   check_ngram_sizes(min_n, max_n);
   check_tokens(history, len);
-  for (int n = max_n; n >= min_n; --n) {
+  for (int64_t n = max_n; n >= min_n; --n) {
     const size_t un = static_cast<size_t>(n);
     if (len <= un) continue;
     const T* suffix = history + (len - un);
@@ -69,23 +70,28 @@ std::vector<Token> propose_scan(const T* history, size_t len, int k, int min_n, 
 
 }  // namespace
 
-void check_k(int k) {
+void check_k(int64_t k) {
   if (k < 1) throw std::invalid_argument("k must be >= 1, got " + std::to_string(k));
 }
 
-void check_ngram_sizes(int min_n, int max_n) {
+void check_ngram_sizes(int64_t min_n, int64_t max_n) {
   if (min_n < 1) throw std::invalid_argument("min_n must be >= 1, got " + std::to_string(min_n));
   if (min_n > max_n) {
     throw std::invalid_argument("min_n must be <= max_n, got min_n=" + std::to_string(min_n) +
                                 ", max_n=" + std::to_string(max_n));
+  }
+  if (max_n > kMaxNgram) {
+    throw std::invalid_argument("max_n must be <= " + std::to_string(kMaxNgram) + ", got " +
+                                std::to_string(max_n));
   }
 }
 
 void check_tokens(const int32_t* tokens, size_t count) { check_tokens_impl(tokens, count); }
 void check_tokens(const int64_t* tokens, size_t count) { check_tokens_impl(tokens, count); }
 
-NgramIndex::NgramIndex(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) {
-  check_ngram_sizes(min_n, max_n);
+NgramIndex::NgramIndex(int64_t min_n, int64_t max_n)
+    : min_n_(static_cast<int>(min_n)), max_n_(static_cast<int>(max_n)) {
+  check_ngram_sizes(min_n, max_n);   // before min_n_ / max_n_ are used: within int once it passes
   const size_t levels = static_cast<size_t>(max_n - min_n) + 1;
   tables_.resize(levels);
   prev_end_.assign(levels, kNone);
@@ -170,7 +176,7 @@ int NgramIndex::match_length() const {
   return 0;
 }
 
-int NgramIndex::agreement(int limit) const {
+int NgramIndex::agreement(int64_t limit) const {
   const int n = match_length();
   if (n == 0 || limit <= 0) return 0;
   // The occurrence ends at `end` < size - 1: compare backwards from both ends.
@@ -182,7 +188,7 @@ int NgramIndex::agreement(int limit) const {
   return static_cast<int>(j);
 }
 
-std::pair<size_t, size_t> NgramIndex::propose_range(int k) const {
+std::pair<size_t, size_t> NgramIndex::propose_range(int64_t k) const {
   check_k(k);
   const int n = match_length();
   if (n == 0) return {0, 0};
@@ -190,7 +196,7 @@ std::pair<size_t, size_t> NgramIndex::propose_range(int k) const {
   return {begin, std::min(tokens_.size(), begin + static_cast<size_t>(k))};
 }
 
-std::vector<Token> NgramIndex::propose(int k) const {
+std::vector<Token> NgramIndex::propose(int64_t k) const {
   const auto [begin, end] = propose_range(k);
   return std::vector<Token>(tokens_.begin() + begin, tokens_.begin() + end);
 }
@@ -202,11 +208,13 @@ void NgramIndex::reset() {
   std::fill(prev_end_.begin(), prev_end_.end(), kNone);
 }
 
-std::vector<Token> propose(const int32_t* history, size_t len, int k, int min_n, int max_n) {
+std::vector<Token> propose(const int32_t* history, size_t len, int64_t k, int64_t min_n,
+                           int64_t max_n) {
   return propose_scan(history, len, k, min_n, max_n);
 }
 
-std::vector<Token> propose(const int64_t* history, size_t len, int k, int min_n, int max_n) {
+std::vector<Token> propose(const int64_t* history, size_t len, int64_t k, int64_t min_n,
+                           int64_t max_n) {
   return propose_scan(history, len, k, min_n, max_n);
 }
 

@@ -21,11 +21,16 @@ namespace specrt {
 
 using Token = int32_t;
 constexpr int64_t kMaxToken = 2147483647;  // INT32_MAX
+// The longest n-gram an index keeps (one table each, made up front): such matches never occur
+// in text, and a huge max_n would allocate tables by the gigabyte.
+constexpr int64_t kMaxNgram = 1024;
 
-// Throw std::invalid_argument unless k >= 1 / 1 <= min_n <= max_n. The messages are
-// mirrored word for word by the Python fallback (specrt/spec/drafters/ngram_index.py).
-void check_k(int k);
-void check_ngram_sizes(int min_n, int max_n);
+// Throw std::invalid_argument unless k >= 1 / 1 <= min_n <= max_n <= kMaxNgram. The messages
+// are mirrored word for word by the Python fallback (specrt/spec/drafters/ngram_index.py).
+// Sizes are taken as int64 so that any Python int pybind can convert gets the same answer as
+// the fallback: k and limit above INT32_MAX mean "all there is".
+void check_k(int64_t k);
+void check_ngram_sizes(int64_t min_n, int64_t max_n);
 
 // Throw std::invalid_argument naming the first token outside [0, kMaxToken] and its index.
 void check_tokens(const int32_t* tokens, size_t count);
@@ -42,7 +47,7 @@ void check_tokens(const int64_t* tokens, size_t count);
 // touches the tables and costs O(max_n + k) whatever the history length.
 class NgramIndex {
  public:
-  NgramIndex(int min_n, int max_n);
+  NgramIndex(int64_t min_n, int64_t max_n);
 
   // Append committed tokens. All tokens are validated before any is appended, so a bad
   // token leaves the index unchanged.
@@ -52,8 +57,8 @@ class NgramIndex {
 
   // The draft as a half-open range [begin, end) of positions in tokens(); empty when no
   // n-gram matches. Saves a copy when the caller converts straight into its own type.
-  std::pair<size_t, size_t> propose_range(int k) const;
-  std::vector<Token> propose(int k) const;
+  std::pair<size_t, size_t> propose_range(int64_t k) const;
+  std::vector<Token> propose(int64_t k) const;
   // The suffix length n that propose matches on (the longest with an earlier occurrence),
   // 0 when none does. A longer match is a better guess: the adaptive planner keeps its
   // acceptance per n.
@@ -62,7 +67,7 @@ class NgramIndex {
   // where propose copies from: match_length() when that is below max_n, and possibly more
   // when the whole max_n-gram matched (0 when nothing matches). A long agreement means the
   // text is being copied, so the copy is likely to go on.
-  int agreement(int limit) const;
+  int agreement(int64_t limit) const;
 
   void reset();
   size_t size() const { return tokens_.size(); }
@@ -97,7 +102,9 @@ class NgramIndex {
 
 // Stateless reference-style matcher: a direct backward scan, O(len * max_n) per call.
 // Meant for one-off calls and as an independent check of the index, not for decoding loops.
-std::vector<Token> propose(const int32_t* history, size_t len, int k, int min_n, int max_n);
-std::vector<Token> propose(const int64_t* history, size_t len, int k, int min_n, int max_n);
+std::vector<Token> propose(const int32_t* history, size_t len, int64_t k, int64_t min_n,
+                           int64_t max_n);
+std::vector<Token> propose(const int64_t* history, size_t len, int64_t k, int64_t min_n,
+                           int64_t max_n);
 
 }  // namespace specrt

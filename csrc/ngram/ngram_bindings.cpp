@@ -162,9 +162,10 @@ Incremental prompt-lookup index over a growing token history.
 
 NgramIndex(min_n, max_n): for each n-gram length in [min_n, max_n] the index keeps the
 most recent earlier occurrence of the history's last n tokens, so propose(k) costs
-O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <= max_n.
+O(max_n + k) whatever the history length. Raises ValueError unless
+1 <= min_n <= max_n <= 1024.
 )doc")
-      .def(py::init<int, int>(), py::arg("min_n"), py::arg("max_n"))
+      .def(py::init<int64_t, int64_t>(), py::arg("min_n"), py::arg("max_n"))
       .def(
           "extend",
           [](specrt::NgramIndex& self, py::handle tokens) {
@@ -176,7 +177,7 @@ O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <=
           "[0, 2**31 - 1].")
       .def(
           "propose",
-          [](const specrt::NgramIndex& self, int k) {
+          [](const specrt::NgramIndex& self, int64_t k) {
             const auto [begin, end] = self.propose_range(k);
             return to_list(self.tokens().data() + begin, end - begin);
           },
@@ -203,7 +204,7 @@ O(max_n + k) whatever the history length. Raises ValueError unless 1 <= min_n <=
 
   m.def(
       "propose",
-      [](py::handle history, int k, int min_n, int max_n) {
+      [](py::handle history, int64_t k, int64_t min_n, int64_t max_n) {
         // Same check order as the Python fallback: sizes first, then tokens.
         specrt::check_k(k);
         specrt::check_ngram_sizes(min_n, max_n);

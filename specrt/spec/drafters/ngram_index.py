@@ -31,6 +31,7 @@ import operator
 import numpy as np
 
 MAX_TOKEN = 2**31 - 1  # token ids are stored as int32 by the C++ index
+MAX_NGRAM = 1024       # the longest n-gram an index keeps (one table each, made up front)
 _TOKEN_RANGE = f"token ids must be integers in [0, {MAX_TOKEN}]"
 
 
@@ -44,12 +45,15 @@ def check_k(k: int) -> int:
 
 
 def check_ngram_sizes(min_n: int, max_n: int) -> tuple[int, int]:
-    """(min_n, max_n) as ints; ValueError unless 1 <= min_n <= max_n."""
+    """(min_n, max_n) as ints; ValueError unless 1 <= min_n <= max_n <= MAX_NGRAM (longer
+    n-grams never match in text, and their tables would take memory by the gigabyte)."""
     min_n, max_n = operator.index(min_n), operator.index(max_n)
     if min_n < 1:
         raise ValueError(f"min_n must be >= 1, got {min_n}")
     if min_n > max_n:
         raise ValueError(f"min_n must be <= max_n, got min_n={min_n}, max_n={max_n}")
+    if max_n > MAX_NGRAM:
+        raise ValueError(f"max_n must be <= {MAX_NGRAM}, got {max_n}")
     return min_n, max_n
 
 
@@ -211,4 +215,4 @@ else:
     NgramIndex = _ngram.NgramIndex
     propose = _ngram.propose
 
-__all__ = ["BACKEND", "MAX_TOKEN", "NgramIndex", "PyNgramIndex", "propose", "py_propose"]
+__all__ = ["BACKEND", "MAX_NGRAM", "MAX_TOKEN", "NgramIndex", "PyNgramIndex", "propose", "py_propose"]
