@@ -1,5 +1,6 @@
 """Adaptive speculation ("auto"): K follows acceptance, and output stays exact."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -766,3 +767,47 @@ def test_calibrations_are_keyed_by_the_cpu_arm_ones_too(tmp_path):
     x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R45\nflags\t: avx512f\n")
     assert cpu_name(str(x86)) == "AMD EPYC 9R45"
     assert device_name(torch.device("cpu")) == "cpu"
+
+
+@pytest.mark.parametrize("first", ["companion", "seeded"])
+def test_a_seeded_sampled_auto_request_gives_its_solo_tokens_beside_others(llm, monkeypatch,
+                                                                          first):
+    """auto plans each round for the whole batch, so beside a companion a seeded sampled
+    request's rounds (and the random draws they consume) differed from its run alone, and so
+    did its tokens. It now has the batch to itself: it waits for the running requests, and
+    requests that come while it runs wait for it."""
+    spec = {"method": "auto", "num_speculative_tokens": 5}
+    _pin_costs(llm, spec, monkeypatch)
+    seeded = dict(max_new_tokens=40, speculative=spec, temperature=1.0, seed=7)
+    companion = dict(max_new_tokens=60, speculative=spec)       # greedy: joins any batch
+    repetitive = [9, 10, 11] * 5                                 # prompt lookup drafts here
+    solo = llm.generate(PROMPTS[1], **seeded)
+    solo_companion = llm.generate(repetitive, **companion).token_ids
+    assert any(p != "plain" for p in solo.stats["plan_histogram"])    # it did speculate
+
+    engine = llm.engine
+    busy_at_reserve = []
+    reserve = engine.reserve
+
+    def spy(request, *args, **kwargs):
+        busy_at_reserve.append(sum(row is not None for row in engine.slots))
+        return reserve(request, *args, **kwargs)
+
+    engine.reserve = spy                 # called on the scheduler's thread
+    try:
+        if first == "companion":
+            stream = llm.stream(repetitive, **companion)
+            got_companion = list(next(stream).token_ids)
+            got = llm.generate(PROMPTS[1], **seeded)
+            got_companion += [t for chunk in stream for t in chunk.token_ids]
+        else:
+            stream = llm.stream(PROMPTS[1], **seeded)
+            got_ids = list(next(stream).token_ids)
+            got_companion = llm.generate(repetitive, **companion).token_ids
+            got_ids += [t for chunk in stream for t in chunk.token_ids]
+            got = SimpleNamespace(token_ids=got_ids)
+    finally:
+        del engine.reserve
+    assert got.token_ids == solo.token_ids          # differed at token 2-4 before
+    assert got_companion == solo_companion
+    assert busy_at_reserve == [0, 0], "a request shared the seeded request's batch"

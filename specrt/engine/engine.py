@@ -23,7 +23,7 @@ import time
 from typing import Iterator
 
 from specrt.engine.metrics import RequestStats, Timing
-from specrt.engine.request import Request, Step, check_request
+from specrt.engine.request import Request, Step, check_request, runs_alone
 from specrt.engine.round import prefill_rows, run_round
 from specrt.errors import CapacityError, ConfigError
 from specrt.engine.static_round import StaticRound
@@ -148,8 +148,12 @@ class Engine:
         return len(self._free) < self.max_batch_size
 
     def can_admit(self, request: Request) -> bool:
-        """A slot is free and the request's speculative config fits the running batch."""
+        """A slot is free, the request's speculative config fits the running batch, and
+        neither it nor a running request must run alone (`runs_alone`)."""
         if not self._free:
+            return False
+        if self.busy and (runs_alone(request) or any(
+                row is not None and runs_alone(row.request) for row in self.slots)):
             return False
         return request.spec is None or self.batch_spec in (None, request.spec)
 
@@ -168,7 +172,8 @@ class Engine:
         self.check(request)
         if not self.can_admit(request):
             raise CapacityError("no free slot for this request (or another speculative config "
-                                "is running); wait for a running request to finish")
+                                "is running, or a seeded sampled `auto` request, which runs "
+                                "alone); wait for a running request to finish")
         if request.spec is not None:
             if self.planner is None:
                 self.planner = planner or self.planner_for(request.spec)

@@ -29,6 +29,16 @@ class Request:
     request_id: str = dataclasses.field(default_factory=new_request_id)
 
 
+def runs_alone(request: Request) -> bool:
+    """Whether `request` must have the batch to itself: a seeded sampled request under `auto`.
+    auto plans each round for the batch as a whole (one drafter, one K, priced for every row),
+    so beside companions its rounds, and with them the random draws a seeded request consumes,
+    would differ from its run alone; greedy output and fixed methods are the same in any batch.
+    It waits for the running requests to finish and nothing joins it while it runs."""
+    return (request.spec is not None and request.spec.method == "auto"
+            and not request.params.greedy and request.params.seed is not None)
+
+
 @dataclasses.dataclass
 class Step:
     """What one round (or the prefill, index 0) committed for one request."""

@@ -29,7 +29,8 @@ Invariant: the target cache holds K/V for every committed token except the last 
 fed as the first token of the next verify pass. Rollback of the rejected tail is a truncate.
 Randomness: every sampled row draws from its own request's generator, in a fixed order
 (draft draws, then uniforms and noise for acceptance), so a seeded request reproduces its
-output whenever its rounds are planned the same way, alone or in any batch.
+output whenever its rounds are planned the same way, alone or in any batch (a fixed method;
+under `auto` the plan is the batch's, so such a request runs alone: `runs_alone`).
 """
 from __future__ import annotations
 

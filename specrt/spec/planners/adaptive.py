@@ -34,7 +34,8 @@ calibration at first use (specrt.spec.costs), cached per machine and build, and 
 plan is a function of the batch's histories and the calibrated costs, never of how long this
 run's rounds took, so two identical requests run alone (or beside identical companions) get
 the same plans (and a seeded sampled request the same output) however busy the machine is;
-in a mixed batch the plan, and so a sampled request's random stream, depends on the others.
+in a mixed batch the plan, and so a sampled request's random stream, depends on the others
+(so a seeded sampled request runs alone: specrt.engine.request.runs_alone).
 A busier machine slows drafting and verifying alike, which moves no choice; the ratio between
 them is what the calibration measured. Costs are for the round's whole batch, priced by the
 tokens each row really computes (rows are packed: a row without guesses scores one token; past
