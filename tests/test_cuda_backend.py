@@ -199,3 +199,72 @@ def test_the_backends_limits_are_the_kernels_and_the_spec_configs():
     assert cuda_backend.MAX_MATMUL_ROWS == matmul.MAX_ROWS
     assert cuda_backend.MAX_KERNEL_T == MAX_SPECULATIVE_TOKENS + 1
     assert acceptance.MAX_K == MAX_SPECULATIVE_TOKENS
+
+
+def test_a_row_at_the_end_of_the_cache_keeps_every_verify_pass_on_the_kernels(dirs,
+                                                                              monkeypatch):
+    """A padded pass computes K + 1 tokens on every row. One row near the end of the cache (a
+    plain request whose budget reaches max_seq_len) had no room for its padding, and the whole
+    pass, every other row's included, fell back to the reference layer loop: other arithmetic
+    than the decode steps it replaces (1.5e-6 apart in fp32; in bf16 enough to flip a near
+    tie). The engine's cache has room for the padding now, so no round falls back."""
+    from specrt.engine.engine import Engine
+    from specrt.engine.request import Request
+    from specrt.model.backends.torch_ref import TorchReference
+    from specrt.spec.config import SpecConfig
+
+    monkeypatch.setenv("SPECRT_KERNELS", "reference")
+    max_seq = 48
+    target = _model(dirs["qwen2"], cuda_backend.Cuda())
+    draft = _model(dirs["qwen2"], cuda_backend.Cuda())
+    fallbacks = []
+    real_hidden = TorchReference.hidden
+
+    def spy(self, model, ids, cache, rows, last_only=False):
+        if model is target and not last_only:
+            fallbacks.append((ids.shape[1], list(rows.valid)))
+        return real_hidden(self, model, ids, cache, rows, last_only)
+
+    monkeypatch.setattr(TorchReference, "hidden", spy)
+
+    def requests(spec):
+        return [Request(tuple(range(40, 80)), max_seq - 40),              # fills its row
+                Request((5, 6, 7, 8), 30, spec=spec), Request((9, 9, 9), 30, spec=spec)]
+
+    def run(engine, reqs):
+        out = {r.request_id: [] for r in reqs}
+        for steps in engine.run(reqs):
+            for s in steps:
+                out[s.request_id] += s.new_tokens
+        return [out[r.request_id] for r in reqs]
+
+    for static in (True, False):
+        fallbacks.clear()
+        spec = run(Engine(target, draft, 3, max_seq, static=static),
+                   requests(SpecConfig("draft_model", 4)))
+        assert fallbacks == [], (static, fallbacks[:3])
+        plain = run(Engine(target, None, 3, max_seq, static=static), requests(None))
+        assert spec == plain
+
+
+def test_verify_passes_past_32_rows_keep_the_bits_of_their_decode_steps(dirs, monkeypatch):
+    """B (K + 1) > 32 rows (B = 2 and K = 16, or B = 4 and K >= 8) took cuBLAS, whose sums
+    depend on the row count; an engine now raises its models' kernel limit to its largest
+    verify pass, and such a pass gives each token its decode step's bits."""
+    from specrt.engine.engine import Engine
+    from specrt.engine.static_round import MAX_T
+
+    monkeypatch.setenv("SPECRT_KERNELS", "triton")
+    model = _model(dirs["qwen2"], cuda_backend.Cuda())
+    Engine(model, None, 2, 64)
+    assert model.backend.kernel_rows == 2 * MAX_T
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 17), generator=g)       # 34 rows
+    caches = [model.new_cache(2, 64) for _ in range(2)]
+    for c in caches:
+        model.forward(prompt, c)
+    verify = model.forward(ids, caches[0])                                     # [2, 17, V]
+    for t in range(17):
+        step = model.forward(ids[:, t:t + 1], caches[1])                       # [2, 1, V]
+        assert torch.equal(step[:, 0], verify[:, t]), f"token {t} differs from its decode step"

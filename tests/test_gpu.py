@@ -279,3 +279,28 @@ def test_no_buffer_is_reallocated_across_100_rounds(llms):
     assert [r.graph for r in runners] == graphs, "a graph was re-captured"
     # no per-round allocation survives a generation (1 MiB of slack for allocator rounding)
     assert torch.cuda.memory_allocated() <= mem_before + (1 << 20)
+
+
+def test_split_k_launches_on_two_streams_do_not_share_tickets():
+    """The split-merge tickets were one buffer per device: a launch on another stream (an
+    engine warming up its graphs on a side stream while another runs its rounds) drew tickets
+    from the same counters and made tiles merge before their splits were written. Each stream
+    has its own buffer now (specrt.kernels.triton.tickets)."""
+    from specrt.kernels.triton import matmul as mm
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1536, 4096, device="cuda", dtype=torch.bfloat16)
+    assert mm.split_blocks_for(1536, 4096, torch.bfloat16) < 4096 // mm.block_k_for(
+        torch.bfloat16)                                  # the launches really split k
+    want = mm.matmul(x, w)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    for _ in range(50):
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs += [mm.matmul(x, w) for _ in range(4)]
+        torch.cuda.synchronize()
+    bad = sum(not torch.equal(o, want) for o in outs)
+    assert bad == 0, f"{bad} of {len(outs)} launches differ"

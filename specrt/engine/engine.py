@@ -26,7 +26,7 @@ from specrt.engine.metrics import RequestStats, Timing
 from specrt.engine.request import Request, Step, check_request, runs_alone
 from specrt.engine.round import prefill_rows, run_round
 from specrt.errors import CapacityError, ConfigError
-from specrt.engine.static_round import StaticRound
+from specrt.engine.static_round import MAX_T, StaticRound
 from specrt.model.graphs import GraphPool
 from specrt.model.transformer import Transformer
 from specrt.spec.config import (DRAFT_STOP, MAX_SPECULATIVE_TOKENS, SpecConfig,
@@ -82,7 +82,13 @@ class Engine:
         self.draft = draft
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.cache = target.new_cache(max_batch_size, max_seq_len)
+        # slack: a verify pass computes K + 1 tokens on every row, padding included, a full
+        # row's too; with room for them no pass falls back to other arithmetic
+        self.cache = target.new_cache(max_batch_size, max_seq_len, slack=MAX_T)
+        # every pass of a round (B (K + 1) rows at most) takes the same arithmetic
+        for model in (target, draft):
+            if model is not None:
+                model.backend.plan_passes(max_batch_size * MAX_T)
         self.static = static
         pool = GraphPool(target.device) if static else None     # one pool for every graph
         self.graphs = StaticRound(target, self.cache, max_batch_size, pool) if static else None

@@ -219,9 +219,10 @@ class StaticRound:
         return sum(r.read_back.count for r in self._verify.values())
 
     def fits(self, batch_size: int, t: int) -> bool:
-        """A static pass writes t positions on every row of the batch: is there room?"""
+        """A static pass writes t positions on every row of the batch: is there room? (Always,
+        for t <= MAX_T, in an engine's cache: it has MAX_T positions of slack.)"""
         return t <= MAX_T and max(self.cache.host_lengths()[:batch_size]) + t <= \
-            self.cache.max_seq_len
+            self.cache.capacity
 
     def run(self, last: list[int], generating: list[bool], proposal: Proposal | None,
             ctx: DraftContext, k_plan: int) -> "RoundOutcome | None":

@@ -93,6 +93,9 @@ class StaticRunner:
                 self._body()
         torch.cuda.current_stream().wait_stream(stream)
         self.cache.lengths.copy_(saved)
+        from specrt.kernels.triton import tickets     # torch only: no Triton import
+
+        tickets.prepare_capture(self.model.device, stream)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA work (another engine of the same LLM) must not
         # invalidate this capture.

@@ -23,10 +23,15 @@ from specrt.model.staging import wait_for
 class StaticKVCache:
     def __init__(self, num_layers: int, max_batch_size: int, num_kv_heads: int,
                  max_seq_len: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", slack: int = 0):
+        """slack: positions allocated past max_seq_len for the padding of fixed-shape passes
+        (every row computes T tokens, a full row's too): rows never hold more than
+        max_seq_len tokens, but a padded pass may write up to `capacity` without falling back
+        to another way of computing (whose bits would differ from the decode steps')."""
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        shape = (num_layers, max_batch_size, num_kv_heads, max_seq_len, head_dim)
+        self.capacity = max_seq_len + slack                 # positions allocated per row
+        shape = (num_layers, max_batch_size, num_kv_heads, self.capacity, head_dim)
         check_fits(shape, dtype, device)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
@@ -92,6 +97,7 @@ class StaticKVCache:
         view = object.__new__(StaticKVCache)
         view.max_batch_size = stop - start
         view.max_seq_len = self.max_seq_len
+        view.capacity = self.capacity
         view.k = self.k[:, start:stop]                                # [L, b, Hkv, S, D]
         view.v = self.v[:, start:stop]
         view._host_lengths = self._host_lengths[start:stop]

@@ -108,9 +108,12 @@ class Transformer:
         engine refuses longer sequences; a cost calibration's timing does not care)."""
         return self.cos.shape[0]
 
-    def new_cache(self, max_batch_size: int, max_seq_len: int) -> StaticKVCache:
+    def new_cache(self, max_batch_size: int, max_seq_len: int, slack: int = 0
+                  ) -> StaticKVCache:
+        """A cache for rows of up to max_seq_len tokens, with `slack` positions more allocated
+        for the padding of fixed-shape passes (StaticKVCache)."""
         return StaticKVCache(self.cfg.num_layers, max_batch_size, self.cfg.num_kv_heads,
-                             max_seq_len, self.cfg.head_dim, self.dtype, self.device)
+                             max_seq_len, self.cfg.head_dim, self.dtype, self.device, slack)
 
     @property
     def weight_bytes(self) -> int:

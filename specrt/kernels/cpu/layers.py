@@ -74,7 +74,7 @@ class Stack:
         m = sum(counts)
         checks.tensor(fn, "x", x, torch.bfloat16, (m, self.model.cfg.hidden_size), "[M, H]")
         k, v = cache.k, cache.v                                         # [L, B, Hkv, S, D]
-        b, s = len(starts), cache.max_seq_len
+        b, s = len(starts), cache.capacity                             # positions allocated
         for name, t in (("k_cache", k), ("v_cache", v)):
             if not (t.dtype == torch.bfloat16 and t.shape == (L, b, hkv, s, d) and t.is_cpu
                     and t.stride()[1:] == (hkv * s * d, s * d, d, 1)):

@@ -22,7 +22,8 @@ weight's shape (N, K), never on M or on which other rows share the call:
   program of the tile to finish (an atomic ticket per tile, reset by that program, as in
   `verify_attention`), inside this kernel: one kernel per matmul, CUDA-graph safe.
 M may exceed BLOCK_M (more tiles, each the same code); the CUDA backend sends passes of up to
-MAX_ROWS rows here and larger ones (prefills) to cuBLAS.
+MAX_ROWS rows here by default, up to an engine's largest verify pass (B (K + 1) rows) once the
+engine says so, and larger ones (prefills) to cuBLAS.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_M = 16            # rows per tile, for every M (decode B; a verify pass of 17..32 rows: 2)
 BLOCK_N = 32            # output columns (weight rows) per tile
 NUM_WARPS = 4
-MAX_ROWS = 32           # the largest pass the CUDA backend sends here
+MAX_ROWS = 32           # the CUDA backend's default limit (an engine raises it: see above)
 TARGET_PROGRAMS = 264   # ~2 programs per SM on an H100/H200 (132 SMs): split-K aims for this
 MIN_SPLIT_BLOCKS = 2    # k blocks per split at least
 

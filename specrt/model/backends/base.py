@@ -110,6 +110,10 @@ class Backend(Protocol):
         last real token, [B, H]; writes the real tokens' K/V into `cache` (the caller advances
         its lengths). Padding need not be computed at all."""
 
+    def plan_passes(self, max_rows: int) -> None:
+        """The engine's largest decode or verify pass, in rows (B (K + 1)): a backend whose
+        batch invariance depends on the row count serves passes up to that size alike."""
+
     def hidden_static(self, model: "Transformer", input_ids: torch.Tensor,
                       cache: "StaticKVCache") -> torch.Tensor:
         """The CUDA-graph-safe variant of `hidden`: every token is real, positions are read

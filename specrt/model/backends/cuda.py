@@ -15,18 +15,20 @@ kernels (counted per layer):
                                                          (`add_rms_norm`, Triton)
 
 plus, once per pass, the embedding gather and the first input RMSNorm (and the lm_head matmul
-in the Transformer). Every matmul of a pass with at most MAX_MATMUL_ROWS rows in all (decode
-B, verify B (K + 1)) goes through `linear_rows`: the batch-invariant Triton `matmul` (fixed
-tiles, k order and split-K per weight; logits in fp32 straight from its accumulator); larger
-passes (prefills) take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
+in the Transformer). Every matmul of a pass with at most `kernel_rows` rows in all (decode B,
+verify B (K + 1); MAX_MATMUL_ROWS, raised by an engine to its largest verify pass through
+`plan_passes`) goes through `linear_rows`: the batch-invariant Triton `matmul` (fixed tiles,
+k order and split-K per weight; logits in fp32 straight from its accumulator); larger passes
+(prefills) take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
 than 64/128 take the reference layer loop (SDPA). The kernels come through `specrt.kernels`'
 dispatcher: Triton on CUDA tensors, the references elsewhere (SPECRT_KERNELS=triton runs the
 kernels under the interpreter on CPU tensors, which is how the tests check this wiring).
 `hidden_static` is the body that `specrt.model.graphs` captures in CUDA graphs.
 
 Batch invariance: every kernel above gives a token the same bits whatever other tokens share
-its pass, so a verify pass reproduces the decode steps it replaces, in bf16 too, as long as the
-pass has at most MAX_MATMUL_ROWS rows in all (cuBLAS beyond). A pass with padding (rows with
+its pass, so a verify pass reproduces the decode steps it replaces, in bf16 too: every pass of
+an engine's rounds has at most `kernel_rows` rows (cuBLAS beyond, for prefills only; at a fixed
+32 rows, B = 2 and K = 16 or B = 4 and K >= 8 took cuBLAS and lost the decode steps' bits). A pass with padding (rows with
 fewer drafts, or none) is computed whole, padding included: a real token never attends to the
 padding after it, and the padding's K/V land past the row's length, where stale slots are
 masked and later overwritten (as in the graph path). That promise is per pass, not per row
@@ -44,7 +46,7 @@ from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 MAX_KERNEL_T = 17              # the largest pass the fused path serves (K_max + 1)
 KERNEL_HEAD_DIMS = (64, 128)   # = specrt.kernels.triton.verify_attention.HEAD_DIMS
 KERNELS_PER_LAYER = 8          # the list above (tests/test_cuda_backend.py counts them)
-MAX_MATMUL_ROWS = 32           # = specrt.kernels.triton.matmul.MAX_ROWS: verify B (K + 1) <= 32
+MAX_MATMUL_ROWS = 32           # = specrt.kernels.triton.matmul.MAX_ROWS: the default limit
 
 
 def kernel_serves(t: int, head_dim: int) -> bool:
@@ -56,13 +58,14 @@ def kernel_serves(t: int, head_dim: int) -> bool:
 def linear_rows(x: torch.Tensor,  # [..., K]
                 weight: torch.Tensor,  # [N, K]
                 bias: torch.Tensor | None = None,  # [N]
-                out_dtype: torch.dtype | None = None) -> torch.Tensor:  # [..., N]
-    """x @ weight^T + bias: through the batch-invariant `matmul` when x has at most
-    MAX_MATMUL_ROWS rows (a row's bits then never depend on the others; fp32 results are its
-    accumulator), through cuBLAS (`F.linear`, fp32 by upcast) otherwise."""
+                out_dtype: torch.dtype | None = None,
+                max_rows: int = MAX_MATMUL_ROWS) -> torch.Tensor:  # [..., N]
+    """x @ weight^T + bias: through the batch-invariant `matmul` when x has at most max_rows
+    rows (a row's bits then never depend on the others; fp32 results are its accumulator),
+    through cuBLAS (`F.linear`, fp32 by upcast) otherwise."""
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
-    if 0 < rows <= MAX_MATMUL_ROWS:
+    if 0 < rows <= max_rows:
         x2 = x.reshape(rows, K)                                                # [M, K]
         y = matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, bias, out_dtype)
         return y.view(*x.shape[:-1], weight.shape[0])
@@ -71,10 +74,15 @@ def linear_rows(x: torch.Tensor,  # [..., K]
 
 
 class InvariantLinear(TorchLinear):
-    """A projection or output head of the CUDA backend (see `linear_rows`)."""
+    """A projection or output head of the CUDA backend (see `linear_rows`), up to its
+    backend's `kernel_rows`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, backend: "Cuda"):
+        super().__init__(weight, bias)
+        self.backend = backend
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return linear_rows(x, self.weight, self.bias, out_dtype)
+        return linear_rows(x, self.weight, self.bias, out_dtype, self.backend.kernel_rows)
 
 
 class Cuda(TorchReference):
@@ -82,6 +90,10 @@ class Cuda(TorchReference):
 
     def __init__(self):
         self._zero_bias: dict = {}   # (width, dtype, device) -> zeros, for models without one
+        self.kernel_rows = MAX_MATMUL_ROWS   # passes up to this many rows: the Triton matmul
+
+    def plan_passes(self, max_rows: int) -> None:
+        self.kernel_rows = max(self.kernel_rows, max_rows)
 
     @property
     def build_id(self) -> str:
@@ -92,14 +104,15 @@ class Cuda(TorchReference):
                quant: str | None = None):
         if quant is not None:
             return super().linear(weight, bias, quant)
-        return InvariantLinear(weight, bias)
+        return InvariantLinear(weight, bias, self)
 
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
-        # Padding is computed like real tokens (module docstring), where the cache has room.
+        # Padding is computed like real tokens (module docstring), where the cache has room
+        # (an engine's always has: StaticKVCache's slack).
         if not (kernel_serves(T, model.cfg.head_dim)
-                and max(rows.starts) + T <= cache.max_seq_len):
+                and max(rows.starts) + T <= cache.capacity):
             return super().hidden(model, input_ids, cache, rows, last_only)
         ends = [s + T for s in rows.starts]
         lens = torch.tensor(ends, dtype=torch.int32, device=model.device)       # [B]
@@ -127,7 +140,8 @@ class Cuda(TorchReference):
         h, _ = add_rms_norm(x, None, model.layers[0].input_norm, eps)
         for i, layer in enumerate(model.layers):
             k_cache, v_cache = cache.layer(i)                                  # [Bmax, Hkv, S, D]
-            qkv = linear_rows(h, layer.qkv.weight).view(B, T, -1)              # [B, T, q + 2 kv]
+            qkv = linear_rows(h, layer.qkv.weight, max_rows=self.kernel_rows)
+            qkv = qkv.view(B, T, -1)                                           # [B, T, q + 2 kv]
             attn = rope_verify_attention(qkv, self._bias(layer.qkv), model.cos, model.sin,
                                          k_cache[:B], v_cache[:B], lens, cfg.num_heads)
             attn = attn.reshape(B * T, cfg.q_size)      # a copy only if not contiguous (the

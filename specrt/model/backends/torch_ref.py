@@ -98,6 +98,9 @@ class TorchReference:
             return quantized_linear(quant, weight, bias)
         return TorchLinear(weight, bias)
 
+    def plan_passes(self, max_rows: int) -> None:
+        """Nothing to do: this backend makes no row-count promise (`batch_invariant_tokens`)."""
+
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
@@ -141,7 +144,7 @@ class TorchReference:
         """As `attention_for`, with no host data: every cache slot is computed, stale ones
         masked out."""
         B = pos.shape[0]
-        mask = causal_mask(pos, cache.max_seq_len, model.cfg.group)
+        mask = causal_mask(pos, cache.capacity, model.cfg.group)         # every slot allocated
         return lambda q, k, v: sdpa_attention(q, k[:B], v[:B], mask)
 
     # --- the layer loop ----------------------------------------------------------------------

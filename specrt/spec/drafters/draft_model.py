@@ -96,7 +96,9 @@ class DraftModelDrafter:
         self.common_vocab = min(model.cfg.vocab_size, target_vocab_size)
         self._scratch = DraftScratch(max_batch_size, MAX_SPECULATIVE_TOKENS, self.common_vocab,
                                      target_vocab_size, model.device) if static else None
-        self.cache = model.new_cache(max_batch_size, max_seq_len)
+        # slack: a static draft loop writes its catch-up and K - 1 guesses on every row
+        self.cache = model.new_cache(max_batch_size, max_seq_len,
+                                     slack=max(CATCH_UP_WIDTHS) + MAX_SPECULATIVE_TOKENS - 1)
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
         self._pending = [0] * max_batch_size   # committed tokens fed this round, per row
         self._guesses = [0] * max_batch_size   # guesses fed back this round, per row
@@ -222,7 +224,7 @@ class DraftModelDrafter:
         if width not in CATCH_UP_WIDTHS:
             return None
         lengths = self.cache.host_lengths()[:batch_size]
-        if max(lengths) + width + k - 1 > self.cache.max_seq_len:
+        if max(lengths) + width + k - 1 > self.cache.capacity:
             return None
         return self.loop(batch_size, k, width, sampled)
 
