@@ -91,3 +91,6 @@ def test_a_level_changed_after_the_kernels_loaded_is_refused(monkeypatch):
         select_backend(torch.device("cpu"), torch.bfloat16)
     monkeypatch.undo()
     select_backend(torch.device("cpu"), torch.bfloat16)       # as loaded: accepted
+    if CPU_LEVEL_READ is None:          # "" means what unset means to the extensions
+        monkeypatch.setenv("SPECRT_CPU_LEVEL", "")
+        select_backend(torch.device("cpu"), torch.bfloat16)

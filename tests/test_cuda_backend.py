@@ -250,14 +250,20 @@ def test_a_row_at_the_end_of_the_cache_keeps_every_verify_pass_on_the_kernels(di
 def test_verify_passes_past_32_rows_keep_the_bits_of_their_decode_steps(dirs, monkeypatch):
     """B (K + 1) > 32 rows (B = 2 and K = 16, or B = 4 and K >= 8) took cuBLAS, whose sums
     depend on the row count; an engine now raises its models' kernel limit to its largest
-    verify pass, and such a pass gives each token its decode step's bits."""
+    verify pass, and such a pass gives each token its decode step's bits (prefills keep
+    cuBLAS past 32 rows)."""
     from specrt.engine.engine import Engine
     from specrt.engine.static_round import MAX_T
 
     monkeypatch.setenv("SPECRT_KERNELS", "triton")
     model = _model(dirs["qwen2"], cuda_backend.Cuda())
-    Engine(model, None, 2, 64)
-    assert model.backend.kernel_rows == 2 * MAX_T
+    Engine(model, None, 4, 64)
+    assert model.backend.kernel_rows == 4 * MAX_T
+    # prefills keep the default limit: 20 rows take the kernel, 40 rows cuBLAS (< 68)
+    calls = _kernel_log(monkeypatch)
+    model.forward(torch.zeros(1, 20, dtype=torch.long), model.new_cache(1, 64), last_only=True)
+    model.forward(torch.zeros(2, 20, dtype=torch.long), model.new_cache(2, 64), last_only=True)
+    assert [rows for rows, _ in calls if rows > 2] == [20] * 4 * model.cfg.num_layers
     g = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
     ids = torch.randint(0, model.cfg.vocab_size, (2, 17), generator=g)       # 34 rows

@@ -32,7 +32,7 @@ class StaticKVCache:
         self.max_seq_len = max_seq_len
         self.capacity = max_seq_len + slack                 # positions allocated per row
         shape = (num_layers, max_batch_size, num_kv_heads, self.capacity, head_dim)
-        check_fits(shape, dtype, device)
+        check_fits(shape, dtype, device, slack)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self._host_lengths = torch.zeros(max_batch_size, dtype=torch.int64)  # [B] host
@@ -133,9 +133,11 @@ def available_memory(device: torch.device | str) -> int:
     return psutil.virtual_memory().available
 
 
-def check_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+def check_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+               slack: int = 0) -> None:
     """Refuse a K/V pair of `shape` that cannot fit, before the allocator is asked (which on
-    Linux may hand out the address space and let the OOM killer end the process later)."""
+    Linux may hand out the address space and let the OOM killer end the process later).
+    slack: how many of the shape's positions are StaticKVCache's slack, not max_seq_len."""
     if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         return      # a wrong-type size is refused by the argument checks, not by arithmetic here
     layers, batch, heads, seq, head_dim = shape
@@ -143,8 +145,10 @@ def check_fits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device 
     need = 2 * layers * batch * heads * seq * head_dim * elsize
     have = available_memory(device)
     if need > have:
+        positions = (f"(max_seq_len {seq - slack} + {slack} for padded passes)" if slack
+                     else f"max_seq_len {seq}")
         raise MemoryCapacityError(
             f"the KV cache needs {human_bytes(need)} (K and V x {layers} layers x "
-            f"max_batch_size {batch} x {heads} KV heads x max_seq_len {seq} x head_dim "
-            f"{head_dim} x {elsize} bytes), this machine has {human_bytes(have)} available on "
+            f"max_batch_size {batch} x {heads} KV heads x {positions} x head_dim {head_dim} x "
+            f"{elsize} bytes), this machine has {human_bytes(have)} available on "
             f"{torch.device(device)}; lower max_seq_len or max_batch_size")

@@ -15,12 +15,15 @@ A buffer is never freed: a captured graph keeps the address it was captured with
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 __all__ = ["ticket_buffer", "unused_f32", "prepare_capture"]
 
 GRAPHS = "graphs"           # the key of the captured graphs' buffer
 _tickets: dict = {}         # (device, stream handle | GRAPHS) or device -> the newest buffer
+_lock = threading.Lock()    # two engines' threads may capture (and grow a buffer) at once
 _retired: list = []         # older ones, kept alive: a captured graph may still use them
 _unused: dict = {}          # device -> unused_f32's buffer
 
@@ -45,13 +48,14 @@ def _key(device: torch.device):
 
 
 def _sized(key, device: torch.device, n: int) -> torch.Tensor:
-    buf = _tickets.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _retired.append(buf)
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _tickets[key] = buf
-    return buf
+    with _lock:
+        buf = _tickets.get(key)
+        if buf is None or buf.numel() < n:
+            if buf is not None:
+                _retired.append(buf)
+            buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+            _tickets[key] = buf
+        return buf
 
 
 def ticket_buffer(device: torch.device, n: int) -> torch.Tensor:  # [>= n] int32 zeros

@@ -30,14 +30,15 @@ ENV_VAR = "SPECRT_BACKEND"
 CPU_LEVELS = ("avx2",)
 
 
-def _check_cpu_level() -> None:
+def _check_cpu_level(device: torch.device) -> None:
     from specrt.kernels.cpu.extension import CPU_LEVEL_READ, CPU_LEVEL_VAR
 
     level = os.environ.get(CPU_LEVEL_VAR)
     if level and level not in CPU_LEVELS:
         raise ConfigError(f"unknown CPU kernel level {level!r} ({CPU_LEVEL_VAR}); set it to "
                           f"{' or '.join(CPU_LEVELS)}, or unset it for the best this CPU has")
-    if level != CPU_LEVEL_READ:
+    # what the extensions act on: "avx2" or not ("" and unset alike); only CPU models use them
+    if device.type == "cpu" and (level or None) != (CPU_LEVEL_READ or None):
         def shown(value):
             return "unset" if value is None else repr(value)
 
@@ -52,7 +53,7 @@ def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = 
         raise ConfigError(f"unknown backend {name!r} ({ENV_VAR}); choose one of "
                           f"{', '.join(BACKENDS)}")
     forced_backend(device)         # SPECRT_KERNELS, checked before any pass needs it
-    _check_cpu_level()
+    _check_cpu_level(device)
     if name == "torch_ref":
         return TorchReference()
     if device.type == "cuda" or name == "cuda":

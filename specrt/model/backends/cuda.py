@@ -15,11 +15,11 @@ kernels (counted per layer):
                                                          (`add_rms_norm`, Triton)
 
 plus, once per pass, the embedding gather and the first input RMSNorm (and the lm_head matmul
-in the Transformer). Every matmul of a pass with at most `kernel_rows` rows in all (decode B,
-verify B (K + 1); MAX_MATMUL_ROWS, raised by an engine to its largest verify pass through
-`plan_passes`) goes through `linear_rows`: the batch-invariant Triton `matmul` (fixed tiles,
-k order and split-K per weight; logits in fp32 straight from its accumulator); larger passes
-(prefills) take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
+in the Transformer). Every matmul of a decode or verify pass (up to MAX_KERNEL_T tokens a row)
+with at most `kernel_rows` rows in all (B (K + 1); MAX_MATMUL_ROWS, raised by an engine to its
+largest verify pass through `plan_passes`) goes through `linear_rows`: the batch-invariant
+Triton `matmul` (fixed tiles, k order and split-K per weight; logits in fp32 straight from its
+accumulator); prefills of more than MAX_MATMUL_ROWS rows take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
 than 64/128 take the reference layer loop (SDPA). The kernels come through `specrt.kernels`'
 dispatcher: Triton on CUDA tensors, the references elsewhere (SPECRT_KERNELS=triton runs the
 kernels under the interpreter on CPU tensors, which is how the tests check this wiring).
@@ -35,6 +35,8 @@ masked and later overwritten (as in the graph path). That promise is per pass, n
 count, which `batch_invariant_tokens` cannot express, so it stays 0 (prefills also take SDPA).
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +84,7 @@ class InvariantLinear(TorchLinear):
         self.backend = backend
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return linear_rows(x, self.weight, self.bias, out_dtype, self.backend.kernel_rows)
+        return linear_rows(x, self.weight, self.bias, out_dtype, self.backend.rows_limit())
 
 
 class Cuda(TorchReference):
@@ -90,10 +92,22 @@ class Cuda(TorchReference):
 
     def __init__(self):
         self._zero_bias: dict = {}   # (width, dtype, device) -> zeros, for models without one
-        self.kernel_rows = MAX_MATMUL_ROWS   # passes up to this many rows: the Triton matmul
+        self.kernel_rows = MAX_MATMUL_ROWS   # decode/verify passes up to this many rows: the
+                                             # Triton matmul
+        self._pass = threading.local()       # the limit of the pass this thread is running
 
     def plan_passes(self, max_rows: int) -> None:
         self.kernel_rows = max(self.kernel_rows, max_rows)
+
+    def rows_limit(self) -> int:
+        """The Triton matmul's row limit in the pass this thread runs (its projections and the
+        logits after it): `kernel_rows` in a decode or verify pass, MAX_MATMUL_ROWS in a prefill
+        (cuBLAS beyond: its bits need not match any other pass's). Set by `_begin_pass`."""
+        return getattr(self._pass, "limit", MAX_MATMUL_ROWS)
+
+    def _begin_pass(self, tokens_per_row: int) -> None:
+        self._pass.limit = self.kernel_rows if tokens_per_row <= MAX_KERNEL_T \
+            else MAX_MATMUL_ROWS
 
     @property
     def build_id(self) -> str:
@@ -109,6 +123,7 @@ class Cuda(TorchReference):
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
+        self._begin_pass(T)
         # Padding is computed like real tokens (module docstring), where the cache has room
         # (an engine's always has: StaticKVCache's slack).
         if not (kernel_serves(T, model.cfg.head_dim)
@@ -121,6 +136,7 @@ class Cuda(TorchReference):
 
     def hidden_static(self, model, input_ids: torch.Tensor, cache) -> torch.Tensor:
         B, T = input_ids.shape
+        self._begin_pass(T)
         if not kernel_serves(T, model.cfg.head_dim):
             return super().hidden_static(model, input_ids, cache)
         lens = (cache.lengths[:B] + T).to(torch.int32)                         # [B]
@@ -140,7 +156,7 @@ class Cuda(TorchReference):
         h, _ = add_rms_norm(x, None, model.layers[0].input_norm, eps)
         for i, layer in enumerate(model.layers):
             k_cache, v_cache = cache.layer(i)                                  # [Bmax, Hkv, S, D]
-            qkv = linear_rows(h, layer.qkv.weight, max_rows=self.kernel_rows)
+            qkv = linear_rows(h, layer.qkv.weight, max_rows=self.rows_limit())
             qkv = qkv.view(B, T, -1)                                           # [B, T, q + 2 kv]
             attn = rope_verify_attention(qkv, self._bias(layer.qkv), model.cos, model.sin,
                                          k_cache[:B], v_cache[:B], lens, cfg.num_heads)
