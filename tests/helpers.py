@@ -1,5 +1,6 @@
 """Small helpers shared by several test files: copying and editing a model directory, running
-a call under a hang bound, draining submitted runs, and whether a source imports benchmarks/."""
+a call under a hang bound, draining submitted runs, pinning `auto`'s costs, and whether a
+source imports benchmarks/."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,26 @@ import threading
 from pathlib import Path
 
 from specrt.errors import SpecrtError
+from specrt.spec.config import SpecConfig
+from specrt.spec.costs import CostModel
+
+# Fixed costs where drafting pays: a memory-bound verify pass (T tokens cost a little more than
+# one) and a draft 20x cheaper than its target. The tiny draft is as big as its target, so on
+# the real clock's calibration auto may (rightly) never draft and a test of its output would
+# pass on plain rounds alone.
+PAYING = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
+                   draft=[0.05 + 0.01 * t for t in range(1, 33)])
+
+
+def pin_costs(llm, spec: dict, monkeypatch) -> None:
+    """Make `llm`'s auto planner for `spec` plan with PAYING costs (without a draft model: its
+    verify curve alone), and time nothing."""
+    def fixed(cls, target, draft, *args, **kwargs):
+        return PAYING if draft is not None else CostModel(verify=PAYING.verify, draft=[])
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(fixed))
+    planner = llm.engine.planner_for(SpecConfig(**spec))
+    # if it was built before (restored after the test, as the patch above)
+    monkeypatch.setattr(planner, "costs", fixed(CostModel, llm.engine.target, llm.engine.draft))
 
 
 def copy_model(src: Path, dst: Path | None = None) -> Path:

@@ -13,15 +13,10 @@ from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 from specrt.spec.calibration import forward_seconds
 from specrt.spec.costs import CostModel
+from tests.helpers import PAYING, pin_costs
 from specrt.spec.drafters.base import NO_DRAFT, Proposal
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
-# Fixed costs where drafting pays: a memory-bound verify pass (T tokens cost a little more than
-# one) and a draft 20x cheaper than its target. The tiny draft is as big as its target, so on
-# the real clock's calibration auto may (rightly) never draft and a test of its output would
-# pass on plain rounds alone.
-PAYING = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
-                   draft=[0.05 + 0.01 * t for t in range(1, 33)])
 
 
 class OracleDrafter:
@@ -59,17 +54,6 @@ class OracleDrafter:
 def llm(tiny_noeos_dir, tiny_draft_dir):
     return specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, max_batch_size=3,
                       dtype="float32")
-
-
-def _pin_costs(llm, spec, monkeypatch):
-    """Make `llm`'s auto planner for `spec` plan with PAYING costs (without a draft model: its
-    verify curve alone), and time nothing."""
-    def fixed(cls, target, draft, *args, **kwargs):
-        return PAYING if draft is not None else CostModel(verify=PAYING.verify, draft=[])
-    monkeypatch.setattr(CostModel, "calibrate", classmethod(fixed))
-    planner = llm.engine.planner_for(SpecConfig(**spec))
-    # if it was built before (restored after the test, as the patch above)
-    monkeypatch.setattr(planner, "costs", fixed(CostModel, llm.engine.target, llm.engine.draft))
 
 
 def _run_with(llm, drafter, n_new, max_k=8):
@@ -113,7 +97,7 @@ def test_expected_tokens_formula():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_auto_greedy_equals_plain(llm, batch, monkeypatch):
     spec = {"method": "auto", "num_speculative_tokens": 6}
-    _pin_costs(llm, spec, monkeypatch)
+    pin_costs(llm, spec, monkeypatch)
     prompts = PROMPTS[:batch]
     plain = [llm.generate(p, max_new_tokens=48).token_ids for p in prompts]
     res = llm.generate(prompts, max_new_tokens=48, speculative=spec)
@@ -127,7 +111,7 @@ def test_auto_greedy_equals_plain(llm, batch, monkeypatch):
 def test_auto_without_draft_model_tunes_ngram(tiny_noeos_dir, monkeypatch):
     llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, dtype="float32")
     spec = {"method": "auto", "num_speculative_tokens": 4}
-    _pin_costs(llm, spec, monkeypatch)
+    pin_costs(llm, spec, monkeypatch)
     prompt = [7, 8, 9, 10, 11, 12] * 6
     plain = llm.generate(prompt, max_new_tokens=40).token_ids
     res = llm.generate(prompt, max_new_tokens=40, speculative=spec)
@@ -777,7 +761,7 @@ def test_a_seeded_sampled_auto_request_gives_its_solo_tokens_beside_others(llm, 
     did its tokens. It now has the batch to itself: it waits for the running requests, and
     requests that come while it runs wait for it."""
     spec = {"method": "auto", "num_speculative_tokens": 5}
-    _pin_costs(llm, spec, monkeypatch)
+    pin_costs(llm, spec, monkeypatch)
     seeded = dict(max_new_tokens=40, speculative=spec, temperature=1.0, seed=7)
     companion = dict(max_new_tokens=60, speculative=spec)       # greedy: joins any batch
     repetitive = [9, 10, 11] * 5                                 # prompt lookup drafts here

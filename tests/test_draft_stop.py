@@ -140,7 +140,20 @@ def test_a_seeded_request_samples_the_same_alone_and_in_a_batch(llm):
     kw = dict(max_new_tokens=30, temperature=0.9, top_k=50,
               speculative={"method": "draft_model", "num_speculative_tokens": 4})
     alone = [llm.generate(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)]
-    together = drain([llm.submit(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)])
+    engine = llm.engine
+    busy_at_reserve = []
+    reserve = engine.reserve
+
+    def spy(request, *args, **kwargs):
+        busy_at_reserve.append(sum(row is not None for row in engine.slots))
+        return reserve(request, *args, **kwargs)
+
+    engine.reserve = spy            # called on the scheduler's thread
+    try:
+        together = drain([llm.submit(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)])
+    finally:
+        del engine.reserve
+    assert max(busy_at_reserve) > 0, "the requests never shared a batch"
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
     stats = [r.stats for r in alone]
     assert sum(s["num_drafts"] for s in stats) < sum(s["num_draft_tokens"] for s in stats) \

@@ -8,6 +8,7 @@ import specrt
 from specrt.errors import ConfigError
 from specrt.kernels.cpu import gemv_int4
 from specrt.model.backends.quantized import Int4Linear
+from tests.helpers import pin_costs
 
 
 def _operands(dtype, M, N, K, seed=0):
@@ -87,12 +88,16 @@ def test_int4_draft_holds_int4_weights(llm4):
 
 
 @pytest.mark.parametrize("method", ["draft_model", "auto"])
-def test_int4_draft_greedy_equals_plain(llm4, method):
+def test_int4_draft_greedy_equals_plain(llm4, method, monkeypatch):
     prompts = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
+    speculative = {"method": method, "num_speculative_tokens": 4}
+    if method == "auto":     # costs where the draft pays: on the real clock auto may not draft
+        pin_costs(llm4, speculative, monkeypatch)
     plain = [r.token_ids for r in llm4.generate(prompts, max_new_tokens=40)]
-    spec = llm4.generate(prompts, max_new_tokens=40,
-                         speculative={"method": method, "num_speculative_tokens": 4})
+    spec = llm4.generate(prompts, max_new_tokens=40, speculative=speculative)
     assert [r.token_ids for r in spec] == plain
+    assert any(plan.startswith("draft_model") for r in spec
+               for plan in r.stats["plan_histogram"])          # the int4 draft did draft
     if method == "draft_model":
         assert spec[1].stats["num_draft_tokens"] > 0
         assert spec[1].stats["num_accepted_tokens"] > 0      # the quantized draft still agrees

@@ -7,6 +7,7 @@ import specrt
 from specrt.errors import ArgumentError
 from specrt.kernels.cpu import gemv_int4, gemv_int8
 from specrt.model.backends.quantized import Int8Linear
+from tests.helpers import pin_costs
 
 needs_kernel = pytest.mark.skipif(not gemv_int8.AVAILABLE,
                                   reason="the int8 kernel needs AVX-512 VNNI or AVX2, and the "
@@ -223,13 +224,17 @@ def test_int8_draft_holds_int8_weights(pair):
 
 
 @pytest.mark.parametrize("method", ["draft_model", "auto"])
-def test_int8_draft_greedy_equals_plain(pair, method):
+def test_int8_draft_greedy_equals_plain(pair, method, monkeypatch):
     prompts = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
     llm = pair["int8"]
+    speculative = {"method": method, "num_speculative_tokens": 4}
+    if method == "auto":     # costs where the draft pays: on the real clock auto may not draft
+        pin_costs(llm, speculative, monkeypatch)
     plain = [r.token_ids for r in llm.generate(prompts, max_new_tokens=40)]
-    spec = llm.generate(prompts, max_new_tokens=40,
-                        speculative={"method": method, "num_speculative_tokens": 4})
+    spec = llm.generate(prompts, max_new_tokens=40, speculative=speculative)
     assert [r.token_ids for r in spec] == plain
+    assert any(plan.startswith("draft_model") for r in spec
+               for plan in r.stats["plan_histogram"])          # the int8 draft did draft
     if method == "draft_model":
         assert spec[1].stats["num_draft_tokens"] > 0
         assert spec[1].stats["num_accepted_tokens"] > 0      # the quantized draft still agrees

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks import e2e_measure
 from benchmarks.e2e_records import Measurement, Method, Prompt, RunConfig
 
@@ -106,14 +108,15 @@ def test_results_files_are_replaced_whole(tmp_path, monkeypatch):
     results.write_atomically(target, "new")
     assert target.read_text() == "new"
 
-    def full_disk(self, text, *args, **kwargs):
+    real_write = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):     # half the text lands, then the disk is full
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Path, "write_text", full_disk)
-    try:
-        results.write_atomically(target, "newer")
-    except OSError:
-        pass
+    with pytest.raises(OSError):
+        results.write_atomically(target, "newer text")
     monkeypatch.undo()
     assert target.read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["e2e.json"]
@@ -123,8 +126,6 @@ def test_count_flags_refuse_zero_before_any_model_loads():
     """`layer_loop --rounds 0` loaded four models, then failed on an empty median with a
     traceback; every count flag of the benchmarks is checked by the parser now."""
     import argparse
-
-    import pytest
 
     from benchmarks.harness import cli
 
