@@ -4,6 +4,7 @@ source imports benchmarks/."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import shutil
 import tempfile
@@ -20,6 +21,24 @@ from specrt.spec.costs import CostModel
 # pass on plain rounds alone.
 PAYING = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
                    draft=[0.05 + 0.01 * t for t in range(1, 33)])
+
+
+@contextlib.contextmanager
+def slots_held_at_reserve(engine):
+    """Record, for each request the engine gives a slot inside the block, how many slots were
+    already held: the proof that requests shared (or did not share) a batch."""
+    held = []
+    reserve = engine.reserve
+
+    def spy(request, *args, **kwargs):       # called on the scheduler's thread
+        held.append(sum(row is not None for row in engine.slots))
+        return reserve(request, *args, **kwargs)
+
+    engine.reserve = spy
+    try:
+        yield held
+    finally:
+        del engine.reserve
 
 
 def pin_costs(llm, spec: dict, monkeypatch) -> None:

@@ -13,7 +13,7 @@ from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 from specrt.spec.calibration import forward_seconds
 from specrt.spec.costs import CostModel
-from tests.helpers import PAYING, pin_costs
+from tests.helpers import PAYING, pin_costs, slots_held_at_reserve
 from specrt.spec.drafters.base import NO_DRAFT, Proposal
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
@@ -425,7 +425,6 @@ class TwoKindsOfMatch:
 def test_ngram_acceptance_is_kept_per_match_length():
     """1-token matches that always miss must not drag down 3-token matches that always hit:
     the planner learns to skip the first and draft the whole match on the second."""
-    from types import SimpleNamespace
     drafter = TwoKindsOfMatch()
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
     planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
@@ -769,16 +768,7 @@ def test_a_seeded_sampled_auto_request_gives_its_solo_tokens_beside_others(llm, 
     solo_companion = llm.generate(repetitive, **companion).token_ids
     assert any(p != "plain" for p in solo.stats["plan_histogram"])    # it did speculate
 
-    engine = llm.engine
-    busy_at_reserve = []
-    reserve = engine.reserve
-
-    def spy(request, *args, **kwargs):
-        busy_at_reserve.append(sum(row is not None for row in engine.slots))
-        return reserve(request, *args, **kwargs)
-
-    engine.reserve = spy                 # called on the scheduler's thread
-    try:
+    with slots_held_at_reserve(llm.engine) as busy_at_reserve:
         if first == "companion":
             stream = llm.stream(repetitive, **companion)
             got_companion = list(next(stream).token_ids)
@@ -790,8 +780,6 @@ def test_a_seeded_sampled_auto_request_gives_its_solo_tokens_beside_others(llm, 
             got_companion = llm.generate(repetitive, **companion).token_ids
             got_ids += [t for chunk in stream for t in chunk.token_ids]
             got = SimpleNamespace(token_ids=got_ids)
-    finally:
-        del engine.reserve
     assert got.token_ids == solo.token_ids          # differed at token 2-4 before
     assert got_companion == solo_companion
     assert busy_at_reserve == [0, 0], "a request shared the seeded request's batch"

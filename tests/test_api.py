@@ -5,6 +5,7 @@ import threading
 import pytest
 
 import specrt
+from tests.helpers import slots_held_at_reserve
 
 SPEC = {"method": "draft_model", "num_speculative_tokens": 3}
 
@@ -114,20 +115,10 @@ def test_request_joining_a_running_batch_gives_its_solo_tokens(llm):
     round boundary and gives exactly the tokens it gives alone (and so does the other)."""
     solo_a = llm.generate("Once upon a time", max_new_tokens=200, speculative=SPEC).token_ids
     solo_b = llm.generate("def add", max_new_tokens=20).token_ids
-    engine = llm.engine
-    busy_at_reserve = []           # slots held when each request got its slot
-    reserve = engine.reserve
-
-    def spy(request, *args, **kwargs):
-        busy_at_reserve.append(sum(row is not None for row in engine.slots))
-        return reserve(request, *args, **kwargs)
-    engine.reserve = spy           # called on the scheduler's thread
-    try:
+    with slots_held_at_reserve(llm.engine) as busy_at_reserve:
         stream = llm.stream("Once upon a time", max_new_tokens=200, speculative=SPEC)
         got_a = list(next(stream).token_ids)       # a is running (200 tokens): b joins it
         got_b = llm.generate("def add", max_new_tokens=20).token_ids
         got_a += [t for chunk in stream for t in chunk.token_ids]
-    finally:
-        del engine.reserve
     assert busy_at_reserve == [0, 1], "b did not join a running batch"
     assert got_a == solo_a and got_b == solo_b

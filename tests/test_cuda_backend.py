@@ -146,6 +146,21 @@ def test_projections_and_logits_take_the_kernel_up_to_32_rows(dirs, monkeypatch)
     assert all(rows == 32 for rows, _ in calls)
 
 
+def _assert_verify_gives_decode_bits(model, prompt: torch.Tensor, ids: torch.Tensor
+                                     ) -> torch.Tensor:
+    """After `prompt` [B, P], one verify pass of ids [B, T] gives each token the bits of the
+    decode step it replaces; returns the pass's logits [B, T, V]."""
+    B, T = ids.shape
+    caches = [model.new_cache(B, 64) for _ in range(2)]
+    for c in caches:
+        model.forward(prompt, c)
+    verify = model.forward(ids, caches[0])                                     # [B, T, V]
+    for t in range(T):
+        step = model.forward(ids[:, t:t + 1], caches[1])                       # [B, 1, V]
+        assert torch.equal(step[:, 0], verify[:, t]), f"token {t} differs from its decode step"
+    return verify
+
+
 def test_verify_rows_have_the_bits_of_their_decode_steps(dirs, monkeypatch):
     """The promise the matmul completes: a 2 x 5-token verify pass gives each token's logits
     the bits of the decode steps it replaces (fp32 under the interpreter; bf16 is
@@ -155,16 +170,12 @@ def test_verify_rows_have_the_bits_of_their_decode_steps(dirs, monkeypatch):
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 6), generator=g)
     ids = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
-    caches = [model.new_cache(2, 64) for _ in range(3)]
-    for c in caches:
-        model.forward(prompt, c)
-    verify = model.forward(ids, caches[0])                                     # [2, 5, V]
-    for t in range(5):
-        step = model.forward(ids[:, t:t + 1], caches[1])                       # [2, 1, V]
-        assert torch.equal(step[:, 0], verify[:, t]), f"token {t} differs from its decode step"
-    ragged = model.forward(ids, caches[2], num_valid=[5, 2])                   # padded row 1
+    verify = _assert_verify_gives_decode_bits(model, prompt, ids)              # [2, 5, V]
+    cache = model.new_cache(2, 64)
+    model.forward(prompt, cache)
+    ragged = model.forward(ids, cache, num_valid=[5, 2])                       # padded row 1
     assert torch.equal(ragged[0], verify[0]) and torch.equal(ragged[1, :2], verify[1, :2])
-    assert caches[2].host_lengths() == [11, 8]
+    assert cache.host_lengths() == [11, 8]
 
 
 def test_padded_pass_matches_torch_ref(dirs, monkeypatch):
@@ -267,10 +278,4 @@ def test_verify_passes_past_32_rows_keep_the_bits_of_their_decode_steps(dirs, mo
     g = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
     ids = torch.randint(0, model.cfg.vocab_size, (2, 17), generator=g)       # 34 rows
-    caches = [model.new_cache(2, 64) for _ in range(2)]
-    for c in caches:
-        model.forward(prompt, c)
-    verify = model.forward(ids, caches[0])                                     # [2, 17, V]
-    for t in range(17):
-        step = model.forward(ids[:, t:t + 1], caches[1])                       # [2, 1, V]
-        assert torch.equal(step[:, 0], verify[:, t]), f"token {t} differs from its decode step"
+    _assert_verify_gives_decode_bits(model, prompt, ids)

@@ -15,7 +15,7 @@ from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext
 from specrt.spec.drafters.draft_model import DraftModelDrafter, confidence
 from specrt.spec.sampling import SamplingParams
-from tests.helpers import drain
+from tests.helpers import drain, slots_held_at_reserve
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
 K = 6
@@ -140,19 +140,8 @@ def test_a_seeded_request_samples_the_same_alone_and_in_a_batch(llm):
     kw = dict(max_new_tokens=30, temperature=0.9, top_k=50,
               speculative={"method": "draft_model", "num_speculative_tokens": 4})
     alone = [llm.generate(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)]
-    engine = llm.engine
-    busy_at_reserve = []
-    reserve = engine.reserve
-
-    def spy(request, *args, **kwargs):
-        busy_at_reserve.append(sum(row is not None for row in engine.slots))
-        return reserve(request, *args, **kwargs)
-
-    engine.reserve = spy            # called on the scheduler's thread
-    try:
+    with slots_held_at_reserve(llm.engine) as busy_at_reserve:
         together = drain([llm.submit(p, seed=21 + i, **kw) for i, p in enumerate(PROMPTS)])
-    finally:
-        del engine.reserve
     assert max(busy_at_reserve) > 0, "the requests never shared a batch"
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
     stats = [r.stats for r in alone]
