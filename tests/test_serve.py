@@ -856,21 +856,26 @@ def test_an_await_cancelled_on_a_loop_that_then_closes_leaves_no_waiter():
 
 
 def test_a_step_that_cannot_be_delivered_fails_no_other_request(llm, monkeypatch):
+    """A request whose steps cannot be delivered (its caller's loop is gone) ends alone: the
+    request sharing its batch when delivery fails gets its solo tokens."""
     from specrt.engine.handle import RequestHandle
 
     kw = dict(max_new_tokens=30, speculative=SPEC)
     solo = llm.generate(PROMPTS[0], **kw).token_ids
     put = RequestHandle.put
+    engine, failed = llm.engine, []
 
-    def put_or_fail(self, step):
-        if self.request.prompt == (1, 2, 3):
+    def put_or_fail(self, step):     # fails only while the other request shares the batch
+        if self.request.prompt == (1, 2, 3) and sum(r is not None for r in engine.slots) == 2:
+            failed.append(step.index)
             raise RuntimeError("a caller's loop is gone")
         put(self, step)
 
     monkeypatch.setattr(RequestHandle, "put", put_or_fail)
-    doomed = llm.submit([1, 2, 3], max_new_tokens=5)
+    doomed = llm.submit([1, 2, 3], max_new_tokens=200)
     got = run_bounded(lambda: llm.generate(PROMPTS[0], **kw).token_ids, TIMEOUT)
     doomed.handle.cancel()
+    assert failed, "the undeliverable request never shared a batch"
     assert got == ("ok", solo)
     monkeypatch.setattr(RequestHandle, "put", put)
     assert run_bounded(lambda: llm.generate(PROMPTS[0], **kw).token_ids, TIMEOUT) == ("ok", solo)
