@@ -28,7 +28,8 @@ def sparse_points(max_t: int) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.calibration_points", __doc__)
     cli.add_common_args(p, out=False, progress=False)     # a line per calibration
-    p.add_argument("--rounds", type=cli.count, default=2, help="calibrations per scheme (default 2)")
+    p.add_argument("--rounds", type=cli.count, default=2,
+                   help="calibrations per scheme (default 2)")
     p.add_argument("--k", type=cli.count, default=8, help="auto's K_max (default 8)")
     return p
 

@@ -42,7 +42,8 @@ def build_parser():
     p = cli.parser("benchmarks.cpu_avx2", __doc__)
     cli.add_common_args(p, out=False, dtype=False, device=False)   # bf16 on the CPU only
     cli.add_record_args(p)
-    p.add_argument("--rounds", type=cli.count, default=3, help="interleaved rounds of part 1 (median)")
+    p.add_argument("--rounds", type=cli.count, default=3,
+                   help="interleaved rounds of part 1 (median)")
     p.add_argument("--max-new-tokens", type=cli.count, default=64, help="part 2's answer length")
     p.add_argument("--skip-e2e", action="store_true", help="part 1 only")
     return p

@@ -41,8 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="1 prompt per task, 48 tokens, K=4")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts file (benchmarks/prompts.json "
                    "format)")
-    p.add_argument("--prompts-per-task", type=cli.count, default=None, help="default 3 (--quick: 1)")
-    p.add_argument("--max-new-tokens", type=cli.count, default=None, help="default 128 (--quick: 48)")
+    p.add_argument("--prompts-per-task", type=cli.count, default=None,
+                   help="default 3 (--quick: 1)")
+    p.add_argument("--max-new-tokens", type=cli.count, default=None,
+                   help="default 128 (--quick: 48)")
     p.add_argument("--ks", default=None, help="draft_model K values (default 2,4; --quick: 4)")
     p.add_argument("--step-repeats", type=cli.count, default=5)
     p.add_argument("--drafts", default=None, help="draft forms to compare, the first the "

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="new tokens per generation (default 128; 64 with --quick)")
     p.add_argument("--tasks", default=None, help="comma-separated subset of the prompts "
                    "file's tasks (default: all of them)")
-    p.add_argument("--prompts-per-task", type=cli.count, default=None, help="default 3 (1 with --quick)")
+    p.add_argument("--prompts-per-task", type=cli.count, default=None,
+                   help="default 3 (1 with --quick)")
     p.add_argument("--prompts", default=str(PROMPTS), help="prompts file (default "
                    "benchmarks/prompts.json)")
     p.add_argument("--ks", default=None, help="K values of draft_model/ngram (default 1,2,4,8; "
@@ -89,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default $SPECRT_LLAMACPP_DIR, else $SPECRT_CACHE/llamacpp)")
     p.add_argument("--llamacpp-timeout", type=float, default=600.0,
                    help="seconds one llama.cpp process may take (default 600)")
-    p.add_argument("--repeats", type=cli.count, default=1, help="sweeps over the prompts; the median "
-                   "time per prompt x method is used (default 1)")
+    p.add_argument("--repeats", type=cli.count, default=1, help="sweeps over the prompts; the "
+                   "median time per prompt x method is used (default 1)")
     p.add_argument("--max-seq-len", type=cli.count, default=4096)
     cli.add_record_args(p)
     return p

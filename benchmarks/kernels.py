@@ -160,7 +160,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="small shapes, few repeats (CPU smoke run)")
     parser.add_argument("--out", type=pathlib.Path, help="also write the JSON to DIR/kernels.json")
-    parser.add_argument("--reps", type=cli.count, default=None, help="timed repeats per measurement")
+    parser.add_argument("--reps", type=cli.count, default=None,
+                        help="timed repeats per measurement")
     args = parser.parse_args()
 
     # On CPU the interpreter's bf16 arithmetic is wrong, so the smoke run uses fp32/fp16.

@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("benchmarks.rejection_sim", __doc__,
                    epilog="Example: python -m benchmarks.rejection_sim "
                           "--tokens 1000000 --k 1 --record")
-    p.add_argument("--tokens", type=cli.count, default=1_000_000, help="rows = first tokens counted "
-                   "(default 1,000,000)")
+    p.add_argument("--tokens", type=cli.count, default=1_000_000,
+                   help="rows = first tokens counted (default 1,000,000)")
     p.add_argument("--k", type=cli.count, default=1, help="draft tokens per row (default 1)")
     p.add_argument("--chunk", type=cli.count, default=250_000, help="rows per batched call "
                    "(default 250,000)")

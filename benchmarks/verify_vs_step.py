@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="200,2000", help="prefix lengths P (default 200,2000)")
     p.add_argument("--tokens", default=",".join(map(str, TS)),
                    help="new-token counts T (default 1,2,4,8,16,17)")
-    p.add_argument("--repeats", type=cli.count, default=10, help="timed repeats per cell (default 10)")
+    p.add_argument("--repeats", type=cli.count, default=10,
+                   help="timed repeats per cell (default 10)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="P = 200 only, 5 repeats")
     cli.add_record_args(p)

@@ -155,8 +155,8 @@ def check_draft_dtype(value, device, dtype):
         same = None
     if same:
         return None
-    raise ArgumentError(f"draft_dtype {show(value)} is not supported; choose 'auto', 'int8', 'int4' "
-                        f"or the model's dtype ({str(dtype).removeprefix('torch.')})")
+    raise ArgumentError(f"draft_dtype {show(value)} is not supported; choose 'auto', 'int8', "
+                        f"'int4' or the model's dtype ({str(dtype).removeprefix('torch.')})")
 
 
 def check_max_new_tokens(n) -> int:

@@ -13,6 +13,7 @@ import os
 # and a change after that is refused where a model is loaded (specrt.model.backends): two
 # extensions at two levels would read each other's int8 weight layout.
 CPU_LEVEL_VAR = "SPECRT_CPU_LEVEL"
+CPU_LEVELS = ("avx2",)      # the values the extensions act on; unset: the best this CPU has
 CPU_LEVEL_READ = os.environ.get(CPU_LEVEL_VAR)
 
 

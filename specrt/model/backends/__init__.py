@@ -24,14 +24,11 @@ BACKENDS = ("torch_ref", "cpu_native", "cuda")
 ENV_VAR = "SPECRT_BACKEND"
 
 
-# The CPU kernels' level is read by the C++ extensions themselves (csrc/cpu/cpu_features.h),
-# which ignore anything but "avx2"; a typo, or a change after they loaded, is caught here,
-# where a model is loaded.
-CPU_LEVELS = ("avx2",)
-
-
 def _check_cpu_level(device: torch.device) -> None:
-    from specrt.kernels.cpu.extension import CPU_LEVEL_READ, CPU_LEVEL_VAR
+    """The CPU kernels' level is read by the C++ extensions themselves (csrc/cpu/cpu_features.h),
+    which ignore anything but CPU_LEVELS; a typo, or a change after they loaded, is caught here,
+    where a model is loaded."""
+    from specrt.kernels.cpu.extension import CPU_LEVEL_READ, CPU_LEVEL_VAR, CPU_LEVELS
 
     level = os.environ.get(CPU_LEVEL_VAR)
     if level and level not in CPU_LEVELS:

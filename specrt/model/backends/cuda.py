@@ -19,20 +19,22 @@ in the Transformer). Every matmul of a decode or verify pass (up to MAX_KERNEL_T
 with at most `kernel_rows` rows in all (B (K + 1); MAX_MATMUL_ROWS, raised by an engine to its
 largest verify pass through `plan_passes`) goes through `linear_rows`: the batch-invariant
 Triton `matmul` (fixed tiles, k order and split-K per weight; logits in fp32 straight from its
-accumulator); prefills of more than MAX_MATMUL_ROWS rows take cuBLAS. Prefills of more than MAX_KERNEL_T tokens and head sizes other
-than 64/128 take the reference layer loop (SDPA). The kernels come through `specrt.kernels`'
-dispatcher: Triton on CUDA tensors, the references elsewhere (SPECRT_KERNELS=triton runs the
-kernels under the interpreter on CPU tensors, which is how the tests check this wiring).
-`hidden_static` is the body that `specrt.model.graphs` captures in CUDA graphs.
+accumulator); prefills of more than MAX_MATMUL_ROWS rows take cuBLAS. Prefills of more than
+MAX_KERNEL_T tokens and head sizes other than 64/128 take the reference layer loop (SDPA). The
+kernels come through `specrt.kernels`' dispatcher: Triton on CUDA tensors, the references
+elsewhere (SPECRT_KERNELS=triton runs the kernels under the interpreter on CPU tensors, which is
+how the tests check this wiring). `hidden_static` is the body that `specrt.model.graphs`
+captures in CUDA graphs.
 
 Batch invariance: every kernel above gives a token the same bits whatever other tokens share
 its pass, so a verify pass reproduces the decode steps it replaces, in bf16 too: every pass of
 an engine's rounds has at most `kernel_rows` rows (cuBLAS beyond, for prefills only; at a fixed
-32 rows, B = 2 and K = 16 or B = 4 and K >= 8 took cuBLAS and lost the decode steps' bits). A pass with padding (rows with
-fewer drafts, or none) is computed whole, padding included: a real token never attends to the
-padding after it, and the padding's K/V land past the row's length, where stale slots are
-masked and later overwritten (as in the graph path). That promise is per pass, not per row
-count, which `batch_invariant_tokens` cannot express, so it stays 0 (prefills also take SDPA).
+32 rows, B = 2 and K = 16 or B = 4 and K >= 8 took cuBLAS and lost the decode steps' bits).
+A pass with padding (rows with fewer drafts, or none) is computed whole, padding included: a
+real token never attends to the padding after it, and the padding's K/V land past the row's
+length, where stale slots are masked and later overwritten (as in the graph path). That
+promise is per pass, not per row count, which `batch_invariant_tokens` cannot express, so it
+stays 0 (prefills also take SDPA).
 """
 from __future__ import annotations
 

@@ -215,4 +215,5 @@ else:
     NgramIndex = _ngram.NgramIndex
     propose = _ngram.propose
 
-__all__ = ["BACKEND", "MAX_NGRAM", "MAX_TOKEN", "NgramIndex", "PyNgramIndex", "propose", "py_propose"]
+__all__ = ["BACKEND", "MAX_NGRAM", "MAX_TOKEN", "NgramIndex", "PyNgramIndex", "propose",
+           "py_propose"]
