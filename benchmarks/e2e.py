@@ -36,6 +36,8 @@ the last line.
   timing lines, specrt's time after prefill) per task x method, and per task specrt best /
   llama.cpp best and specrt plain / llama.cpp plain; records the section "specrt vs
   llama.cpp" of RESULTS.md instead of "End-to-end speedup". Pass --no-hf to leave HF out.
+  A llama.cpp speculative method that fails (crash, timeout, unreadable output) is left out
+  of the run with a warning and a note saying where and why; llamacpp:plain failing ends it.
 
 --quick: one prompt per task, K in {2, 4}, auto:16, HF with K = 4 only, and 64 new tokens
 (unless --max-new-tokens is given), for a run of well under 10 minutes.
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
     info = machine.machine_info(config.threads, config.device)
     e2e_report.print_start(config, info)
 
-    records, elapsed = e2e_measure.measure(config, prompts)
+    records, elapsed, config = e2e_measure.measure(config, prompts)
     info["load_average_end"] = list(machine.load_average())
     result = e2e_summary.summarize(config, info, records, elapsed)
 

@@ -253,7 +253,7 @@ def markdown(result: E2EResult, side: SideBySide, note: str | None) -> str:
         "",
         "</details>",
         "",
-    ] + [f"- {line}." for line in facts(side)])
+    ] + [f"- {line}." for line in facts(side)] + [f"- Note: {n}." for n in c.notes])
 
 
 # --- a saved run, rendered again ---------------------------------------------------------------

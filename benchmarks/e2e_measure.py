@@ -4,17 +4,26 @@ per generation), run every prompt x method back to back, and return Measurement 
 For each prompt every method runs back to back, in an order that rotates with the repeat and
 the prompt and is reversed on every other one (`run_order`), so machine drift, and whatever
 the runs before a method leave behind, hits them all alike. A generation's time is the wall
-time of the whole call, prefill included. Nothing here prints except the progress bar on
-stderr; the report renders the records.
+time of the whole call, prefill included. Nothing here prints except the progress bar and a
+warning per llama.cpp method that fails (on stderr); the report renders the records.
+
+A llama.cpp speculative method that fails (exits non-zero, times out, prints what the parser
+cannot read) is left out of the whole run, with the reason in the run's notes, and the sweep
+goes on: one tool's crash on one prompt no longer throws away an hour of measurements. Every
+other failure ends the run (exit 2): specrt's own errors, llama.cpp's plain decoding (the
+reference of its side of the table) and a prompt llama.cpp tokenizes differently.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
+import sys
 import time
 from dataclasses import dataclass
 
 from benchmarks.e2e_records import Measurement, Method, Prompt, RunConfig
 from benchmarks.harness import cli, compare, hf, timing
+from benchmarks.llamacpp.run import LlamaCppFailed
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,8 @@ class Runner:
                           timing.decode_phase(res), finish_reason=res.finish_reason)
 
     def _run_llamacpp(self, m: Method, p: Encoded, max_new: int) -> Generation:
-        """One llama.cpp process; its prompt must be specrt's tokens (else exit 2)."""
+        """One llama.cpp process, or raise LlamaCppFailed; its prompt must be specrt's tokens
+        (else exit 2)."""
         from benchmarks.llamacpp import commands, install, run
 
         c = self.config
@@ -110,10 +120,7 @@ class Runner:
         job = commands.Job(kind=m.kind, k=m.k, target=inst.gguf(c.target),
                            draft=inst.gguf(c.draft) if c.draft else None, prompt=p.text,
                            max_new_tokens=max_new, threads=c.threads, ctx=c.max_seq_len)
-        try:
-            t = run.run(inst.bin_dir, job, c.llamacpp_timeout)
-        except run.LlamaCppFailed as e:
-            cli.fail(str(e))
+        t = run.run(inst.bin_dir, job, c.llamacpp_timeout)
         if t.prompt_tokens != len(p.ids) or (t.prompt_ids and list(t.prompt_ids) != p.ids):
             at = compare.first_difference(t.prompt_ids, p.ids) if t.prompt_ids else None
             cli.fail(f"{m.label}: llama.cpp saw {t.prompt_tokens} prompt tokens, specrt "
@@ -159,27 +166,49 @@ def run_order(methods: list, prompt_index: int, repeat: int, repeats: int) -> li
     return order if (prompt_index + repeat) % 2 == 0 else order[::-1]
 
 
+def _run_or_fail(runner: Runner, m: Method, p: Encoded, max_new: int) -> Generation:
+    """runner.run, ending the run (exit 2) on llama.cpp's failure."""
+    try:
+        return runner.run(m, p, max_new)
+    except LlamaCppFailed as e:
+        cli.fail(str(e))
+
+
 def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: dict):
     """Every repeat x prompt x method -> ({(task, id, method): [walls]}, {...: [every run]},
-    {...: [decode seconds]})."""
+    {...: [decode seconds]}, {method: why it failed}); a failed llama.cpp speculative method
+    is not run again."""
     methods = list(config.methods)
     walls: dict[tuple, list[float]] = {}
     decodes: dict[tuple, list[float]] = {}
     runs: dict[tuple, list[Generation]] = {}
+    failed: dict[Method, str] = {}
     bar = cli.progress(total=len(prompts) * len(methods) * config.repeats, desc="e2e",
                        disable=not config.show_progress)
     for rep in range(config.repeats):
         for i, p in enumerate(prompts):
             for m in run_order(methods, i, rep, config.repeats):
+                bar.update(1)
+                if m in failed:
+                    continue
                 bar.set_postfix_str(f"{p.task} / {p.id} / {m.label}")
-                g = runner.run(m, encoded[(p.task, p.id)], config.max_new_tokens)
+                if m.engine != "llamacpp" or m.is_reference:
+                    g = _run_or_fail(runner, m, encoded[(p.task, p.id)], config.max_new_tokens)
+                else:
+                    try:
+                        g = runner.run(m, encoded[(p.task, p.id)], config.max_new_tokens)
+                    except LlamaCppFailed as e:
+                        failed[m] = f"{p.task}/{p.id}, repeat {rep + 1}: {e}"
+                        print(f"warning: {m.label} failed on {failed[m]}\n"
+                              f"{m.label} is left out of the rest of the run",
+                              file=sys.stderr, flush=True)
+                        continue
                 walls.setdefault((p.task, p.id, m), []).append(g.wall)
                 if g.decode:
                     decodes.setdefault((p.task, p.id, m), []).append(g.decode[1])
                 runs.setdefault((p.task, p.id, m), []).append(g)
-                bar.update(1)
     bar.close()
-    return walls, runs, decodes
+    return walls, runs, decodes, failed
 
 
 def first_mismatch(runs: list[Generation], refs: list[Generation]) -> int | None:
@@ -192,8 +221,10 @@ def first_mismatch(runs: list[Generation], refs: list[Generation]) -> int | None
     return None
 
 
-def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement], float]:
-    """(one Measurement per prompt x method, seconds in all with model loading)."""
+def measure(config: RunConfig, prompts: list[Prompt]
+            ) -> tuple[list[Measurement], float, RunConfig]:
+    """(one Measurement per prompt x method, seconds in all with model loading, `config` less
+    the llama.cpp methods that failed, a note per failure saying where and why)."""
     t_start = time.perf_counter()
     runner = Runner(config)
     encoded = {(p.task, p.id): runner.encode(p.text) for p in prompts}
@@ -202,17 +233,23 @@ def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement]
         # on every llamacpp:plain run); this also brings the GGUFs into the page cache.
         for p in cli.progress(prompts, desc="llama.cpp prompt ids",
                               disable=not config.show_progress):
-            runner.run(Method("llamacpp", "plain"), encoded[(p.task, p.id)], 1)
+            _run_or_fail(runner, Method("llamacpp", "plain"), encoded[(p.task, p.id)], 1)
     # Warm-up: every method once, briefly, so no first call pays for lazy initialisation
     # (llama.cpp starts afresh every time and warms itself up before it times anything).
     first = encoded[(prompts[0].task, prompts[0].id)]
     warm = [m for m in config.methods if m.engine != "llamacpp"]
     for m in cli.progress(warm, desc="warm-up", disable=not config.show_progress):
         runner.run(m, first, 4)
-    walls, runs, decodes = _sweep(runner, config, prompts, encoded)
+    walls, runs, decodes, failed = _sweep(runner, config, prompts, encoded)
     elapsed = time.perf_counter() - t_start
+    config = dataclasses.replace(
+        config, methods=tuple(m for m in config.methods if m not in failed),
+        notes=config.notes + tuple(f"{m.label} left out: it failed on {why.splitlines()[0]}"
+                                   for m, why in failed.items()))
     out = []
     for (task, pid, m), every in runs.items():
+        if m in failed:
+            continue
         g = every[-1]
         refs = runs[(task, pid, Method(m.engine, "plain"))]
         diff = None if m.is_reference else first_mismatch(every, refs)
@@ -228,4 +265,4 @@ def measure(config: RunConfig, prompts: list[Prompt]) -> tuple[list[Measurement]
             drafted_accepted=g.drafted_accepted, finish_reason=g.finish_reason))
     del runner
     gc.collect()
-    return out, elapsed
+    return out, elapsed, config

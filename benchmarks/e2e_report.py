@@ -149,6 +149,8 @@ def print_report(result: E2EResult) -> None:
             if s.method.kind == "auto" and s.plans:
                 print(f"auto plans on {t}: "
                       + ", ".join(f"{k} x{v}" for k, v in list(s.plans.items())[:5]))
+    for n in c.notes:
+        print(f"note: {n}")
     for g, ok in result.goals.items():
         print(f"goal: {g}: {report.pass_fail(ok)}")
     if not c.has_hf:

@@ -43,10 +43,72 @@ def test_a_mismatch_in_any_repeat_is_reported(monkeypatch):
                        show_progress=False, prompts=Path("/p.json"))
     for bad, expected in ((0, 1), (2, 1), (3, None)):       # 3: no repeat is wrong
         OneBadRepeat.bad = bad
-        records, _ = e2e_measure.measure(config, [Prompt("code", "p0", "hi")])
+        records, _, _ = e2e_measure.measure(config, [Prompt("code", "p0", "hi")])
         by_method = {r.method: r for r in records}
         assert by_method[NGRAM].first_diff == expected, bad
         assert by_method[PLAIN].first_diff is None
+
+
+LLAMA_PLAIN, LLAMA_DRAFT = Method("llamacpp", "plain"), Method("llamacpp", "draft", 4)
+
+
+class DraftCrashesOnP1:
+    """A Runner whose llama.cpp draft:4 crashes on prompt p1 (and whose llama.cpp plain
+    crashes everywhere when `plain_crashes`); counts every call per method."""
+    plain_crashes = False
+
+    def __init__(self, config):
+        self.calls = DraftCrashesOnP1.calls = {}
+
+    def encode(self, text):
+        return e2e_measure.Encoded([1, 2, 3], text)
+
+    def run(self, m, p, max_new):
+        from benchmarks.llamacpp.run import LlamaCppFailed
+
+        self.calls[m] = self.calls.get(m, 0) + 1
+        if (m == LLAMA_DRAFT and p.text == "p1") or (m == LLAMA_PLAIN and self.plain_crashes):
+            raise LlamaCppFailed(f"llama.cpp {m.kind} exited with -11:\nSegmentation fault")
+        return e2e_measure.Generation((5,) * max_new, 1.0, {}, decode=(max_new - 1, 0.9))
+
+
+def test_a_failed_llamacpp_method_is_left_out_and_the_sweep_goes_on(monkeypatch, capsys):
+    """One llama.cpp crash on one prompt ended the whole sweep (exit 2, nothing written): the
+    method that failed is now left out, with a note saying where and why, and every other
+    method is measured on every prompt. llama.cpp's plain decoding failing still ends the run:
+    its side of the table has no reference without it."""
+    from benchmarks.e2e_llamacpp import side_by_side
+    from benchmarks.e2e_summary import summarize
+
+    monkeypatch.setattr(e2e_measure, "Runner", DraftCrashesOnP1)
+    methods = (PLAIN, NGRAM, LLAMA_PLAIN, LLAMA_DRAFT)
+    config = RunConfig(target=Path("/t"), draft=Path("/d"), dtype="float32", device="cpu",
+                       threads=1, max_new_tokens=8, max_seq_len=64, tasks=("code",),
+                       prompts_per_task=3, repeats=2, methods=methods, quick=False,
+                       show_progress=False, prompts=Path("/p.json"))
+    prompts = [Prompt("code", f"p{i}", f"p{i}") for i in range(3)]
+    records, _, left = e2e_measure.measure(config, prompts)
+
+    assert left.methods == (PLAIN, NGRAM, LLAMA_PLAIN)
+    assert len(left.notes) == 1 and "llamacpp:draft:4" in left.notes[0]
+    assert "code/p1" in left.notes[0] and "exited with -11" in left.notes[0]
+    assert "llamacpp:draft:4 failed on code/p1" in capsys.readouterr().err
+    assert {r.method for r in records} == {PLAIN, NGRAM, LLAMA_PLAIN}
+    for m in (PLAIN, NGRAM):                        # every prompt, every repeat
+        assert sorted(len(r.walls) for r in records if r.method == m) == [2, 2, 2]
+    # not run again after its failure: p0 and p1 of the first repeat at most
+    assert DraftCrashesOnP1.calls[LLAMA_DRAFT] <= 2
+    side = side_by_side(summarize(left, {"load_average_end": [0.0]}, records, 1.0))
+    assert {r.method for r in side.rows} == {"plain", "ngram:4", "llamacpp:plain"}
+
+    DraftCrashesOnP1.plain_crashes = True
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            e2e_measure.measure(config, prompts)
+    finally:
+        DraftCrashesOnP1.plain_crashes = False
+    assert exit_.value.code == 2
+    assert "llama.cpp plain exited with -11" in capsys.readouterr().err
 
 
 def _record(method, ids, finish_reason=None):
