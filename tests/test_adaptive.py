@@ -393,6 +393,126 @@ def test_a_save_interrupted_mid_write_leaves_no_temporary_file(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+def _fixed_costs(monkeypatch, timed: list):
+    """Calibrations that time nothing: every forward 0.5 s, each call noted in `timed`."""
+    from specrt.spec import calibration
+
+    monkeypatch.setattr(calibration, "_cache", {})
+    monkeypatch.setattr(calibration, "_untrusted", set())
+
+    def measure_once(models, max_t, graphed):
+        timed.append(max_t)
+        return [[0.5] * max_t for _ in models], None
+    monkeypatch.setattr(calibration, "_measure_once", measure_once)
+
+
+def test_a_calibration_path_that_is_not_a_file_is_neither_read_nor_replaced(
+        llm, tmp_path, monkeypatch, caplog):
+    """SPECRT_CALIBRATION naming a FIFO blocked the read forever: the scheduler thread hung
+    in the first `auto` request's calibration, and every request after it. A FIFO (or a
+    device) is now left alone: not read, not replaced, no lock file beside it; the costs serve
+    this process."""
+    import os
+    import threading
+
+    from specrt.spec import calibration
+
+    fifo = tmp_path / "calibration.fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(fifo))
+    timed = []
+    _fixed_costs(monkeypatch, timed)
+    # a thread stuck on the FIFO holds this test's lock, not the one later tests take
+    monkeypatch.setattr(calibration, "_lock", threading.Lock())
+    out = []
+    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+        worker = threading.Thread(target=lambda: out.append(forward_seconds(llm.target, 3)),
+                                  daemon=True)
+        worker.start()
+        worker.join(timeout=30)
+    if worker.is_alive():
+        pytest.fail("reading a FIFO as the calibration file blocked")
+    assert out == [[0.5] * 3] and timed == [3]
+    assert "not a regular file" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.fifo"]
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)
+
+
+def test_a_model_folder_replaced_by_another_model_is_timed_again(tmp_path, monkeypatch):
+    """The key named the model's folder but not the model: a bigger model saved where a small
+    one was calibrated was planned with the small one's costs (0.18 ms a step for a 13.7 ms
+    one). The model's shape is in the key now."""
+    from specrt.model.transformer import Transformer
+    from specrt.spec import calibration
+    from tests.tiny import make_model
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    timed = []
+    _fixed_costs(monkeypatch, timed)
+    folder = tmp_path / "model"
+
+    def load():
+        return Transformer.from_dir(folder, torch.float32, torch.device("cpu"), 64)
+
+    make_model(folder, hidden=32, layers=1, eos=False)
+    small = load()
+    forward_seconds(small, 3)
+    forward_seconds(load(), 3)                      # the same model again: not timed again
+    assert timed == [3]
+    make_model(folder, hidden=64, layers=2, eos=False)      # another model, the same folder
+    big = load()
+    assert big.source == small.source
+    forward_seconds(big, 3)
+    assert timed == [3, 3]
+    assert calibration.calibration_key(big, 3) != calibration.calibration_key(small, 3)
+
+
+@pytest.mark.parametrize("entry", [[5e-324, 1e-3], [1e-3, 1e-6], [2e-3, 1e-3, 3e-3], [0.0],
+                                   [1e-3, float("inf")], [], [True]])
+def test_implausible_calibration_entries_are_dropped(entry, tmp_path, monkeypatch, caplog):
+    """Entries `_curve` never writes steered `auto`: a 5e-324 s step made 1 / step infinite
+    (39 of 39 rounds plain), and a curve falling with T, extended past its end, priced long
+    passes below nothing. Such an entry is dropped with a warning and the file rewritten."""
+    from specrt.spec import calibration
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+    good = [1e-3, 1e-3, 2e-3]
+    path.write_text(json.dumps({"good": good, "bad": entry}))
+    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+        entries, damaged = calibration._load_disk()
+    assert entries == {"good": good} and damaged
+    assert "1 bad entry" in caplog.text
+
+
+def test_a_cost_curve_extended_past_its_end_never_falls():
+    from specrt.spec.costs import _at
+
+    assert _at([1.0, 2.0, 3.0], 5) == 5.0
+    assert _at([2.0, 2.0], 9) == 2.0
+    assert _at([3.0, 1.0], 4) == 1.0           # never below the curve's last point
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_a_saved_calibration_file_gets_the_umasks_permissions(umask, tmp_path, monkeypatch):
+    """mkstemp makes a 0600 file: in a shared SPECRT_CACHE the other users could not read the
+    calibration and timed again in every process."""
+    import os
+    import stat
+
+    from specrt.spec import calibration
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+    old = os.umask(umask)
+    try:
+        calibration._save_disk({"a model": [0.5, 0.6]})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert json.loads(path.read_text()) == {"a model": [0.5, 0.6]}
+
+
 def test_a_cost_curve_is_interpolated_between_timed_points_and_never_falls():
     """Latency cannot fall as T grows: a timed point that reads faster than a narrower one
     (timing noise) is raised to it, and so is what is interpolated after it."""

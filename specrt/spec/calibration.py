@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import stat
 import statistics
 import tempfile
 import threading
@@ -46,6 +47,8 @@ _SCHEME = "cal5"      # how a calibration times (in its key: another scheme's en
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 or the backend's batch-invariant
                       # pass size, whichever is larger: a few dozen)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
+_MIN_SECONDS = 1e-7    # ... and below this (a CUDA graph of a one-layer toy replays in ~1e-5 s);
+                       # a 5e-324 read as free made `1 / step` infinite and auto never drafted
 _BUSY_SLOWER = 2.0    # a forward this many times its size's median was slowed by a process ...
 _BUSY_SHARE = 0.05    # ... and more than this share of such forwards: the machine was busy
 _TRIES = 2            # calibrations tried before one from a busy machine is used unsaved
@@ -57,10 +60,15 @@ _lock = threading.Lock()
 
 
 def calibration_key(model: Transformer, max_t: int) -> str:
-    """What a forward's cost depends on: the weights and how they are stored (dtype, int8, the
-    output head's shortlist), the device, threads, CPU and the build of the kernels."""
+    """What a forward's cost depends on: the weights (where they came from and the model's
+    shape: a folder replaced by another model is timed again) and how they are stored (dtype,
+    int8, the output head's shortlist), the device, threads, CPU and the build of the kernels."""
     head = None if model.head_rows is None else len(model.head_rows)
-    return "|".join(map(str, (model.source, model.dtype, model.quant, head,
+    c = model.cfg
+    shape = (f"{c.num_layers}x{c.hidden_size}/{c.intermediate_size} heads {c.num_heads}/"
+             f"{c.num_kv_heads}x{c.head_dim} vocab {c.vocab_size}"
+             + (" tied" if c.tie_word_embeddings else ""))
+    return "|".join(map(str, (model.source, shape, model.dtype, model.quant, head,
                               device_name(model.device), torch.get_num_threads(), max_t,
                               cpu_name(), model.backend.build_id, _SCHEME)))
 
@@ -120,8 +128,12 @@ def _save_trusted() -> None:
     """Save the calibrations in memory, less those timed on a busy machine, into what is on
     disk now: another process may have saved its own since this one read the file (while this
     one measured, seconds), and a lock file keeps two writers from dropping each other's
-    (call with _lock)."""
+    (call with _lock). A path that is not a regular file (`SPECRT_CALIBRATION=/dev/null`, a
+    FIFO) is neither replaced nor given a lock file beside it."""
     ours = {k: v for k, v in _cache.items() if k not in _untrusted}
+    path = disk_path()
+    if path.exists() and not path.is_file():    # a FIFO, /dev/null: no lock file beside it
+        return
     with _file_lock():
         on_disk, _ = _load_disk(quiet=True)
         _save_disk({**on_disk, **ours})
@@ -268,6 +280,19 @@ def _curve(measured: dict[int, float], max_t: int) -> list[float]:
     return out
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, racing other threads'
+    file creation) where /proc says it; else the common 0o022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -299,23 +324,50 @@ def disk_path() -> Path:
 
 
 def valid_entry(key, value) -> bool:
-    """A calibration is a non-empty list of forward times in seconds: finite, > 0, plausible."""
+    """A calibration is a non-empty list of forward times in seconds, T = 1, 2, ...: plausible
+    (between _MIN_SECONDS and _MAX_SECONDS) and never falling as T grows (`_curve` writes no
+    other; a falling one extended past its end priced long passes below nothing)."""
     return isinstance(key, str) and isinstance(value, list) and 0 < len(value) <= _MAX_T \
         and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                and 0.0 < x < _MAX_SECONDS for x in value)
+                and _MIN_SECONDS <= x < _MAX_SECONDS for x in value) \
+        and all(a <= b for a, b in zip(value, value[1:]))
+
+
+class NotAFile(OSError):
+    """The calibration path names a FIFO, a device or a socket: never read (a FIFO blocks the
+    reader for good) nor replaced."""
+
+
+def _read(path: Path) -> str:
+    """The file's text; NotAFile, without blocking, where it is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotAFile(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read().decode()
+    finally:
+        os.close(fd)
 
 
 def _load_disk(quiet: bool = False) -> tuple[dict, bool]:
     """(the file's valid entries, whether anything was dropped). A damaged file never breaks
     an `auto` request: what is bad is ignored with a warning (not when `quiet`: the save's
-    re-read) and the file is rewritten."""
+    re-read) and the file is rewritten; a path that is not a regular file is left alone."""
     path = disk_path()
     warn = (lambda *a: None) if quiet else log.warning
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(_read(path))
     except FileNotFoundError:
         return {}, False
-    except (OSError, ValueError, RecursionError) as e:   # unreadable, not UTF-8, not JSON
+    except NotAFile:
+        warn("ignoring calibration path %s: not a regular file; calibrations are kept in "
+             "memory only (set SPECRT_CALIBRATION to a file path)", path)
+        return {}, False
+    except OSError as e:                      # unreadable: permissions, I/O
+        warn("ignoring calibration file %s (%s)", path, str(e)[:100])
+        return {}, False
+    except (ValueError, RecursionError) as e:   # not UTF-8, not JSON
         warn("ignoring calibration file %s (%s); it is rewritten after the next "
              "calibration", path, str(e)[:100])
         return {}, True
@@ -326,19 +378,22 @@ def _load_disk(quiet: bool = False) -> tuple[dict, bool]:
     good = {k: [float(x) for x in v] for k, v in raw.items() if valid_entry(k, v)}
     if len(good) < len(raw):
         warn("ignoring %d bad entr%s in calibration file %s (each must be a list of "
-             "positive finite seconds); the file is rewritten now", len(raw) - len(good),
+             "plausible seconds, never falling); the file is rewritten now", len(raw) - len(good),
              "y" if len(raw) - len(good) == 1 else "ies", path)
     return good, len(good) < len(raw)
 
 
 def _save_disk(entries: dict) -> None:
-    """Best effort, atomic: a calibration that cannot be saved is simply redone next time."""
+    """Best effort, atomic: a calibration that cannot be saved is simply redone next time.
+    The file gets the permissions a plain open() would give it (mkstemp's are 0600: a shared
+    cache's other users could not read it and timed again in every process)."""
     path = disk_path()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-calibration-")
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             json.dump(entries, f)
         os.replace(tmp, path)
         tmp = None

@@ -63,4 +63,4 @@ def _at(curve: list[float], t: int) -> float:
     if t <= len(curve):
         return curve[t - 1]
     slope = (curve[-1] - curve[0]) / (len(curve) - 1) if len(curve) > 1 else curve[0]
-    return curve[-1] + slope * (t - len(curve))
+    return curve[-1] + max(slope, 0.0) * (t - len(curve))
