@@ -184,7 +184,8 @@ def test_ctrl_c_with_only_foreign_threads_left_returns_130_in_process(capsys):
 
 
 @pytest.mark.parametrize("flag, value", [("--draft-stop", "2"), ("--top-p", "0"),
-                                         ("--seed", "-3"), ("--max-seq-len", "0")])
+                                         ("--seed", "-3"), ("--max-seq-len", "0"),
+                                         ("--max-new-tokens", "0")])
 def test_a_bad_value_names_the_flag_that_set_it(flag, value):
     """The API's checks name its argument (draft_stop); the CLI's line names the flag."""
     proc = run_cli("--model", "/nonexistent", flag, value, check=False)

@@ -145,8 +145,9 @@ def check_flags(args) -> _Request:
     spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
     check_draft_given(spec, args.model, args.draft)
     check_draft_flags_used(args, spec)
-    return _Request(llm, prompt, check_max_new_tokens(args.max_new_tokens), params,
-                    check_stop(args.stop), spec)
+    with named_flags(_flag_of):
+        max_new_tokens, stop = check_max_new_tokens(args.max_new_tokens), check_stop(args.stop)
+    return _Request(llm, prompt, max_new_tokens, params, stop, spec)
 
 
 def _flag_of(name: str) -> str | None:
