@@ -263,3 +263,57 @@ def test_async_close_keeps_the_event_loop_serving_while_the_round_in_progress_en
     res = asyncio.run(main())
     assert not watchdog_fired, "the event loop was blocked while the scheduler closed"
     assert res.finish_reason == "cancelled"
+
+
+def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypatch):
+    """AsyncLLM encoded the prompt on the event loop: a 2 MB prompt (2.35 s to tokenize)
+    froze every other coroutine. Here encoding can only finish once another coroutine on the
+    loop runs: encoded on the loop it would wait for a watchdog (10 s) and the test fails.
+    A request cancelled while it is encoded is cancelled once submitted, and frees its slot."""
+    from specrt.api.llm import LLM
+    real_encode = LLM.encode
+    in_encode, release, watchdog_fired = threading.Event(), threading.Event(), []
+
+    def held_encode(self, *args, **kwargs):
+        if args and args[0] == "held":
+            in_encode.set()
+            if not release.wait(10):
+                watchdog_fired.append(True)
+        return real_encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "encode", held_encode)
+    real_submit_all, submitted = LLM.submit_all, []
+
+    def recorded_submit_all(self, *args, **kwargs):
+        submitted.append(real_submit_all(self, *args, **kwargs))
+        return submitted[-1]
+
+    monkeypatch.setattr(LLM, "submit_all", recorded_submit_all)
+
+    async def main():
+        async with specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32") as allm:
+            async def let_encoding_end():
+                await asyncio.to_thread(in_encode.wait, 10)
+                release.set()                  # runs only while the loop is free
+
+            releaser = asyncio.create_task(let_encoding_end())
+            res = await allm.generate("held", max_new_tokens=4, chat=False)
+            await releaser
+
+            in_encode.clear()
+            release.clear()
+            task = asyncio.create_task(allm.generate("held", max_new_tokens=60, chat=False))
+            await asyncio.to_thread(in_encode.wait, 10)
+            task.cancel()                      # while the prompt is being encoded
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            release.set()
+            after = await asyncio.wait_for(allm.generate([5, 6, 7], max_new_tokens=4), 60)
+            return res, after
+
+    res, after = asyncio.run(main())
+    assert not watchdog_fired, "the prompt was encoded on the event loop"
+    assert len(res.token_ids) == 4 and len(after.token_ids) == 4
+    (cancelled,) = submitted[1]            # submitted after its cancel: cancelled, not run on
+    assert cancelled.result().finish_reason == "cancelled"
+    assert len(cancelled.result().token_ids) < 60
