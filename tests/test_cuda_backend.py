@@ -279,3 +279,29 @@ def test_verify_passes_past_32_rows_keep_the_bits_of_their_decode_steps(dirs, mo
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=g)
     ids = torch.randint(0, model.cfg.vocab_size, (2, 17), generator=g)       # 34 rows
     _assert_verify_gives_decode_bits(model, prompt, ids)
+
+
+@pytest.mark.parametrize("device, kernels", [("cuda", None), ("cuda", "triton"),
+                                             ("cpu", "triton")])
+def test_gpu_kernels_without_triton_are_one_clear_error(device, kernels, monkeypatch):
+    """A CUDA torch without triton (Windows' CUDA wheels, a trimmed image) loaded the model and
+    then failed in the first pass with "internal error: No module named 'triton'". The backend
+    is refused when the model loads, naming the extra and the reference kernels; with
+    SPECRT_KERNELS=reference it needs no triton."""
+    import importlib.util
+
+    from specrt.errors import ConfigError
+    from specrt.model.backends import cpu_native, select_backend
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real_find_spec(name, *a))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if kernels:
+        monkeypatch.setenv("SPECRT_KERNELS", kernels)
+    with pytest.raises(ConfigError, match=r"need triton.*specrt\[cuda\].*SPECRT_KERNELS=reference"):
+        select_backend(torch.device(device), torch.bfloat16)
+    monkeypatch.setenv("SPECRT_KERNELS", "reference")
+    assert type(select_backend(torch.device(device), torch.bfloat16)).__name__ == \
+        ("Cuda" if device == "cuda" else
+         "CpuNative" if cpu_native.available(torch.bfloat16) else "TorchReference")

@@ -10,6 +10,7 @@ choice, for tests and comparisons.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -49,8 +50,13 @@ def select_backend(device: torch.device, dtype: torch.dtype, name: str | None = 
     if name is not None and name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r} ({ENV_VAR}); choose one of "
                           f"{', '.join(BACKENDS)}")
-    forced_backend(device)         # SPECRT_KERNELS, checked before any pass needs it
+    kernels = forced_backend(device)       # SPECRT_KERNELS, checked before any pass needs it
     _check_cpu_level(device)
+    if ((device.type == "cuda" and kernels != "reference") or kernels == "triton") \
+            and importlib.util.find_spec("triton") is None:
+        raise ConfigError("the GPU kernels need triton, which is not installed: pip install "
+                          "'specrt[cuda]' (or set SPECRT_KERNELS=reference to run PyTorch's "
+                          "ops instead, slower)")
     if name == "torch_ref":
         return TorchReference()
     if device.type == "cuda" or name == "cuda":
