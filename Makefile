@@ -6,11 +6,19 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: install build test compile-check demo bench-llamacpp clean
 
+# $(VENV)'s Python must be >= 3.11 too: a venv made by hand with another Python, or whose
+# interpreter was upgraded away, failed deep in pip or with "No such file or directory".
+VENV_BAD = { echo "make: $(VENV) runs $$($(PY) --version 2>/dev/null || echo 'a Python that is gone');" \
+	  "the pinned requirements need Python >= 3.11: run make clean, then make again" \
+	  "(with PYTHON=python3.11 or newer)"; exit 1; }
+VENV_OK = $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "make: the pinned requirements need Python >= 3.11; '$(PYTHON)' is" \
 	    "$$($(PYTHON) --version 2>/dev/null || echo missing): run make PYTHON=python3.11 (or newer)"; \
 	  exit 1; }
+	@test ! -e $(PY) || $(VENV_OK) || $(VENV_BAD)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -21,6 +29,7 @@ install: $(STAMP)
 # The C++ extensions (specrt._ngram, specrt._gemv, specrt._cpu_ops, specrt._cpu_layers; see
 # setup.py), built in place next to the sources.
 build: $(STAMP)
+	@$(VENV_OK) || $(VENV_BAD)
 	$(PY) setup.py --quiet build_ext --inplace
 
 # Everything, the packaging tests too (tests/test_packaging.py: build the sdist and wheels and
@@ -32,6 +41,7 @@ test: build compile-check
 # triton wheel's ptxas: no GPU needed, under a minute on 2 cores. Fails on a compile error, a bf16
 # register spill, shared memory over a target's limit, or a missing ptxas (never skips).
 compile-check: $(STAMP)
+	@$(VENV_OK) || $(VENV_BAD)
 	$(PY) -m specrt.kernels.compile_check
 
 demo: build
