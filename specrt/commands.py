@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import sys
+from pathlib import Path
 from typing import Callable
 
 from specrt.errors import ArgumentError, ModelFetchError, SpecrtError
@@ -180,6 +182,13 @@ def _say(line: str, lead: str = "") -> None:
 
     print(lead + " ".join(part.strip() for part in line.splitlines() if part.strip()),
           file=sys.stderr)
+
+
+def prog_name(module: str, script: str) -> str:
+    """What a command's usage and errors call it: the console script's name where it runs as
+    that script (`specrt --help` said `usage: python -m specrt.generate`), else `python -m
+    module`."""
+    return script if Path(sys.argv[0]).name == script else f"python -m {module}"
 
 
 class OneLineParser(argparse.ArgumentParser):

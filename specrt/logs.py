@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 
 class _Stderr(logging.StreamHandler):
@@ -42,7 +43,17 @@ def extension_missing(module: str, what: str, fallback: str, reason: object = No
         return
     _reported.add(module)
     because = f" ({reason})" if reason else ""
-    logging.getLogger("specrt").info(
-        "%s (%s) is not available%s; using %s. Build it with "
-        "`python setup.py build_ext --inplace` (needs a C++17 compiler).",
-        module, what, because, fallback)
+    logging.getLogger("specrt").info("%s (%s) is not available%s; using %s. %s",
+                                     module, what, because, fallback, build_hint())
+
+
+def build_hint(package_dir: Path = Path(__file__).resolve().parent) -> str:
+    """How to get the C++ extensions: in a source tree (setup.py beside the package) build them
+    in place; in an installed package, reinstall with a compiler, past pip's cache (pip reuses
+    the wheel it built without them)."""
+    if (package_dir.parent / "setup.py").is_file():
+        return ("Build it with `make build` (or `python setup.py build_ext --inplace`; needs a "
+                "C++17 compiler).")
+    return ("Install a C++17 compiler, then reinstall specrt from its source folder: `pip "
+            "install --no-cache-dir --force-reinstall --no-deps FOLDER` (without "
+            "--no-cache-dir pip reuses the wheel it built without the extensions).")

@@ -37,8 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTENSIONS = ("_ngram", "_gemv", "_cpu_ops", "_cpu_layers")
 SCRIPTS = {"specrt": "specrt.api.cli:main", "specrt-models": "specrt.hub.cli:main",
            "specrt-serve": "specrt.serve.cli:main"}
-RUNTIME_DEPS = {"torch", "numpy", "safetensors", "tokenizers", "transformers", "huggingface-hub",
-                "jinja2", "tqdm", "gguf"}   # gguf: fetching the default pair converts GGUF files
+# Third-party modules specrt imports only where an extra is installed -> (the extra, the
+# distribution in it that brings the module). Every other module its sources import (lazily
+# too) must be a hard dependency: psutil, imported on every model load, was only in the test
+# extra, so a plain `pip install` could not load a model.
+EXTRA_ONLY = {"triton": ("cuda", "triton"), "fastapi": ("serve", "fastapi"),
+              "uvicorn": ("serve", "uvicorn"), "prometheus_client": ("serve", "prometheus-client"),
+              "pydantic": ("serve", "fastapi"), "starlette": ("serve", "fastapi")}
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.so", "*.egg-info",
                                     "__pycache__", ".pytest_cache", "benchmarks", ".whl", ".gl")
 
@@ -109,7 +114,8 @@ def test_sdist_has_what_the_build_needs(dists):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for f in ("LICENSE", "README.md", "pyproject.toml", "setup.py", "csrc/build_id.h",
               "csrc/ngram/ngram.h", "csrc/cpu/cpu_features.h", "csrc/cpu/gemv.h",
-              "csrc/cpu/ops.h", "csrc/cpu/ops.cpp", "specrt/__init__.py"):
+              "csrc/cpu/ops.h", "csrc/cpu/ops.cpp", "specrt/__init__.py",
+              "requirements.txt"):                  # the shipped tests read the lock file
         assert f in names, f"{f} missing from the sdist"
     assert not any(n.endswith(".so") for n in names)
     with tarfile.open(dists.sdist) as tar:      # the shipped tests run without benchmarks/
@@ -123,6 +129,41 @@ def _name(requirement: str) -> str:
     """A requirement's distribution name, normalised (PEP 503)."""
     name = re.split(r"[<>=!~;\[ ]", requirement.strip(), maxsplit=1)[0]
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def imported_modules() -> set[str]:
+    """The top-level third-party modules specrt's sources import, anywhere (lazily too)."""
+    import ast
+
+    found = set()
+    for path in (ROOT / "specrt").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"specrt"}
+
+
+def runtime_deps() -> set[str]:
+    """The distributions every install needs: those bringing the modules specrt imports,
+    less the extras' (EXTRA_ONLY)."""
+    from importlib.metadata import packages_distributions
+
+    brings = packages_distributions()
+    return {_name(brings[m][0]) for m in imported_modules() - EXTRA_ONLY.keys()}
+
+
+def test_every_imported_package_is_declared():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    hard = {_name(r) for r in project["dependencies"]}
+    assert runtime_deps() <= hard, f"imported, not declared: {sorted(runtime_deps() - hard)}"
+    assert {"torch", "psutil", "gguf"} <= runtime_deps()        # the scan finds them
+    extras = project["optional-dependencies"]
+    for module, (extra, dist) in EXTRA_ONLY.items():
+        assert dist in {_name(r) for r in extras[extra]}, (module, extra)
 
 
 def test_every_declared_dependency_is_pinned_in_the_lock_file():
@@ -151,7 +192,7 @@ def test_wheel_metadata(dists):
     hard = {r.split(";")[0] for r in requires if "extra ==" not in r}
     names = {r.split(">")[0].split("<")[0].split("=")[0].strip().lower().replace("_", "-")
              for r in hard}
-    assert RUNTIME_DEPS <= names, f"undeclared: {RUNTIME_DEPS - names}"
+    assert runtime_deps() <= names, f"undeclared: {runtime_deps() - names}"
     assert "triton" not in names
     assert any(r.startswith("triton") and 'extra == "cuda"' in r for r in requires)
     entry_points = _metadata(dists.pure, "entry_points.txt")
@@ -183,7 +224,7 @@ def test_installed_package_and_console_scripts(dists, tmp_path):
         run = subprocess.run([str(exe), "--help"], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0, f"{script} --help: {run.stderr}"
-        assert "usage:" in run.stdout
+        assert run.stdout.startswith(f"usage: {script} ")      # not `python -m ...`
 
 
 GENERATE = """
@@ -225,3 +266,5 @@ def test_same_tokens_without_extensions_or_triton(dists, tiny_noeos_dir, tmp_pat
     stderr = runs["pure"][1]
     assert stderr.count("specrt._ngram (the C++ n-gram matcher) is not available") == 1
     assert "Warning" not in stderr
+    # ... and says how an installed package gets them (build_ext --inplace meant nothing there)
+    assert "--force-reinstall" in stderr and "build_ext" not in stderr

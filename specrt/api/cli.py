@@ -27,9 +27,9 @@ DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that mer
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specrt.commands import OneLineParser
+    from specrt.commands import OneLineParser, prog_name
 
-    p = OneLineParser(prog="python -m specrt.generate",
+    p = OneLineParser(prog=prog_name("specrt.generate", "specrt"),
                                 description="Generate text with speculative decoding.")
     p.add_argument("--model", help="target model directory or known name "
                    "(default: the fetched qwen2.5-coder-1.5b-instruct)")

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from specrt.commands import OneLineParser, interruptible, run_command
+from specrt.commands import OneLineParser, interruptible, prog_name, run_command
 from specrt.errors import ArgumentError, ModelFetchError, NotRegularFileError, SpecrtError
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, fetch_command, spec_for
@@ -115,7 +115,7 @@ def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
 
 @interruptible          # the module imports no torch: Ctrl-C finds the handler at once
 def main(argv=None) -> int:
-    parser = OneLineParser(prog="python -m specrt.models",
+    parser = OneLineParser(prog=prog_name("specrt.models", "specrt-models"),
                            description="Fetch, list and locate the models specrt knows.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_fetch = sub.add_parser("fetch", help="download, verify and convert models (default: both)")

@@ -26,9 +26,9 @@ SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")     # pyproject's `ser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specrt.commands import OneLineParser
+    from specrt.commands import OneLineParser, prog_name
 
-    p = OneLineParser(prog="python -m specrt.serve",
+    p = OneLineParser(prog=prog_name("specrt.serve", "specrt-serve"),
                                 description="Serve a model over OpenAI's HTTP API, with "
                                             "speculative decoding.")
     p.add_argument("--model", help="target model directory or known name "
