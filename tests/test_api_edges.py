@@ -284,9 +284,11 @@ def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypat
     monkeypatch.setattr(LLM, "encode", held_encode)
     real_submit_all, submitted = LLM.submit_all, []
 
-    def recorded_submit_all(self, *args, **kwargs):
-        submitted.append(real_submit_all(self, *args, **kwargs))
-        return submitted[-1]
+    def recorded_submit_all(self, prompt, **kwargs):
+        runs = real_submit_all(self, prompt, **kwargs)
+        if kwargs.get("max_new_tokens") == 60:      # the request cancelled mid-encode
+            submitted.append(runs)
+        return runs
 
     monkeypatch.setattr(LLM, "submit_all", recorded_submit_all)
 
@@ -309,11 +311,122 @@ def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypat
                 await task
             release.set()
             after = await asyncio.wait_for(allm.generate([5, 6, 7], max_new_tokens=4), 60)
-            return res, after
+            ((cancelled,),) = submitted        # submitted after its cancel: cancelled, not run
+            # on (read before the `async with` ends: closing cancels whatever still runs)
+            return res, after, await asyncio.wait_for(asyncio.to_thread(cancelled.result), 60)
 
-    res, after = asyncio.run(main())
+    res, after, cancelled = asyncio.run(main())
     assert not watchdog_fired, "the prompt was encoded on the event loop"
     assert len(res.token_ids) == 4 and len(after.token_ids) == 4
-    (cancelled,) = submitted[1]            # submitted after its cancel: cancelled, not run on
-    assert cancelled.result().finish_reason == "cancelled"
-    assert len(cancelled.result().token_ids) < 60
+    assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) < 60
+
+
+@pytest.fixture(scope="module")
+def shared_llm(tiny_noeos_dir, tiny_draft_dir):
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, dtype="float32")
+    yield llm
+    llm.close()
+
+
+NGRAM2 = {"method": "ngram", "num_speculative_tokens": 2}
+SEEDED = dict(temperature=0.8, seed=11, speculative=NGRAM2)
+
+
+def _slow_to_apply(monkeypatch):
+    """Make a reader that took an even step wait 30 ms before applying it: without the run's
+    lock, another reader takes the next (odd) step in that window and applies it first."""
+    from specrt.engine.handle import RequestHandle
+    real_next_step = RequestHandle.next_step
+
+    def next_step(self, timeout=None):
+        step = real_next_step(self, timeout)
+        if step is not None and step.index % 2 == 0:
+            time.sleep(0.03)
+        return step
+
+    monkeypatch.setattr(RequestHandle, "next_step", next_step)
+
+
+def test_two_threads_reading_one_run_get_its_tokens_in_order(shared_llm, monkeypatch):
+    """run.result() from two threads at once: each took steps and applied them to the run's
+    tokens unlocked, so a step taken second could land first (tokens swapped, one lost).
+    Each step is now taken and applied under the run's lock."""
+    solo = shared_llm.generate([5, 6, 7], max_new_tokens=40, **SEEDED).token_ids
+    _slow_to_apply(monkeypatch)
+    run = shared_llm.submit([5, 6, 7], max_new_tokens=40, **SEEDED)
+    results = []
+    readers = [threading.Thread(target=lambda: results.append(run.result().token_ids))
+               for _ in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(60)
+    assert results == [solo, solo]
+
+
+def test_a_stream_stepped_from_two_threads_at_once(shared_llm, monkeypatch):
+    """next() on one LLM.stream from two threads raised "generator already executing": the
+    stream now serves them in turn, each chunk to one of them, in order."""
+    solo = shared_llm.generate([5, 6, 7], max_new_tokens=40, **SEEDED).token_ids
+    _slow_to_apply(monkeypatch)
+    stream = shared_llm.stream([5, 6, 7], max_new_tokens=40, **SEEDED)
+    got, errors = [], []
+
+    def read():
+        try:
+            for chunk in stream:
+                got.append((chunk.step.index, chunk.token_ids))
+        except Exception as e:             # noqa: BLE001 - the test reports any
+            errors.append(e)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(60)
+    assert errors == []
+    assert [t for _, ids in sorted(got) for t in ids] == solo
+
+
+def test_an_async_stream_stepped_from_two_tasks_at_once(shared_llm):
+    """Two tasks iterating one AsyncLLM.stream raised "anext(): asynchronous generator is
+    already running"; they are served in turn now. Another event loop gets a clear error."""
+    solo = shared_llm.generate([5, 6, 7], max_new_tokens=40, **SEEDED).token_ids
+    allm = specrt.AsyncLLM(llm=shared_llm)
+
+    async def main():
+        stream = allm.stream([5, 6, 7], max_new_tokens=40, **SEEDED)
+        got = []
+
+        async def read():
+            async for chunk in stream:
+                got.append((chunk.step.index, chunk.token_ids))
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(asyncio.gather(read(), read()), 60)
+        return got, stream
+
+    got, stream = asyncio.run(main())
+    assert [t for _, ids in sorted(got) for t in ids] == solo
+
+    async def step_again():
+        await stream.__anext__()
+
+    with pytest.raises(SpecrtError, match="event loop that first stepped it"):
+        asyncio.run(step_again())
+
+
+def test_a_submitted_run_dropped_unread_is_cancelled(shared_llm):
+    """A run from submit() dropped without a read or a cancel held its slot until its whole
+    budget was generated (a dropped stream was cancelled); now it is cancelled too."""
+    import gc
+
+    run = shared_llm.submit([5, 6, 7], max_new_tokens=200)
+    handle = run.handle
+    del run
+    gc.collect()
+    assert handle.cancelled
+    steps = []
+    while (step := handle.next_step(timeout=60)) is not None:
+        steps.append(step)
+    assert steps[-1].finish_reason == "cancelled"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import AsyncIterator, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import StreamChunk, TextRun
@@ -67,15 +67,13 @@ class AsyncLLM:
         if spec is not None and spec.model is not None:
             await asyncio.to_thread(self.llm.prepare, spec)
 
-    async def stream(self, prompt=None, **kwargs) -> AsyncIterator[StreamChunk]:
-        """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats."""
-        await self._prepare(kwargs)
-        run = await _submitted(functools.partial(self.llm.submit_stream, prompt, **kwargs))
-        try:
-            async for chunk in _chunks(run):
-                yield chunk
-        finally:
-            run.handle.cancel()
+    def stream(self, prompt=None, **kwargs) -> "AsyncChunks":
+        """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats.
+        The request starts at the first step; several tasks may step the stream at once."""
+        async def start() -> TextRun:
+            await self._prepare(kwargs)
+            return await _submitted(functools.partial(self.llm.submit_stream, prompt, **kwargs))
+        return AsyncChunks(start)
 
     async def generate(self, prompt=None, **kwargs):
         """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
@@ -113,15 +111,63 @@ def _cancel_submitted(future: asyncio.Future) -> None:
         run.handle.cancel()
 
 
-async def _chunks(run: TextRun) -> AsyncIterator[StreamChunk]:
-    while True:
-        chunk = run.chunk(await run.handle.anext_step())
+class AsyncChunks:
+    """`AsyncLLM.stream`'s async iterator. Tasks of one event loop may step it at once (in
+    turn; an async generator raised "already running"); cancelling a task waiting on it, or
+    `aclose()`, or dropping it, cancels the request."""
+
+    def __init__(self, start: Callable[[], Awaitable[TextRun]]):
+        self._start = start
+        self._run: TextRun | None = None
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+
+    def __aiter__(self) -> "AsyncChunks":
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop, self._lock = loop, asyncio.Lock()
+        elif loop is not self._loop:
+            raise ArgumentError("an AsyncLLM stream is stepped in the event loop that first "
+                                "stepped it; start another stream in this loop instead")
+        try:
+            async with self._lock:
+                if self._closed:
+                    raise StopAsyncIteration
+                if self._run is None:
+                    self._run = await self._start()
+                chunk = await _next_chunk(self._run)
+        except StopAsyncIteration:
+            raise
+        except BaseException:
+            await self.aclose()          # a cancelled task (or an error) ends the request
+            raise
         if chunk is None:
-            return
-        if chunk.finish_reason == "stop":   # wait for the stats of the cancelled tail
-            while not run.settle(await run.handle.anext_step()):
-                pass
-            chunk.stats = run.stats
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        """Cancel the request; the stream ends (a task waiting on it gets the last chunk)."""
+        self._closed = True
+        if self._run is not None:
+            self._run.handle.cancel()
+
+
+async def _next_chunk(run: TextRun) -> StreamChunk | None:
+    """The next step of `run` as a chunk; None once the run has ended."""
+    if run.finish_reason is not None:
+        return None
+    chunk = run.chunk(await run.handle.anext_step())
+    if chunk is not None and chunk.finish_reason == "stop":   # the cancelled tail's stats
+        while not run.settle(await run.handle.anext_step()):
+            pass
+        chunk.stats = run.stats
+    return chunk
+
+
+async def _chunks(run: TextRun) -> AsyncIterator[StreamChunk]:
+    while (chunk := await _next_chunk(run)) is not None:
         yield chunk
-        if chunk.finish_reason is not None:
-            return

@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
                               check_stop, check_text)
-from specrt.api.run import GenerationResult, StreamChunk, TextRun
+from specrt.api.run import Chunks, GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible
 from specrt.engine.engine import Engine
@@ -248,8 +248,9 @@ class LLM:
 
     def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
-        each round commits. Closing or dropping the iterator cancels the request."""
-        yield from self.submit_stream(prompt, **kwargs).chunks()
+        each round commits. Closing or dropping the iterator cancels the request; several
+        threads may step it at once (each chunk goes to one of them)."""
+        return Chunks(self.submit_stream(prompt, **kwargs))
 
 
 def is_batch(prompt) -> bool:

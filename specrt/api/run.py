@@ -2,17 +2,23 @@
 
 A `TextRun` wraps the request's handle (token ids, from the scheduler's thread) and a
 `TextStream` (text, stop strings). It runs in the caller's thread or task, never in the
-engine's: a slow reader slows only itself.
+engine's: a slow reader slows only itself. Its readers may be several threads at once (two
+`result()` calls, a stream and a `result()`): each step is taken and applied under the run's
+lock, so the tokens stay in order. A run that is dropped unread is cancelled, freeing its slot
+(`submit()` without a read or a cancel held it until its whole budget was generated).
 """
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
 from typing import Iterator
 
 from specrt.api.text_stream import TextStream
 from specrt.engine.handle import RequestHandle
 from specrt.engine.metrics import with_new_tokens
 from specrt.engine.request import Step
+from specrt.engine.waiting import wait_until
 from specrt.errors import SpecrtError
 
 
@@ -44,6 +50,8 @@ class TextRun:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats: dict = {}
+        self._lock = threading.Lock()       # one reader takes and applies a step at a time
+        weakref.finalize(self, handle.cancel)
 
     @property
     def request_id(self) -> str:
@@ -91,24 +99,62 @@ class TextRun:
         """Chunks until the request ends; cancels it if the consumer stops early."""
         try:
             while True:
-                chunk = self.chunk(self.handle.next_step())
+                chunk = self._next_chunk()
                 if chunk is None:
                     return
-                if chunk.finish_reason == "stop":   # wait for the stats of the cancelled tail
-                    while not self.settle(self.handle.next_step()):
-                        pass
-                    chunk.stats = self.stats
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
         finally:
             self.handle.cancel()
 
+    def _next_chunk(self) -> StreamChunk | None:
+        """The next step as a chunk, taken and applied under the run's lock (the lock waited
+        for in slices, as Ctrl-C needs); None once another reader saw the end."""
+        wait_until(lambda seconds: self._lock.acquire(timeout=seconds))
+        try:
+            if self.finish_reason is not None:
+                return None
+            chunk = self.chunk(self.handle.next_step())
+            if chunk is not None and chunk.finish_reason == "stop":
+                while not self.settle(self.handle.next_step()):   # the cancelled tail's stats
+                    pass
+                chunk.stats = self.stats
+            return chunk
+        finally:
+            self._lock.release()
+
     def result(self) -> GenerationResult:
         """The request's result; chunks not read yet are read first (waiting for its end)."""
-        if self.finish_reason is None:
-            for _ in self.chunks():
-                pass
+        for _ in self.chunks():
+            pass
         text = self.stream.text if self.stream.tokenizer is not None else ""
         return GenerationResult(self.token_ids, text, self.finish_reason or "cancelled",
                                 self.stats, self.request_id)
+
+
+class Chunks:
+    """`LLM.stream`'s iterator: `next()` from several threads at once is taken in turn (a
+    generator raised "generator already executing"); closing or dropping it cancels the
+    request."""
+
+    def __init__(self, run: TextRun):
+        self._chunks = run.chunks()
+        self._handle = run.handle
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> "Chunks":
+        return self
+
+    def __next__(self) -> StreamChunk:
+        wait_until(lambda seconds: self._lock.acquire(timeout=seconds))
+        try:
+            return next(self._chunks)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Cancel the request (a reader waiting in next() gets the end) and end the chunks."""
+        self._handle.cancel()
+        with self._lock:
+            self._chunks.close()

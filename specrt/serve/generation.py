@@ -83,7 +83,7 @@ class Generation:
         if self._counted and self.finish_reason is None and not self._failed:
             self.metrics.finished("abort", self.completion_tokens,
                                   time.perf_counter() - self._arrived, None)
-        await self._stream.aclose()             # runs AsyncLLM.stream's finally: cancel
+        await self._stream.aclose()             # cancels the request
 
 
 async def collect(gen: Generation, first: StreamChunk) -> str:
