@@ -238,6 +238,57 @@ def test_a_running_server_shuts_down_gracefully_and_exits_0(sig, tiny_noeos_dir)
     assert "Traceback" not in err and "Application shutdown complete" in err, err
 
 
+# The server with every round slowed to 50 ms: a 2,000-token answer takes over 100 s.
+SLOW_ROUNDS_SERVER = """
+import runpy, time
+from specrt.engine.engine import Engine
+real_step = Engine.step
+def slow_step(self):
+    time.sleep(0.05)
+    return real_step(self)
+Engine.step = slow_step
+runpy.run_module('specrt.serve', run_name='__main__', alter_sys=True)
+"""
+
+
+def test_a_shutdown_cancels_what_still_runs_after_its_timeout(tiny_noeos_dir):
+    """A shutdown waited for every running request to end (10 clients x 1,500 tokens: over
+    30 s, past a container's grace before SIGKILL). With --shutdown-timeout 1 a request still
+    running 1 s after SIGTERM is cancelled, its stream ends as a stream should (finish_reason
+    "abort", then [DONE]) and the server exits 0."""
+    import json
+    import time
+
+    proc = _popen(SLOW_ROUNDS_SERVER, "--model", tiny_noeos_dir, "--port", "0",
+                  "--max-num-seqs", "1", "--shutdown-timeout", "1", "--speculative-config",
+                  "none")
+    body = json.dumps({"model": Path(tiny_noeos_dir).name, "prompt": "hi", "max_tokens": 2000,
+                       "stream": True}).encode()
+    try:
+        log = _read_until(proc, "serving")
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1))
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        answer = urllib.request.urlopen(request, timeout=60)
+        answer.readline()                       # the stream has started
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest = answer.read().decode()               # ends when the server cancels the request
+    rc, err = _finish(proc, timeout=30)
+    took = time.monotonic() - sent
+    assert rc == 0, log + err
+    assert took < 15, f"the shutdown took {took:.0f} s"
+    assert "Traceback" not in err, err
+    events = [line[len("data: "):] for line in rest.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", rest[-500:]
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+    assert len(events) < 500, "the answer ran on after the shutdown's timeout"
+
+
 # A library user's script (no CLI around it) that ends while a request still runs.
 ENDS_WITH_A_STREAM = """
 import sys, specrt

@@ -23,6 +23,11 @@ from specrt.commands import interruptible, named_flags
 
 log = logging.getLogger("specrt.serve")
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")     # pyproject's `serve` extra
+# A shutdown waited for every running and queued request to end (10 clients x 1,500 tokens:
+# over 30 s, past a container runtime's usual 30 s grace before SIGKILL); what is still running
+# after this is cancelled, its clients' streams ended.
+SHUTDOWN_TIMEOUT_S = 10.0
+HANDLERS_END_S = 5.0    # after that, for the handlers to answer their cancelled requests
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests decoded together (KV-cache slots; default 4)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a slot before new ones get 503 (default 256)")
+    p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S,
+                   help="on SIGTERM or Ctrl-C, seconds the running requests may take to end "
+                   "before they are cancelled (default %(default)g; 0: cancel at once)")
     add_weights_args(p)
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="(default info)")
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args) -> int:
-    from specrt.checks import check_int
+    from specrt.checks import check_int, check_number
     from specrt.commands import report_error
 
     missing = missing_serve_extra()
@@ -179,6 +187,8 @@ def _serve(args) -> int:
     from specrt.serve.app import ServeConfig, build_app
 
     check_int("--port", args.port, 0, 65535, fix="a TCP port (0: any free one)")
+    check_number("--shutdown-timeout", args.shutdown_timeout, 0, 24 * 3600,
+                 fix="seconds the running requests may take to end at a shutdown")
     checked = check_flags(args)     # before resolve_pair, which may fetch ~6 GB
     sock = bind(args.host, args.port)
     try:
@@ -196,16 +206,43 @@ def _serve(args) -> int:
             port = sock.getsockname()[1]             # the real one with --port 0
             host = f"[{args.host}]" if ":" in args.host else args.host
             config = uvicorn.Config(app, host=args.host, port=port,
-                                    log_level=args.log_level, log_config=None)
+                                    log_level=args.log_level, log_config=None,
+                                    timeout_graceful_shutdown=args.shutdown_timeout
+                                    + HANDLERS_END_S)
             sock.listen(config.backlog)    # from here clients queue; uvicorn accepts in ms
             log.info("serving %r on http://%s:%d/v1 (speculative: %s, %d slots)", name, host,
                      port, json.dumps(spec), args.max_num_seqs)
-            _run_server(uvicorn.Server(config), sock)
+            _run_server(_server(config, allm, args.shutdown_timeout), sock)
         finally:
             allm.close()
     finally:
         sock.close()
     return 0
+
+
+def _server(config, allm, timeout: float):
+    """uvicorn's server, whose shutdown closes the LLM `timeout` seconds in: every request
+    still running ends "cancelled", which each handler answers as a finished response
+    (finish_reason "abort", then `[DONE]` on a stream). uvicorn's own timeout, HANDLERS_END_S
+    later, cancels a handler that still has not ended (its client gets a cut response)."""
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            loop = asyncio.get_running_loop()
+            closing = []
+            timer = loop.call_later(timeout, lambda: closing.append(
+                loop.create_task(allm.aclose())))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+                if closing:
+                    await closing[0]
+
+    return Server(config)
 
 
 def _run_server(server, sock) -> None:
