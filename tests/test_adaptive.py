@@ -485,6 +485,20 @@ def test_implausible_calibration_entries_are_dropped(entry, tmp_path, monkeypatc
     assert "1 bad entry" in caplog.text
 
 
+def test_a_calibration_path_that_is_a_folder_is_refused_before_any_load(tmp_path,
+                                                                        monkeypatch):
+    """SPECRT_CALIBRATION naming a folder failed every `auto` request, once the model had
+    loaded (a server answered each with an error); LLM's arguments refuse it now."""
+    from specrt.api.args import LLMArgs
+    from specrt.errors import CachePathError
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path))
+    with pytest.raises(CachePathError, match="SPECRT_CALIBRATION=.* is a directory"):
+        LLMArgs(model=str(tmp_path / "model"))
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    LLMArgs(model=str(tmp_path / "model"))
+
+
 def test_a_cost_curve_extended_past_its_end_never_falls():
     from specrt.spec.costs import _at
 

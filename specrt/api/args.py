@@ -128,6 +128,9 @@ class LLMArgs:
             set_(self, "draft_vocab", check_int("draft_vocab", self.draft_vocab, 1, 2**24,
                                                 fix="'auto', None (every token) or a count"))
         set_(self, "draft_stop", check_draft_stop(self.draft_stop))
+        from specrt.spec.calibration import disk_path
+        disk_path()     # SPECRT_CALIBRATION naming a folder: refused here, not by every `auto`
+                        # request after the model loaded
 
 
 def check_draft_dtype(value, device, dtype):
