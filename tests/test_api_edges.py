@@ -430,3 +430,54 @@ def test_a_submitted_run_dropped_unread_is_cancelled(shared_llm):
     while (step := handle.next_step(timeout=60)) is not None:
         steps.append(step)
     assert steps[-1].finish_reason == "cancelled"
+
+
+def test_a_stream_is_submitted_at_its_first_step_and_closing_it_before_ends_it(shared_llm,
+                                                                              monkeypatch):
+    """LLM.stream submitted at the call for a while: a stream not read yet held a slot for its
+    whole budget. It is submitted at the first next(), like AsyncLLM.stream's first step."""
+    from specrt.api.llm import LLM
+    real_submit_stream, submitted = LLM.submit_stream, []
+
+    def counted(self, *args, **kwargs):
+        submitted.append(real_submit_stream(self, *args, **kwargs))
+        return submitted[-1]
+
+    monkeypatch.setattr(LLM, "submit_stream", counted)
+    stream = shared_llm.stream([5, 6, 7], max_new_tokens=4)
+    assert submitted == []
+    assert len(next(stream).token_ids) >= 1 and len(submitted) == 1
+    unread = shared_llm.stream([5, 6, 7], max_new_tokens=4)
+    unread.close()
+    assert list(unread) == [] and len(submitted) == 1
+    with pytest.raises(SpecrtError, match="max_new_tokens"):
+        next(shared_llm.stream([5, 6, 7], max_new_tokens=0))
+
+
+def test_an_async_stream_closed_while_its_request_is_submitted_is_cancelled(shared_llm,
+                                                                           monkeypatch):
+    """aclose() while the first step was still submitting (a long prompt's encoding) left the
+    request running unread until its whole budget was generated."""
+    from specrt.api.llm import LLM
+    real_submit_stream, submitted = LLM.submit_stream, []
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.5)
+        submitted.append(real_submit_stream(self, *args, **kwargs))
+        return submitted[-1]
+
+    monkeypatch.setattr(LLM, "submit_stream", slow)
+    allm = specrt.AsyncLLM(llm=shared_llm)
+
+    async def main():
+        stream = allm.stream([5, 6, 7], max_new_tokens=200)
+        first = asyncio.create_task(stream.__anext__())
+        await asyncio.sleep(0.1)                     # the submit is under way
+        await stream.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(first, 30)
+
+    asyncio.run(main())
+    (run,) = submitted
+    assert run.handle.cancelled
+    assert run.result().finish_reason == "cancelled"

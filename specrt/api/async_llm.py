@@ -139,6 +139,9 @@ class AsyncChunks:
                     raise StopAsyncIteration
                 if self._run is None:
                     self._run = await self._start()
+                    if self._closed:           # aclose() while it was submitted
+                        self._run.handle.cancel()
+                        raise StopAsyncIteration
                 chunk = await _next_chunk(self._run)
         except StopAsyncIteration:
             raise

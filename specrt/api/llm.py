@@ -248,9 +248,10 @@ class LLM:
 
     def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
-        each round commits. Closing or dropping the iterator cancels the request; several
-        threads may step it at once (each chunk goes to one of them)."""
-        return Chunks(self.submit_stream(prompt, **kwargs))
+        each round commits, from the first `next()` on (the request is checked and submitted
+        then). Closing or dropping the iterator cancels the request; several threads may step
+        it at once (each chunk goes to one of them)."""
+        return Chunks(lambda: self.submit_stream(prompt, **kwargs))
 
 
 def is_batch(prompt) -> bool:

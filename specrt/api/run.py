@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Iterator
+from typing import Callable, Iterator
 
 from specrt.api.text_stream import TextStream
 from specrt.engine.handle import RequestHandle
@@ -44,6 +44,9 @@ class StreamChunk:
 
 
 class TextRun:
+    """A request's text side. Keep the run while the request should go on: dropped, it is
+    cancelled (its `handle` alone does not keep it)."""
+
     def __init__(self, handle: RequestHandle, stream: TextStream):
         self.handle = handle
         self.stream = stream
@@ -134,13 +137,16 @@ class TextRun:
 
 
 class Chunks:
-    """`LLM.stream`'s iterator: `next()` from several threads at once is taken in turn (a
+    """`LLM.stream`'s iterator. The request is submitted at the first `next()` (a stream not
+    read yet holds no slot); `next()` from several threads at once is taken in turn (a
     generator raised "generator already executing"); closing or dropping it cancels the
     request."""
 
-    def __init__(self, run: TextRun):
-        self._chunks = run.chunks()
-        self._handle = run.handle
+    def __init__(self, submit: Callable[[], TextRun]):
+        self._submit = submit
+        self._run: TextRun | None = None
+        self._chunks: Iterator[StreamChunk] | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def __iter__(self) -> "Chunks":
@@ -149,12 +155,20 @@ class Chunks:
     def __next__(self) -> StreamChunk:
         wait_until(lambda seconds: self._lock.acquire(timeout=seconds))
         try:
+            if self._chunks is None:
+                if self._closed:
+                    raise StopIteration
+                self._run = self._submit()
+                self._chunks = self._run.chunks()
             return next(self._chunks)
         finally:
             self._lock.release()
 
     def close(self) -> None:
         """Cancel the request (a reader waiting in next() gets the end) and end the chunks."""
-        self._handle.cancel()
+        self._closed = True
+        if self._run is not None:
+            self._run.handle.cancel()
         with self._lock:
-            self._chunks.close()
+            if self._chunks is not None:
+                self._chunks.close()
