@@ -18,7 +18,7 @@ $(STAMP): requirements.txt
 	  echo "make: the pinned requirements need Python >= 3.11; '$(PYTHON)' is" \
 	    "$$($(PYTHON) --version 2>/dev/null || echo missing): run make PYTHON=python3.11 (or newer)"; \
 	  exit 1; }
-	@test ! -e $(PY) || $(VENV_OK) || $(VENV_BAD)
+	@{ test ! -e $(PY) && test ! -L $(PY); } || $(VENV_OK) || $(VENV_BAD)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt

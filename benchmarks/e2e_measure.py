@@ -244,8 +244,9 @@ def measure(config: RunConfig, prompts: list[Prompt]
     elapsed = time.perf_counter() - t_start
     config = dataclasses.replace(
         config, methods=tuple(m for m in config.methods if m not in failed),
-        notes=config.notes + tuple(f"{m.label} left out: it failed on {why.splitlines()[0]}"
-                                   for m, why in failed.items()))
+        notes=config.notes + tuple(
+            f"{m.label} left out: it failed on {why.splitlines()[0].rstrip(':. ')}"
+            for m, why in failed.items()))
     out = []
     for (task, pid, m), every in runs.items():
         if m in failed:
