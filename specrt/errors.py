@@ -31,6 +31,10 @@ class QueueFullError(SpecrtError):
     """Every slot is busy and the waiting queue is full; retry later (HTTP 503)."""
 
 
+class ClosedError(SpecrtError):
+    """The LLM was closed (a server shutting down: HTTP 503); create a new one."""
+
+
 # --- bad model files, one family each (issue 18) -------------------------------------------
 class ConfigValueError(ConfigError):
     """A config.json / generation_config.json field has the wrong type or an impossible value."""

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import specrt
-from specrt.errors import SpecrtError
+from specrt.errors import ClosedError, SpecrtError
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 
@@ -24,8 +24,12 @@ def test_a_closed_llm_builds_no_engine_for_a_newly_named_draft(tiny_noeos_dir, t
     llm.close()
     named = {"method": "draft_model", "model": str(tiny_draft_dir), "num_speculative_tokens": 2}
     for speculative in (None, named):
-        with pytest.raises(SpecrtError, match="was closed"):
+        with pytest.raises(ClosedError, match="was closed"):
             llm.generate([5, 6, 7], max_new_tokens=2, speculative=speculative)
+    # a server shutting down (the LLM closed after --shutdown-timeout) answers 503, not 400
+    from specrt.serve.errors import as_api_error
+    err = as_api_error(ClosedError("this LLM was closed; create a new one"))
+    assert (err.status, err.code) == (503, "shutting_down")
     assert len(llm._schedulers) == 1                # the default engine only
     assert _scheduler_threads() <= before - 1      # the default's thread ended, none started
 

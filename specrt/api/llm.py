@@ -29,7 +29,7 @@ from specrt.api.tokenizer import Tokenizer, check_compatible
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
-from specrt.errors import ConfigError, SpecrtError
+from specrt.errors import ClosedError, ConfigError, SpecrtError
 from specrt.checks import check_bool, check_int
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
@@ -117,7 +117,7 @@ class LLM:
         key = _real(resolve_model_dir(spec.model))
         with self._schedulers_lock:         # two threads naming one new draft: one engine
             if self._closed:
-                raise SpecrtError("this LLM was closed; create a new one")
+                raise ClosedError("this LLM was closed; create a new one")
             if key not in self._schedulers:
                 if len(self._schedulers) > MAX_DRAFT_ENGINES:
                     raise ConfigError(f"at most {MAX_DRAFT_ENGINES} other draft models can be "

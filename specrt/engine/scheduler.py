@@ -26,7 +26,7 @@ from specrt.engine.engine import Engine
 from specrt.engine.handle import OWN_THREAD, RequestHandle
 from specrt.engine.request import Request, Step
 from specrt.engine.waiting import join, result_of, wait_until
-from specrt.errors import QueueFullError, SpecrtError
+from specrt.errors import ClosedError, QueueFullError, SpecrtError
 
 log = logging.getLogger("specrt.scheduler")
 _live: weakref.WeakSet[Scheduler] = weakref.WeakSet()     # closed at interpreter exit
@@ -102,7 +102,7 @@ class Scheduler:
         handle = RequestHandle(request, self._cancel, self._on_own_thread)
         with self._lock:
             if self._closed:
-                raise SpecrtError("this LLM was closed; create a new one")
+                raise ClosedError("this LLM was closed; create a new one")
             if len(self._queue) >= self.max_queue:
                 raise QueueFullError(f"the request queue is full ({self.max_queue} waiting); "
                                      "retry later or raise max_queue")
@@ -127,7 +127,7 @@ class Scheduler:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._closed:
-                raise SpecrtError("this LLM was closed; create a new one")
+                raise ClosedError("this LLM was closed; create a new one")
             self._calls.append((fn, future))
             self._ensure_thread()
             self._lock.notify()

@@ -2,7 +2,8 @@
 
     400  the caller's fault: malformed JSON, wrong field types, an unknown model, n != 1,
          anything specrt rejects (SpecrtError: prompt too long for the cache, bad K, ...)
-    503  the bounded queue is full (QueueFullError), with Retry-After
+    503  the bounded queue is full (QueueFullError), with Retry-After; or the server is
+         shutting down (ClosedError: the LLM closed after --shutdown-timeout)
     500  anything else, for that request alone; the server lives on
 
 The body is always {"error": {"message", "type", "param", "code"}}.
@@ -17,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specrt.errors import QueueFullError, SpecrtError
+from specrt.errors import ClosedError, QueueFullError, SpecrtError
 
 log = logging.getLogger("specrt.serve")
 RETRY_AFTER_S = 1
@@ -44,6 +45,9 @@ def as_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, QueueFullError):
         return APIError(str(exc), 503, "service_unavailable", code="queue_full")
+    if isinstance(exc, ClosedError):              # the server is shutting down
+        return APIError("the server is shutting down", 503, "service_unavailable",
+                        code="shutting_down")
     if isinstance(exc, SpecrtError):
         return APIError(str(exc), 400)
     log.error("request failed", exc_info=exc)
