@@ -499,6 +499,25 @@ def test_a_calibration_path_that_is_a_folder_is_refused_before_any_load(tmp_path
     LLMArgs(model=str(tmp_path / "model"))
 
 
+def test_entries_of_another_calibration_scheme_are_dropped_at_the_next_save(
+        llm, tmp_path, monkeypatch):
+    """Keys of an older scheme (cal5 had no model shape) are never looked up again; each save
+    kept them, so the file grew by every scheme's entries."""
+    from specrt.spec import calibration
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+    timed = []
+    _fixed_costs(monkeypatch, timed)
+    old = "/models/x|bfloat16|None|None|cpu|2|9|AMD EPYC|gemv-1|cal5"
+    current = f"/models/x|shape|bfloat16|cpu|2|9|AMD EPYC|gemv-1|{calibration._SCHEME}"
+    path.write_text(json.dumps({old: [0.1, 0.2], current: [0.1, 0.3], "foreign": [0.2]}))
+    forward_seconds(llm.target, 3)
+    saved = json.loads(path.read_text())
+    assert old not in saved and saved[current] == [0.1, 0.3] and saved["foreign"] == [0.2]
+    assert [0.5] * 3 in saved.values() and timed == [3]
+
+
 def test_a_cost_curve_extended_past_its_end_never_falls():
     from specrt.spec.costs import _at
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import re
 import stat
 import statistics
 import tempfile
@@ -42,8 +43,10 @@ _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
 _DENSE_REPEATS = 9    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
                       # to 16, a long prompt-lookup match, whose wider passes are interpolated)
-_SCHEME = "cal5"      # how a calibration times (in its key: another scheme's entries are redone;
-                      # cal4 entries may have been timed off the rounds' thread by a benchmark)
+_SCHEME = "cal6"      # how a calibration times and is keyed (in its key: another scheme's entries
+                      # are redone, and dropped from the file at its next save; cal4 entries may
+                      # have been timed off the rounds' thread by a benchmark, cal5 keys lack
+                      # the model's shape)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 or the backend's batch-invariant
                       # pass size, whichever is larger: a few dozen)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
@@ -136,7 +139,14 @@ def _save_trusted() -> None:
         return
     with _file_lock():
         on_disk, _ = _load_disk(quiet=True)
-        _save_disk({**on_disk, **ours})
+        merged = {**on_disk, **ours}
+        _save_disk({k: v for k, v in merged.items() if not _stale(k)})
+
+
+def _stale(key: str) -> bool:
+    """A key of another calibration scheme (a `calN` field other than _SCHEME): never looked
+    up again, so not kept (the file grew by every scheme's entries)."""
+    return any(re.fullmatch(r"cal\d+", field) and field != _SCHEME for field in key.split("|"))
 
 
 @contextlib.contextmanager
