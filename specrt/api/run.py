@@ -37,7 +37,8 @@ class StreamChunk:
     carries the finish reason and the request's stats."""
 
     text: str                          # text delta (may be "" while a stop string is possible)
-    token_ids: list[int]               # ids committed this round (past a stop string: cut)
+    token_ids: list[int]               # ids committed this round (a stop string's: up to the
+                                       # id completing it, the stop's own ids kept, as vLLM)
     finish_reason: str | None = None   # set on the last chunk
     stats: dict | None = None          # set on the last chunk
     step: Step | None = None           # the engine's record of the round (plan, drafts)

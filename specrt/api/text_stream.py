@@ -39,7 +39,8 @@ class TextStream:
         self.ids: list[int] = []
         self.emitted = 0        # characters of the text already returned
         self.stopped = False
-        self.stop_token_count: int | None = None   # ids needed to produce the kept text
+        self.stop_token_count: int | None = None   # ids up to the one completing the stop
+                                                   # string (its tokens counted, as vLLM does)
         self._head: list[str] = []   # the settled text, decode(ids[:_base]), in pieces
         self._base = 0
         self._tail = ""              # decode(ids[_base:])
