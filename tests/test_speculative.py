@@ -207,6 +207,29 @@ def test_mismatched_draft_vocabulary_is_refused(tiny_noeos_dir, tmp_path):
         specrt.LLM(tiny_noeos_dir, draft=other, dtype="float32")
 
 
+def test_a_draft_naming_another_special_token_eos_is_allowed(tiny_noeos_dir, tiny_draft_dir,
+                                                              tmp_path):
+    """A base model's eos_token is <|endoftext|>, its instruct model's <|im_end|>: same ids,
+    same vocabulary, yet the draft was refused for "different special tokens". The target
+    alone ends an answer; only the ids of the special tokens must agree."""
+    import json
+    import shutil
+
+    draft = tmp_path / "base_draft"
+    shutil.copytree(tiny_draft_dir, draft)
+    config = json.loads((draft / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == "<|im_end|>"
+    config["eos_token"] = "<|endoftext|>"
+    (draft / "tokenizer_config.json").write_text(json.dumps(config))
+    llm = specrt.LLM(tiny_noeos_dir, draft=draft, dtype="float32", max_seq_len=64)
+    try:
+        spec = {"method": "draft_model", "num_speculative_tokens": 3}
+        res = llm.generate([5, 6, 7], max_new_tokens=8, speculative=spec)
+        assert res.token_ids == llm.generate([5, 6, 7], max_new_tokens=8).token_ids
+    finally:
+        llm.close()
+
+
 def test_draft_with_padded_embedding_is_allowed(tiny_noeos_dir, tmp_path, plain):
     """Checkpoints pad embeddings differently; only the tokenizer has to agree."""
     from tests.tiny import make_model, save_tokenizer

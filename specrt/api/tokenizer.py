@@ -187,7 +187,8 @@ def check_compatible(target: Tokenizer | None, draft: Tokenizer | None,
     """Refuse a draft whose token ids mean something else to the target.
 
     Every id the draft tokenizer can emit must map to the same token string in the target's,
-    and special tokens must agree. Embedding sizes may differ (checkpoints pad them).
+    and every token either one calls special must have the same id in both. Embedding sizes
+    may differ (checkpoints pad them).
     """
     if target is None or draft is None:
         if target_vocab_size != draft_vocab_size:
@@ -205,11 +206,15 @@ def check_compatible(target: Tokenizer | None, draft: Tokenizer | None,
                 f"id {i} is {tok!r} for the draft but {t_by_id.get(i)!r} for the target. "
                 "Speculative decoding compares token ids, so the draft must share the target's "
                 "tokenizer (e.g. a smaller model of the same family)")
-    if target.special_tokens() != draft.special_tokens():
-        raise SpecrtError(
-            f"draft model {draft_name} and target {target_name} have different special tokens "
-            f"({draft.special_tokens()} vs {target.special_tokens()}); use a draft with the "
-            "target's tokenizer")
+    # Which tokens each config *names* special may differ (a base model's eos_token is
+    # <|endoftext|>, its instruct model's <|im_end|>): the target alone decides where an answer
+    # ends. What must agree is the id of every token either one calls special.
+    for tok in sorted(set(target.special_tokens()) | set(draft.special_tokens())):
+        if t_vocab.get(tok) != d_vocab.get(tok):
+            raise SpecrtError(
+                f"draft model {draft_name} and target {target_name} disagree on the special "
+                f"token {tok!r}: id {d_vocab.get(tok)} for the draft, {t_vocab.get(tok)} for "
+                "the target; use a draft with the target's tokenizer")
     if max(d_vocab.values(), default=0) >= target_vocab_size:
         raise SpecrtError(f"draft tokenizer of {draft_name} emits ids beyond the target's "
                           f"vocab_size {target_vocab_size}")
