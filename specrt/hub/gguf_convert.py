@@ -42,6 +42,7 @@ from specrt.errors import ConfigError, UnsupportedGGUF
 from specrt.hub.gguf_tokenizer import (QWEN_STOPS, REMAKE as _REMAKE, generation_config,
                                       load_tokenizer, save_tokenizer, special_token_ids)
 from specrt.model import checksum
+from specrt.model.files import umask
 
 # Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
 _CHUNK_ELEMENTS = 1 << 24
@@ -349,12 +350,6 @@ def write_safetensors(plan, path: Path, progress: bool = True,
     return digest.hexdigest()
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _open(gguf_path: Path):
     """A `gguf.GGUFReader` of the file; UnsupportedGGUF when it is not a readable GGUF."""
     from gguf import GGUFReader
@@ -411,7 +406,7 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
         # verified in full at the first load, then by size + mtime (specrt.model.checksum)
         checksum.record_conversion(tmp, "model.safetensors",
                                    (tmp / "model.safetensors").stat().st_size, sha256)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is a normal dir
+        os.chmod(tmp, 0o777 & ~umask())   # mkdtemp makes it private; the result is a normal dir
         _sync_tree(tmp)
         os.replace(tmp, out_dir)
         _sync(out_dir.parent)               # the rename itself

@@ -76,6 +76,20 @@ def check_model_dir(model_dir: str | Path) -> None:
                 check_regular(entry.path)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, racing other threads'
+    file creation) where /proc says it; else the common 0o022. What a plain open() or mkdir
+    would give is 0o666 / 0o777 & ~umask(); mkstemp and mkdtemp give 0600 / 0700."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def read_json(path: str | Path, what: str, fix: str = "", error=ConfigError) -> dict:
     """Read a JSON object from the regular file `path`; every failure is one `error`."""
     path = Path(path)

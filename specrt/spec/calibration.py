@@ -24,7 +24,6 @@ import logging
 import os
 import platform
 import re
-import stat
 import statistics
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from typing import Callable
 import torch
 
 from specrt.hub.paths import state_file
+from specrt.model.files import is_regular, umask
 from specrt.model.graphs import StaticForward
 from specrt.model.transformer import Transformer
 
@@ -134,8 +134,7 @@ def _save_trusted() -> None:
     (call with _lock). A path that is not a regular file (`SPECRT_CALIBRATION=/dev/null`, a
     FIFO) is neither replaced nor given a lock file beside it."""
     ours = {k: v for k, v in _cache.items() if k not in _untrusted}
-    path = disk_path()
-    if path.exists() and not path.is_file():    # a FIFO, /dev/null: no lock file beside it
+    if is_regular(disk_path()) is False:     # a FIFO, /dev/null: no lock file beside it
         return
     with _file_lock():
         on_disk, _ = _load_disk(quiet=True)
@@ -290,19 +289,6 @@ def _curve(measured: dict[int, float], max_t: int) -> list[float]:
     return out
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it (os.umask sets it, racing other threads'
-    file creation) where /proc says it; else the common 0o022."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -343,36 +329,19 @@ def valid_entry(key, value) -> bool:
         and all(a <= b for a, b in zip(value, value[1:]))
 
 
-class NotAFile(OSError):
-    """The calibration path names a FIFO, a device or a socket: never read (a FIFO blocks the
-    reader for good) nor replaced."""
-
-
-def _read(path: Path) -> str:
-    """The file's text; NotAFile, without blocking, where it is not a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotAFile(f"{path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read().decode()
-    finally:
-        os.close(fd)
-
-
 def _load_disk(quiet: bool = False) -> tuple[dict, bool]:
     """(the file's valid entries, whether anything was dropped). A damaged file never breaks
     an `auto` request: what is bad is ignored with a warning (not when `quiet`: the save's
     re-read) and the file is rewritten; a path that is not a regular file is left alone."""
     path = disk_path()
     warn = (lambda *a: None) if quiet else log.warning
-    try:
-        raw = json.loads(_read(path))
-    except FileNotFoundError:
-        return {}, False
-    except NotAFile:
+    if is_regular(path) is False:        # a FIFO would block the read for good
         warn("ignoring calibration path %s: not a regular file; calibrations are kept in "
              "memory only (set SPECRT_CALIBRATION to a file path)", path)
+        return {}, False
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}, False
     except OSError as e:                      # unreadable: permissions, I/O
         warn("ignoring calibration file %s (%s)", path, str(e)[:100])
@@ -403,7 +372,7 @@ def _save_disk(entries: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-calibration-")
         with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), 0o666 & ~umask())
             json.dump(entries, f)
         os.replace(tmp, path)
         tmp = None
