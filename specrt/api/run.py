@@ -18,7 +18,7 @@ from specrt.api.text_stream import TextStream
 from specrt.engine.handle import RequestHandle
 from specrt.engine.metrics import with_new_tokens
 from specrt.engine.request import Step
-from specrt.engine.waiting import wait_until
+from specrt.engine.waiting import held
 from specrt.errors import SpecrtError
 
 
@@ -115,8 +115,7 @@ class TextRun:
     def _next_chunk(self) -> StreamChunk | None:
         """The next step as a chunk, taken and applied under the run's lock (the lock waited
         for in slices, as Ctrl-C needs); None once another reader saw the end."""
-        wait_until(lambda seconds: self._lock.acquire(timeout=seconds))
-        try:
+        with held(self._lock):
             if self.finish_reason is not None:
                 return None
             chunk = self.chunk(self.handle.next_step())
@@ -125,8 +124,6 @@ class TextRun:
                     pass
                 chunk.stats = self.stats
             return chunk
-        finally:
-            self._lock.release()
 
     def result(self) -> GenerationResult:
         """The request's result; chunks not read yet are read first (waiting for its end)."""
@@ -154,16 +151,13 @@ class Chunks:
         return self
 
     def __next__(self) -> StreamChunk:
-        wait_until(lambda seconds: self._lock.acquire(timeout=seconds))
-        try:
+        with held(self._lock):
             if self._chunks is None:
                 if self._closed:
                     raise StopIteration
                 self._run = self._submit()
                 self._chunks = self._run.chunks()
             return next(self._chunks)
-        finally:
-            self._lock.release()
 
     def close(self) -> None:
         """Cancel the request (a reader waiting in next() gets the end) and end the chunks."""

@@ -13,6 +13,7 @@ return to Python between them, where a pending KeyboardInterrupt is raised.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from typing import Callable
@@ -31,6 +32,16 @@ def wait_until(wait: Callable[[float], bool], timeout: float | None = None) -> b
             return False
         if wait(left):
             return True
+
+
+@contextlib.contextmanager
+def held(lock: threading.Lock):
+    """`with lock:`, waiting for it in slices."""
+    wait_until(lambda seconds: lock.acquire(timeout=seconds))
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def result_of(future: concurrent.futures.Future) -> object:
