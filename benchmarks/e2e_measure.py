@@ -192,17 +192,16 @@ def _sweep(runner: Runner, config: RunConfig, prompts: list[Prompt], encoded: di
                 if m in failed:
                     continue
                 bar.set_postfix_str(f"{p.task} / {p.id} / {m.label}")
-                if m.engine != "llamacpp" or m.is_reference:
-                    g = _run_or_fail(runner, m, encoded[(p.task, p.id)], config.max_new_tokens)
-                else:
-                    try:
-                        g = runner.run(m, encoded[(p.task, p.id)], config.max_new_tokens)
-                    except LlamaCppFailed as e:
-                        failed[m] = f"{p.task}/{p.id}, repeat {rep + 1}: {e}"
-                        print(f"warning: {m.label} failed on {failed[m]}\n"
-                              f"{m.label} is left out of the rest of the run",
-                              file=sys.stderr, flush=True)
-                        continue
+                try:
+                    g = runner.run(m, encoded[(p.task, p.id)], config.max_new_tokens)
+                except LlamaCppFailed as e:          # only llama.cpp's methods raise it
+                    if m.is_reference:
+                        cli.fail(str(e))
+                    failed[m] = f"{p.task}/{p.id}, repeat {rep + 1}: {e}"
+                    print(f"warning: {m.label} failed on {failed[m]}\n"
+                          f"{m.label} is left out of the rest of the run",
+                          file=sys.stderr, flush=True)
+                    continue
                 walls.setdefault((p.task, p.id, m), []).append(g.wall)
                 if g.decode:
                     decodes.setdefault((p.task, p.id, m), []).append(g.decode[1])
