@@ -6,15 +6,17 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: install build test compile-check demo bench-llamacpp clean
 
-# $(VENV)'s Python must be >= 3.11 too: a venv made by hand with another Python, or whose
-# interpreter was upgraded away, failed deep in pip or with "No such file or directory".
+# The pinned requirements need Python >= 3.11: `$(PYTHON) $(PY311)` succeeds on one. $(VENV)'s
+# must be too: a venv made by hand with another Python, or whose interpreter was upgraded away,
+# failed deep in pip or with "No such file or directory".
+PY311  := -c 'import sys; sys.exit(sys.version_info < (3, 11))'
 VENV_BAD = { echo "make: $(VENV) runs $$($(PY) --version 2>/dev/null || echo 'a Python that is gone');" \
 	  "the pinned requirements need Python >= 3.11: run make clean, then make again" \
 	  "(with PYTHON=python3.11 or newer)"; exit 1; }
-VENV_OK = $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+VENV_OK = $(PY) $(PY311) 2>/dev/null
 
 $(STAMP): requirements.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	@$(PYTHON) $(PY311) 2>/dev/null || { \
 	  echo "make: the pinned requirements need Python >= 3.11; '$(PYTHON)' is" \
 	    "$$($(PYTHON) --version 2>/dev/null || echo missing): run make PYTHON=python3.11 (or newer)"; \
 	  exit 1; }
