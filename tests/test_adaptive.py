@@ -781,6 +781,49 @@ def test_a_long_catch_up_waits_until_the_answer_has_run_long_enough(generated, e
     assert plan.label.startswith(expected)
 
 
+class CopiesFromThePrompt:
+    """An n-gram stand-in for a rewrite: a 3-token match that is always right, or (matching
+    False) nothing to look up."""
+
+    name = "ngram"
+    min_n, max_n = 1, 3
+
+    def __init__(self):
+        self.matching = True
+
+    def reset(self, rows):
+        pass
+
+    def matches(self, ctx, k):
+        return [([7] * k, 3) if self.matching else ([], 0)] * len(ctx.histories)
+
+
+def test_a_catch_up_is_not_bought_for_the_rounds_prompt_lookup_finds_no_match_in():
+    """A rewrite that prompt lookup copies wins every round, then one round finds no match.
+    Against a plain step, the draft model (300 tokens behind: the prompt) looks worth buying
+    there, and is, for a request with no rounds yet; but it would have won none of this
+    request's rounds, so its catch-up is spread over the few it is expected to draft in, and
+    the round stays plain."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 18)],
+                      draft=[0.2 + 0.01 * t for t in range(1, 18)])
+    plans = {}
+    for copied in (0, 12):
+        lookup = CopiesFromThePrompt()
+        planner = AdaptivePlanner(16, costs, draft_model=LaggingDraft(300), ngram=lookup)
+        planner.reset([0])
+        for _ in range(copied):
+            plan = planner.choose(_ctx(1, 500, history=300, generated=40))
+            assert plan.label.startswith("ngram:")
+            planner.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
+        lookup.matching = False
+        plans[copied] = planner.choose(_ctx(1, 500, history=300, generated=40)).label
+    assert plans[0].startswith("draft_model:") and plans[12] == "plain"
+    assert planner.rounds == [12] and planner.draft_wins == [0]
+    planner.reset([0])                                      # a new request starts afresh
+    assert planner.choose(_ctx(1, 500, history=300, generated=40)).label.startswith(
+        "draft_model:")
+
+
 def test_a_pass_is_priced_by_the_tokens_each_row_computes():
     """Rows are packed: a row without drafts adds one token, not K + 1; past the backend's
     pass size the rows run in chunks of whole rows, each streaming the weights again."""

@@ -9,8 +9,9 @@ where a_i is the acceptance probability of draft position i given the earlier on
 accepted, c_first the draft model's batched first forward of the round over the one or two
 committed tokens each row has not fed it, and c_lump the catch-up of rows further behind
 (a new request's prompt, or the tokens of plain rounds), a one-off price spread over the H
-tokens the rows are expected to still commit: as many as they have committed so far (at least
-MIN_HORIZON, at most their budget and HORIZON).
+tokens the rows are expected to still commit with the draft model: as many as they have
+committed so far (at least MIN_HORIZON, at most their budget and HORIZON), times the share of
+the rounds it would be drafting in (`_draft_share`).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the number of tokens the match offers). Its acceptance is kept per matched
@@ -122,6 +123,9 @@ class Decision:
 
     feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none)
     probe: str | None = None        # the state probed, if not a choice on merit
+    draft_won: tuple[bool | None, ...] = ()   # [B] whether the draft model, caught up, would
+                                    # have won the round (None: the row sat it out; (): no
+                                    # draft model)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -161,11 +165,14 @@ class AdaptivePlanner:
         self.ngram = ngram
         self.drafters = tuple(d for d in (draft_model, ngram) if d is not None)
         self.states: dict[str, DrafterState] = {}
+        self.rounds: list[int] = []       # [B] rounds planned for the row's request
+        self.draft_wins: list[int] = []   # [B] ... that the draft model, caught up, would win
 
     # --- planner protocol -------------------------------------------------------------------
     def new_batch(self) -> None:
         """A batch starts with no other request running: forget every row and probe."""
         self.states = {}
+        self.rounds, self.draft_wins = [], []
 
     def reset(self, rows: list[int]) -> None:
         if not self.states:
@@ -183,6 +190,11 @@ class AdaptivePlanner:
             for r in rows:
                 state.alphas[r] = [prior] * self.max_k
                 state.seen[r] = [0] * self.max_k
+        while len(self.rounds) <= max(rows, default=-1):
+            self.rounds.append(0)
+            self.draft_wins.append(0)
+        for r in rows:
+            self.rounds[r] = self.draft_wins[r] = 0
 
     def choose(self, ctx: DraftContext) -> Plan:
         """The drafter and K for this round (a plain step when nothing pays), from past rounds
@@ -213,15 +225,20 @@ class AdaptivePlanner:
                     / cv[k], longest, plain):
                 longest_match = max(matches[b][1] for b in rows)
                 can_probe.append(self.states[self._ngram_state(longest_match)])
+        draft_won = ()
         if self.draft_model is not None:
             state = self.states["draft_model"]
             cv = [verify([k * a for a in ctx.active]) for k in range(self.max_k + 1)]
             catch_up = self._catch_up(ctx, rows)
+            caught_up = dataclasses.replace(catch_up, lump=0.0)
+            others, won = best[2], False
             weighed = {b: pooled(state.alphas[b]) for b in rows}
             for k in range(1, self.max_k + 1):
                 e = _mean(expected_tokens(weighed[b], k) for b in rows)
+                won = won or e / caught_up.cost(k, e, cv) > others
                 best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
                            key=lambda c: c[2])
+            draft_won = tuple(won if a else None for a in ctx.active)
             optimistic = [expected_tokens([OPTIMISTIC] * k, k) for k in range(self.max_k + 1)]
             # A probe is a cheap look; one that must first catch up on a long stretch (a
             # prompt the draft model has not read) would pay that whole lump to learn a
@@ -237,25 +254,42 @@ class AdaptivePlanner:
                 if state.idle_rounds + 1 >= state.probe_gap:
                     name, k, probe = state.drafter, 1, state.name
                     break
-        return self._plan(ctx, name, k, probe, matches)
+        plan = self._plan(ctx, name, k, probe, matches)
+        return dataclasses.replace(plan, notes=dataclasses.replace(plan.notes,
+                                                                   draft_won=draft_won))
 
     def _catch_up(self, ctx: DraftContext, rows: list[int]) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
         each row has not fed it: one or two once it keeps up, a whole history after plain
         rounds or for a new request. Rows that far behind catch up alone first (the lump), a
         one-off price for drafting from now on, spread over the tokens the rows are expected
-        to still commit. Nobody knows how long an answer will run; one that has run n tokens
-        is taken to run about n more (within MIN_HORIZON..HORIZON and its budget). So a short
-        answer after a long prompt (a question about a document) never pays the prompt's
-        catch-up, while one that keeps going pays it once drafting would have saved about as
-        much as it costs: a rent-or-buy rule that forgoes at most about the lump's price. A
-        request near its end, or a busy batch, does not pay for a few drafted rounds."""
+        to still commit with the draft model. Nobody knows how long an answer will run; one
+        that has run n tokens is taken to run about n more (within MIN_HORIZON..HORIZON and its
+        budget). So a short answer after a long prompt (a question about a document) never
+        pays the prompt's catch-up, while one that keeps going pays it once drafting would have
+        saved about as much as it costs: a rent-or-buy rule that forgoes at most about the
+        lump's price. A request near its end, or a busy batch, does not pay for a few drafted
+        rounds; nor does one whose text prompt lookup drafts better, for the rounds it finds
+        no match in (`_draft_share`)."""
         lags = self.draft_model.lags(ctx)
         lump = sum(self.costs.draft_pass([n - 1]) for n in lags if n > LONG_CATCH_UP)
         first = max([n for n in lags if n <= LONG_CATCH_UP] + [1])
         return _DraftCosts(step=self.costs.draft_pass([1] * len(rows)),
                            first=self.costs.draft_pass([first] * len(rows)), lump=lump,
-                           horizon=self._horizon(ctx, rows))
+                           horizon=max(1.0, self._horizon(ctx, rows)
+                                       * self._draft_share(rows)))
+
+    def _draft_share(self, rows: list[int]) -> float:
+        """The share of the rows' remaining rounds the draft model is expected to draft in
+        once caught up: the share of their rounds so far it would have won with no catch-up to
+        pay (weighed as the mean with a prior of 1 counted PRIOR_COUNT times). A rewrite that
+        prompt lookup copies from the prompt has rounds with no match, where a draft model that
+        never read the prompt looks worth buying against a plain step; bought, it would draft
+        in those few rounds only, having spent a lump of ~6 plain steps (replayed at 64
+        tokens: three rewrites 76-85% -> 97-119% of the best fixed setting,
+        benchmarks/RESULTS.md, "Rent or buy: the draft model's catch-up ...")."""
+        return _mean((self.draft_wins[b] + PRIOR_COUNT) / (self.rounds[b] + PRIOR_COUNT)
+                     for b in rows) if rows else 1.0
 
     def _horizon(self, ctx: DraftContext, rows: list[int]) -> float:
         """Tokens the rows are expected to still commit, on average: as many as they have
@@ -278,6 +312,10 @@ class AdaptivePlanner:
                 verify_seconds) -> None:
         """Learn acceptance from the round's outcome (its timings are not used: see above)."""
         decision: Decision = plan.notes
+        for row, won in enumerate(decision.draft_won):
+            if won is not None:
+                self.rounds[row] += 1
+                self.draft_wins[row] += won
         used = set(decision.feeds)
         for state in self.states.values():
             state.idle_rounds = 0 if state.name in used else state.idle_rounds + 1
