@@ -256,3 +256,36 @@ def test_warm_up_builds_every_runner_and_none_is_reallocated(models):
         assert ptrs() == before
     assert rounds >= 75 and engine.graphs.read_backs == rounds
     assert engine.graphs.runners() + list(drafter._loops.values()) == runners   # none added
+
+
+@pytest.fixture(scope="module")
+def native_bf16(dirs):
+    from specrt.model.backends import cpu_native
+    if not cpu_native.available(torch.bfloat16):
+        pytest.skip("specrt's C++ layer ops are not built for this CPU")
+
+    def load(model_dir):
+        cfg = ModelConfig.from_dir(model_dir)
+        return Transformer(cfg, load_state_dict(model_dir, cfg, torch.bfloat16), MAX_SEQ,
+                           cpu_native.CpuNative())
+    return load(dirs[0]), load(dirs[1])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_static_passes_on_the_cpu_native_backend_give_the_eager_bits_in_bf16(native_bf16,
+                                                                           sampled):
+    """An engine with graphs on the CPU runs the static bodies eagerly; with the C++ kernels in
+    bf16 they compute the eager engine's bits (the reference body's PyTorch bf16 rounding
+    differs): plain decoding gives the same tokens on both engines, greedy speculation gives
+    plain greedy output, and seeded sampled rows get the eager engine's tokens."""
+    target, draft = native_bf16
+    plain, _ = generate(Engine(target, None, 4, MAX_SEQ), PROMPTS, None)
+    static_plain, _ = generate(Engine(target, None, 4, MAX_SEQ, static=True), PROMPTS, None)
+    assert static_plain == plain
+    spec = SpecConfig("draft_model", 3)
+    params = SAMPLED if sampled else None
+    eager, _ = generate(Engine(target, draft, 4, MAX_SEQ, draft_stop=0.0), PROMPTS, spec, params)
+    got, rounds = generate(Engine(target, draft, 4, MAX_SEQ, static=True), PROMPTS, spec, params)
+    assert rounds > 0 and got == eager
+    if not sampled:
+        assert got == plain

@@ -92,6 +92,17 @@ class CpuNative(TorchReference):
             h = h[(ends - 1).clamp(min=0)]                                   # [B, H]
         return h
 
+    def hidden_static(self, model, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """The static pass (an engine built with graphs; on the CPU nothing is captured): the
+        same packed C++ pass as `hidden`, its positions read from the cache's lengths, so a
+        static engine gives the eager engine's bits (the reference's static body is plain
+        PyTorch, whose bf16 rounding differs). Returns [B, T, H]; advances cache.lengths."""
+        B, T = input_ids.shape
+        rows = Pass(T, cache.lengths[:B].tolist(), [T] * B)
+        h = self.hidden(model, input_ids, cache, rows)                       # [B * T, H]
+        cache.lengths[:B] += T
+        return h.reshape(B, T, -1)
+
     def _pass(self, model, stack, ids: torch.Tensor, cache, starts: list[int],
               counts: list[int]) -> torch.Tensor:
         x = model.embed[ids]                                                 # [N, H], a copy
