@@ -241,6 +241,12 @@ def _merge_of_unknown_tokens(w) -> None:  # "a b" but no "ab": a Rust panic in `
     w.add_bos_token_id(0)
 
 
+def _tokens_past_the_embedding(w) -> None:
+    tokens = list(w.kv_data[0]["tokenizer.ggml.tokens"].value)
+    w.add_token_list(tokens + [f"[EXTRA{i}]" for i in range(8)])
+    w.add_token_types([1] * (len(tokens) + 8))
+
+
 def _1d_embeddings(sd: dict) -> dict:
     return {**sd, "model.embed_tokens.weight": sd["model.embed_tokens.weight"].reshape(-1)}
 
@@ -255,6 +261,8 @@ def _f64_norm(sd: dict) -> dict:
 _MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
     "block_count string": ({"extra": _kv("qwen2.block_count", "two", "STRING")},
                            "'qwen2.block_count' must be an integer, but the file stores string"),
+    "block_count float": ({"extra": _kv("qwen2.block_count", 1.0, "FLOAT32")},
+                          "'qwen2.block_count' must be an integer, but the file stores float32"),
     "eps string": ({"extra": _kv("qwen2.attention.layer_norm_rms_epsilon", "x", "STRING")},
                    "'qwen2.attention.layer_norm_rms_epsilon' must be a finite number"),
     "context_length 0": ({"extra": _kv("qwen2.context_length", 0, "UINT32")},
@@ -269,6 +277,12 @@ _MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
     "token not UTF-8": ({"extra": _bad_utf8_token}, "tokenizer.ggml.tokens[5] is not UTF-8"),
     "merge of unknown tokens": ({"extra": _merge_of_unknown_tokens},
                                 "merges[0] 'a b' needs the token 'ab'"),
+    "unknown token id past the vocabulary": (
+        {"extra": _kv("tokenizer.ggml.unknown_token_id", 10**6, "UINT32")},
+        "'tokenizer.ggml.unknown_token_id' is 1000000, but the token ids run from 0 to"),
+    "tokens past the embedding": ({"extra": _tokens_past_the_embedding},
+                                  "tokenizer.ggml.tokens has 328 entries, but token_embd.weight "
+                                  "has 320 rows"),
 }
 
 
@@ -378,3 +392,116 @@ def test_other_tokenizer_write_failure_is_os_error(tiny_qwen, tmp_path, monkeypa
         gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
     assert info.value.errno == errno.EIO
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+# --- headers that lie: the bytes of a good file edited where llama.cpp's reader trusts them ---
+def _field_at(data: bytes, name: bytes) -> int:
+    """The byte just past the one occurrence of the string `name` (a key or tensor name)."""
+    assert data.count(name) == 1, name
+    return data.index(name) + len(name)
+
+
+def _lying_array_count(data: bytearray) -> None:   # an INT32 array claiming 2^60 elements
+    at = _field_at(data, b"tokenizer.ggml.token_type") + 4 + 4     # value type, element type
+    data[at:at + 8] = (1 << 60).to_bytes(8, "little")
+
+
+def _duplicate_key(data: bytearray) -> None:       # written as qwen2.block_counX (see below)
+    at = _field_at(data, b"qwen2.block_counX")
+    data[at - 1:at] = b"t"
+
+
+def _big_endian(data: bytearray) -> None:
+    data[4:8] = data[4:8][::-1]
+
+
+def _tensor_offset(name: bytes, offset):
+    def edit(data: bytearray) -> None:
+        at = _field_at(data, name)
+        n_dims = int.from_bytes(data[at:at + 4], "little")
+        at += 4 + 8 * n_dims + 4                                         # dims, type
+        old = int.from_bytes(data[at:at + 8], "little")
+        data[at:at + 8] = (offset(old, data) % (1 << 64)).to_bytes(8, "little")
+    return edit
+
+
+def _offset_of(name: bytes, data: bytes) -> int:
+    at = _field_at(data, name)
+    at += 4 + 8 * int.from_bytes(data[at:at + 4], "little") + 4
+    return int.from_bytes(data[at:at + 8], "little")
+
+
+_LYING = {  # case: (edit of the file's bytes, words the error must hold)
+    "array count 2^60": (_lying_array_count,
+                         "1152921504606846976 elements of 'tokenizer.ggml.token_type' claimed"),
+    "key twice": (_duplicate_key, "metadata key 'qwen2.block_count' appears twice"),
+    "big-endian": (_big_endian, "big-endian GGUF files are not supported"),
+    "misaligned tensor": (_tensor_offset(b"blk.0.attn_v.bias", lambda old, d: old + 4),
+                          "blk.0.attn_v.bias: its data offset"),
+    "overlapping tensors": (_tensor_offset(b"blk.0.attn_v.bias",
+                                           lambda old, d: _offset_of(b"blk.0.attn_k.bias", d)),
+                            "blk.0.attn_k.bias and blk.0.attn_v.bias overlap"),
+    "offset wrapping around": (_tensor_offset(b"blk.0.attn_v.bias", lambda old, d: -64),
+                               "data offset 18446744073709551552 puts its"),
+}
+
+
+@pytest.mark.parametrize("case", list(_LYING))
+def test_a_header_that_states_more_than_the_file_holds_is_refused(case, tiny_qwen, tmp_path,
+                                                                   capsys, monkeypatch):
+    """gguf's reader trusts the header: a scalar array claiming 2^60 elements made it append
+    forever (memory grew until the process died); a key stated twice raised a bare KeyError;
+    tensor offsets that overlap, are misaligned or wrap around converted other bytes into
+    weights. Each is one clear UnsupportedGGUF, nothing written."""
+    edit, words = _LYING[case]
+    gguf = write_gguf(tiny_qwen, tmp_path / "bad.gguf",
+                      extra=_kv("qwen2.block_counX", 1, "UINT32"))
+    data = bytearray(gguf.read_bytes())
+    edit(data)
+    gguf.write_bytes(bytes(data))
+    monkeypatch.setattr(gguf_convert, "write_safetensors", _no_weights)
+    with pytest.raises(gguf_convert.UnsupportedGGUF, match=re.escape(words)):
+        gguf_convert.convert_gguf(gguf, tmp_path / "lib", progress=False)
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys)
+    assert words in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_non_finite_weights_are_refused_and_nothing_is_left(tiny_qwen, tmp_path):
+    def nan_norm(sd):
+        norm = sd["model.norm.weight"].copy()
+        norm[3] = np.nan
+        return {**sd, "model.norm.weight": norm}
+
+    gguf = write_gguf(tiny_qwen, tmp_path / "bad.gguf", tensors=nan_norm)
+    with pytest.raises(gguf_convert.UnsupportedGGUF,
+                       match=r"tensor output_norm.weight holds NaN or infinite values"):
+        gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_the_library_refuses_a_gguf_path_that_is_not_a_regular_file(kind, tmp_path):
+    """specrt.models.convert_gguf on a FIFO blocked forever in open()."""
+    from specrt.errors import NotRegularFileError
+
+    path = tmp_path / "m.gguf"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(NotRegularFileError, match="not a regular file"):
+        gguf_convert.convert_gguf(path, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_token_list_is_named_as_empty():
+    """gguf's writer drops an empty array, but a file can hold one (no element type is stated
+    then): it was refused as "must be an array of strings"."""
+    from types import SimpleNamespace
+
+    from gguf import GGUFValueType
+
+    empty = SimpleNamespace(types=[GGUFValueType.ARRAY], data=[], parts=[])
+    reader = SimpleNamespace(fields={"tokenizer.ggml.tokens": empty})
+    with pytest.raises(gguf_convert.UnsupportedGGUF, match="'tokenizer.ggml.tokens' is empty"):
+        gguf_tokenizer._check_tokenizer_metadata(reader, 320)

@@ -39,10 +39,11 @@ import numpy as np
 import torch
 
 from specrt.errors import ConfigError, UnsupportedGGUF
+from specrt.hub.gguf_header import check_header, shown
 from specrt.hub.gguf_tokenizer import (QWEN_STOPS, REMAKE as _REMAKE, generation_config,
                                       load_tokenizer, save_tokenizer, special_token_ids)
 from specrt.model import checksum
-from specrt.model.files import umask
+from specrt.model.files import check_regular, umask
 
 # Elements dequantized at once: bounds the fp32 scratch (64 MiB) for the 151936-row embeddings.
 _CHUNK_ELEMENTS = 1 << 24
@@ -80,7 +81,7 @@ def hf_name(gguf_name: str) -> str:
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and m.group(2) in _LAYER_NAMES:
         return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    raise UnsupportedGGUF(f"unexpected tensor {gguf_name!r}")
+    raise UnsupportedGGUF(f"unexpected tensor {shown(gguf_name)}")
 
 
 _REQUIRED = object()
@@ -113,7 +114,7 @@ def _number(reader, key: str, kind: type, default=_REQUIRED):
         return value
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and kind is int:
-        ok = float(value).is_integer()
+        ok = isinstance(value, int)     # llama.cpp stores counts as integers, never as floats
     if not ok:
         want = "an integer" if kind is int else "a finite number"
         raise UnsupportedGGUF(f"GGUF metadata {key!r} must be {want}, but the file stores "
@@ -261,9 +262,14 @@ def plan_tensors(reader, config: dict) -> list[tuple[str, object, tuple[int, ...
     for t in reader.tensors:
         name = hf_name(t.name)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF dims are fastest-first
-        if want.get(name) != shape:
+        if name not in want:
             raise UnsupportedGGUF(
-                f"{t.name} -> {name}: shape {shape}, config wants {want.get(name)}")
+                f"tensor {shown(t.name)}: the model the metadata describes has no parameter "
+                f"{shown(name)} ({config['num_hidden_layers']} layers); {_REMAKE}")
+        if want[name] != shape:
+            raise UnsupportedGGUF(
+                f"{shown(t.name)} -> {shown(name)}: shape {shape}, config wants "
+                f"{want.get(name)}")
         if not _can_dequantize(t.tensor_type):
             raise UnsupportedGGUF(f"{t.name} is stored as {t.tensor_type.name}, which specrt "
                                   "cannot convert; use a GGUF whose tensors are F32, F16, BF16 "
@@ -272,7 +278,32 @@ def plan_tensors(reader, config: dict) -> list[tuple[str, object, tuple[int, ...
     missing = sorted(set(want) - {name for name, _, _ in plan})
     if missing:
         raise UnsupportedGGUF(f"GGUF lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    _check_tensor_data(reader)
     return plan
+
+
+def _check_tensor_data(reader) -> None:
+    """Every tensor's data lies inside the file's data section, at an offset aligned as the
+    file states, and apart from every other tensor's: the reader takes the offsets on trust,
+    so overlapping or wrapped-around ones would convert other bytes (the header's, another
+    tensor's) into weights."""
+    size = len(reader.data)                     # the whole file, memory-mapped as bytes
+    spans = []
+    for t in reader.tensors:
+        offset = int(t.field.parts[-1][0])                   # relative to the data section
+        end = reader.data_offset + offset + int(t.n_bytes)
+        if offset % reader.alignment or end > size:
+            where = (f"is not a multiple of the alignment {reader.alignment}"
+                     if offset % reader.alignment else
+                     f"puts its {int(t.n_bytes)} bytes past the end of the file ({size} bytes)")
+            raise UnsupportedGGUF(f"tensor {t.name}: its data offset {offset} {where}; "
+                                  f"{_REMAKE}")
+        spans.append((offset, offset + int(t.n_bytes), t.name))
+    spans.sort()
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise UnsupportedGGUF(f"tensors {first} and {second} overlap in the file's data; "
+                                  f"{_REMAKE}")
 
 
 @functools.cache
@@ -341,6 +372,9 @@ def write_safetensors(plan, path: Path, progress: bool = True,
                 step = max(head, step - step % head)
             for r in range(0, rows, step):
                 chunk = dequantize_bf16(tensor, r, r + step)
+                if not torch.isfinite(chunk).all():
+                    raise UnsupportedGGUF(f"tensor {tensor.name} holds NaN or infinite values "
+                                          f"(rows {r}..{min(r + step, rows) - 1}); {_REMAKE}")
                 if head:
                     chunk = unpermute_rows(chunk, head)
                 write(chunk.view(torch.int16).numpy())
@@ -354,13 +388,17 @@ def _open(gguf_path: Path):
     """A `gguf.GGUFReader` of the file; UnsupportedGGUF when it is not a readable GGUF."""
     from gguf import GGUFReader
 
+    check_regular(gguf_path, "GGUF file")      # a FIFO would block the read below forever
     with open(gguf_path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise UnsupportedGGUF("not a GGUF file (it does not start with the bytes 'GGUF')")
+    check_header(gguf_path)
     try:
-        return GGUFReader(str(gguf_path))
-    except (ValueError, IndexError) as e:  # numpy's complaints about a truncated/garbled header
-        raise UnsupportedGGUF(f"not a readable GGUF file ({e})") from None
+        with np.errstate(over="ignore"):    # a lying tensor offset: refused by plan_tensors
+            return GGUFReader(str(gguf_path))
+    except (ValueError, IndexError, KeyError, OverflowError) as e:  # a garbled header
+        raise UnsupportedGGUF(f"not a readable GGUF file ({type(e).__name__}: {e}); "
+                              f"{_REMAKE}") from None
 
 
 def _tokenizer_settings(reader) -> tuple[dict[str, int], int | None, str | None]:

@@ -28,6 +28,8 @@ def _strings(reader, key: str) -> list[str] | None:
     field = reader.fields.get(key)
     if field is None:
         return None
+    if field.types == [GGUFValueType.ARRAY] and not field.data:
+        return []                                  # an empty array names no element type
     if field.types[0] != GGUFValueType.ARRAY or field.types[-1] != GGUFValueType.STRING:
         raise UnsupportedGGUF(f"GGUF metadata {key!r} must be an array of strings; {REMAKE}")
     out = []
@@ -68,11 +70,26 @@ def _check_merges(tokens: list[str], merges: list[str]) -> None:
                     f"{token!r}, which tokenizer.ggml.tokens lacks; {REMAKE}")
 
 
-def _check_tokenizer_metadata(reader) -> None:
-    """Refuse, naming the key, the tokenizer metadata known to break transformers' reader."""
+def _check_tokenizer_metadata(reader, vocab_size: int) -> None:
+    """Refuse, naming the key, the tokenizer metadata known to break transformers' reader, and
+    a vocabulary larger than the model's embedding (`vocab_size` rows; fewer tokens than rows
+    is padding, as Qwen2's checkpoints have)."""
     tokens = _strings(reader, "tokenizer.ggml.tokens")
     if tokens is None:
         raise UnsupportedGGUF("GGUF metadata lacks 'tokenizer.ggml.tokens'")
+    if not tokens:
+        raise UnsupportedGGUF(f"GGUF metadata 'tokenizer.ggml.tokens' is empty; {REMAKE}")
+    for key, field in reader.fields.items():    # bos, eos, unknown, padding, separator ...
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            value = field.contents()
+            if not isinstance(value, int) or isinstance(value, bool) \
+                    or not 0 <= value < len(tokens):
+                raise UnsupportedGGUF(f"GGUF metadata {key!r} is {repr(value)[:40]}, but the "
+                                      f"token ids run from 0 to {len(tokens) - 1}; {REMAKE}")
+    if len(tokens) > vocab_size:
+        raise UnsupportedGGUF(f"GGUF metadata tokenizer.ggml.tokens has {len(tokens)} entries, "
+                              f"but token_embd.weight has {vocab_size} rows: the tokenizer "
+                              f"would emit ids the model has no embedding for; {REMAKE}")
     merges = _strings(reader, "tokenizer.ggml.merges")
     if merges is None and "tokenizer.ggml.scores" not in reader.fields:
         raise UnsupportedGGUF("GGUF metadata has neither 'tokenizer.ggml.merges' nor "
@@ -110,7 +127,7 @@ def _build_tokenizer(gguf_path: Path, config: dict, chat_template: str | None):
 def load_tokenizer(reader, gguf_path: Path, config: dict, chat_template: str | None):
     """The converted model's tokenizer, built before anything is written. Any failure to build
     it, a Rust panic included (never KeyboardInterrupt/SystemExit), is UnsupportedGGUF."""
-    _check_tokenizer_metadata(reader)
+    _check_tokenizer_metadata(reader, config["vocab_size"])
     try:
         return _build_tokenizer(gguf_path, config, chat_template)
     except UnsupportedGGUF:
