@@ -236,10 +236,12 @@ def test_client_disconnect_mid_stream_frees_the_slot(server, client):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
     conn.request("POST", "/v1/completions", json.dumps(
         {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0,
-         "stream": True}), {"Content-Type": "application/json"})
+         "stream": True, "speculative": SPEC}), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
-    assert resp.readline().startswith(b"data: ")           # the first chunk arrived
+    for _ in range(6):                                     # the prefill's chunk and 5 rounds
+        assert resp.readline().startswith(b"data: ")
+        assert resp.readline() == b"\n"
     assert server.llm.engine.busy
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
@@ -250,6 +252,12 @@ def test_client_disconnect_mid_stream_frees_the_slot(server, client):
     generated = (m1['vllm:generation_tokens_total{model_name="tiny"}']
                  - m0['vllm:generation_tokens_total{model_name="tiny"}'])
     assert generated < 1900                                 # cancelled, not run to the end
+    # the rounds it was delivered count, as a finished request's do (each drafted 3)
+    drafts = (m1['vllm:spec_decode_num_drafts_total{model_name="tiny"}']
+              - m0['vllm:spec_decode_num_drafts_total{model_name="tiny"}'])
+    assert drafts >= 5 and (m1['vllm:spec_decode_num_draft_tokens_total{model_name="tiny"}']
+                            - m0['vllm:spec_decode_num_draft_tokens_total{model_name="tiny"}']
+                            == 3 * drafts)
     assert server.llm.engine.slots == [None] * 4
     assert complete(client, "The quick brown fox").choices[0].text == before
 
@@ -726,7 +734,7 @@ def asgi_scope(server: Server, spec_version: str = "2.3") -> dict:
 def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
     """A client gone after the handler answered, before the response head went out: the body
     (which closes the generation when it ends) never starts, yet the request is cancelled and
-    counted as an abort, and the running gauge goes back to 0. Driven through the ASGI app
+    counted as an abort, and its slot is freed (the running gauge back to 0). Driven through the ASGI app
     itself, the only way to lose the client at exactly that point: under ASGI spec 2.3 (what
     uvicorn's HTTP speaks) Starlette learns it from `receive`, under 2.4 from `send` failing."""
     server.wait_idle()
@@ -759,16 +767,16 @@ def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
     aborts = server.metrics().get(key, 0)
     sent = asyncio.run(asyncio.wait_for(drive(), TIMEOUT))
     assert sent == ["http.response.start"]           # no body byte was sent
-    m = server.metrics()
-    assert m['vllm:num_requests_running{model_name="tiny"}'] == 0
-    assert m[key] == aborts + 1
+    assert server.metrics()[key] == aborts + 1
     server.wait_idle()                    # cancelled: long before its 1500 tokens
+    assert server.metrics()['vllm:num_requests_running{model_name="tiny"}'] == 0
 
 
 def test_a_handler_cancelled_while_its_request_is_queued_settles_it(tiny_noeos_dir):
     """The handler's task cancelled while it waits for the first chunk (as a server shutting
-    down cancels it): the request leaves the queue, the running gauge goes back to where it
-    was, and the request counts as an abort."""
+    down cancels it): the request leaves the queue, never holds a slot (the running gauge
+    counts the one slot's holder, a library caller's request, throughout), never reads its
+    prompt, and counts as an abort."""
     llm = specrt.LLM(tiny_noeos_dir, max_seq_len=2048, max_batch_size=1, dtype="float32")
     with Server(llm, spec=None) as s:
         holder = llm.submit(list(range(1, 9)), max_new_tokens=1900)     # the only slot
@@ -809,7 +817,8 @@ def test_a_handler_cancelled_while_its_request_is_queued_settles_it(tiny_noeos_d
 
     key = 'vllm:request_success_total{finished_reason="abort",model_name="tiny"}'
     assert m1[key] - m0.get(key, 0) == 1
-    assert m1['vllm:num_requests_running{model_name="tiny"}'] == 0     # the holder is no HTTP
+    running = 'vllm:num_requests_running{model_name="tiny"}'
+    assert m0[running] == m1[running] == 1    # the holder's slot (a library caller's request)
     prompt = 'vllm:prompt_tokens_total{model_name="tiny"}'
     assert m1.get(prompt, 0) == m0.get(prompt, 0)                        # never prefilled
 
@@ -962,3 +971,50 @@ def test_the_max_queue_error_names_its_flag(capsys):
 
     assert main(["--model", "/nonexistent", "--max-queue", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: --max-queue: ")
+
+
+def test_every_series_is_exported_from_the_start_and_no_created_ones(tiny_noeos_dir):
+    """A counter that appears only at its first event is invisible to increase()/rate() for
+    that event: every series is there at 0 before any request; no `_created` gauges."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        m = s.metrics()
+    label = 'model_name="tiny"'
+    for reason in ("stop", "length", "abort"):
+        assert m[f'vllm:request_success_total{{finished_reason="{reason}",{label}}}'] == 0
+    for name in ("generation_tokens_total", "prompt_tokens_total", "spec_decode_num_drafts_total",
+                 "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+                 "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
+                 "inter_token_latency_seconds_count", "num_requests_running"):
+        assert m[f"vllm:{name}{{{label}}}"] == 0, name
+    assert not [k for k in m if "_created" in k]
+
+
+def test_a_queued_request_cancelled_at_shutdown_reads_no_prompt_and_gets_no_first_token(
+        tiny_noeos_dir):
+    """The LLM closing (the server's shutdown) cancels a queued request with a round that
+    committed nothing: an abort, but no time to first token and no prompt tokens (it never
+    held a slot)."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=2048, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        holder = llm.submit(list(range(1, 9)), max_new_tokens=1900)     # the only slot
+        holder.handle.next_step(TIMEOUT)
+        m0 = s.metrics()
+        out = {}
+        thread = threading.Thread(target=lambda: out.setdefault("r", s.raw(
+            "POST", "/v1/completions", {"model": "tiny", "prompt": list(range(1, 51)),
+                                        "max_tokens": 8, "temperature": 0})))
+        thread.start()
+        deadline = time.monotonic() + TIMEOUT
+        while not llm.scheduler.pending:
+            assert time.monotonic() < deadline, "the request was never queued"
+            time.sleep(0.002)
+        llm.close()
+        thread.join(TIMEOUT)
+        m1 = s.metrics()
+    status, _, body = out["r"]
+    assert status == 200 and json.loads(body)["choices"][0]["finish_reason"] == "abort"
+    label = 'model_name="tiny"'
+    assert m1[f'vllm:request_success_total{{finished_reason="abort",{label}}}'] == 1
+    for name in ("time_to_first_token_seconds_count", "prompt_tokens_total"):
+        assert m1[f"vllm:{name}{{{label}}}"] == m0[f"vllm:{name}{{{label}}}"], name

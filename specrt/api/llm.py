@@ -149,6 +149,11 @@ class LLM:
         speculative config named)."""
         return sum(s.pending for s in list(self._schedulers.values()))
 
+    @property
+    def running(self) -> int:
+        """Requests holding a slot, over every engine."""
+        return sum(s.running for s in list(self._schedulers.values()))
+
     def close(self) -> None:
         """Cancel every request and stop the scheduler threads."""
         with self._schedulers_lock:

@@ -153,6 +153,11 @@ class Engine:
     def busy(self) -> bool:
         return len(self._free) < self.max_batch_size
 
+    @property
+    def running(self) -> int:
+        """Requests holding a slot (read from any thread: a length, never torn)."""
+        return self.max_batch_size - len(self._free)
+
     def can_admit(self, request: Request) -> bool:
         """A slot is free, the request's speculative config fits the running batch, and
         neither it nor a running request must run alone (`runs_alone`)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from typing import Callable
 
 from specrt.engine.request import Request, Step
@@ -42,6 +43,7 @@ class RequestHandle:
 
     # --- the scheduler's side -----------------------------------------------------------------
     def put(self, step: Step) -> None:
+        step.delivered = step.delivered or time.perf_counter()
         with self._cond:
             self._steps.append(step)
             self.done = self.done or step.finished

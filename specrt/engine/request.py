@@ -55,6 +55,8 @@ class Step:
                                         # "error" from a failure
     stats: dict | None = None           # set on the request's last step (see engine.metrics)
     error: BaseException | None = None  # set when finish_reason == "error"
+    delivered: float = 0.0              # time.perf_counter() when handed to its request (the
+                                        # engine's time of the step, whenever it is read)
 
     @property
     def finished(self) -> bool:

@@ -148,6 +148,10 @@ class Scheduler:
         with self._lock:
             return len(self._queue)
 
+    @property
+    def running(self) -> int:
+        return self.engine.running
+
     def _cancel(self, request_id: str) -> None:
         with self._lock:
             self._cancels.add(request_id)

@@ -42,7 +42,8 @@ class _State:
     def __init__(self, allm: AsyncLLM, config: ServeConfig):
         self.allm, self.config = allm, config
         self.llm = allm.llm
-        self.metrics = ServerMetrics(config.served_model_name, lambda: allm.llm.pending)
+        self.metrics = ServerMetrics(config.served_model_name, lambda: allm.llm.pending,
+                                     lambda: allm.llm.running)
         self.created = int(time.time())
 
 

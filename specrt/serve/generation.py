@@ -30,18 +30,16 @@ class Generation:
         self.finish_reason: str | None = None       # OpenAI's name, once the last chunk came
         self._stream = allm.stream(prompt_ids, **engine_args)
         self._arrived = arrived
-        self._last: float | None = None              # arrival of the previous chunk
-        self._counted = False                        # in the in-flight gauge
+        self._last: float | None = None              # the engine's time of the last round
+        self._started = False                        # submitted (a refusal: _failed)
         self._failed = False                         # counted as a failure by its caller
         self._closed = False
 
     async def start(self) -> StreamChunk:
         """Submit and wait for the first chunk; raises what submission raises."""
-        self.metrics.started()
-        self._counted = True
+        self._started = True
         chunk = await self.next()
         assert chunk is not None
-        self.metrics.admitted(self.prompt_tokens)
         return chunk
 
     async def next(self) -> StreamChunk | None:
@@ -55,18 +53,23 @@ class Generation:
         except Exception:              # a failure: its caller counts it, `close` does not abort
             self._failed = True
             raise
-        now = time.perf_counter()
-        if self._last is None:
-            self.metrics.first_token(now - self._arrived)
-        else:
-            self.metrics.between_chunks(now - self._last)
-        self._last = now
+        step = chunk.step
+        now = step.delivered if step is not None and step.delivered else time.perf_counter()
+        if step is not None and step.index == 0 and step.new_tokens:
+            self.metrics.admitted(self.prompt_tokens)    # its prompt was read (not cancelled
+                                                          # while queued)
+        if step is not None and step.new_tokens:         # a round that committed tokens
+            if self._last is None:
+                self.metrics.first_token(now - self._arrived)
+            else:
+                self.metrics.between_chunks(now - self._last)
+            self._last = now
         self.completion_tokens += len(chunk.token_ids)
+        self.metrics.round(step, len(chunk.token_ids))
         if chunk.finish_reason is not None:
             self.finish_reason = schemas.FINISH_REASONS.get(chunk.finish_reason,
                                                             chunk.finish_reason)
-            self.metrics.finished(self.finish_reason, self.completion_tokens,
-                                  now - self._arrived, chunk.stats)
+            self.metrics.finished(self.finish_reason, now - self._arrived)
         return chunk
 
     def usage(self) -> dict:
@@ -78,11 +81,8 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        if self._counted:
-            self.metrics.ended()
-        if self._counted and self.finish_reason is None and not self._failed:
-            self.metrics.finished("abort", self.completion_tokens,
-                                  time.perf_counter() - self._arrived, None)
+        if self._started and self.finish_reason is None and not self._failed:
+            self.metrics.finished("abort", time.perf_counter() - self._arrived)
         await self._stream.aclose()             # cancels the request
 
 

@@ -1,31 +1,42 @@
-"""Prometheus metrics of one server, under vLLM's names so dashboards built for vLLM work.
+"""Prometheus metrics of one server, under vLLM's names (those listed below; vLLM has more, such
+as KV-cache usage and queue-time histograms, which this server does not export).
 
 The registry belongs to the app (never prometheus_client's global one), so several servers in
 one process (tests) keep separate counts. prometheus_client appends `_total` to counter names
 in the exposition: `vllm:spec_decode_num_drafts` is scraped as `vllm:spec_decode_num_drafts_total`.
 
-Speculative counters come from each finished request's stats (specrt.engine.metrics, which
-follows vLLM's definitions). Latencies are measured here, in the server, from the arrival of
-each request and of each of its chunks: a chunk is one engine round, which may commit several
-tokens, so `inter_token_latency_seconds` gets one observation per round, as in vLLM v1.
+Counters move per engine round (a chunk of the stream), as in vLLM: generated tokens and the
+speculative counters (specrt.engine.metrics's definitions, which follow vLLM's) count every
+round delivered, so a request that is aborted or fails mid-stream counts what it did. Latencies
+run from a request's arrival at the server to the time the engine handed each round to it
+(`Step.delivered`), not to when the client read it: a slow reader does not slow the server's
+numbers. A chunk is one round, which may commit several tokens, so
+`inter_token_latency_seconds` gets one observation per round, as in vLLM v1; rounds that
+commit nothing (a request cancelled while queued) are no latency. Every series exists from
+the start at 0 (so `increase()` sees the first event), and no `_created` series are exported.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
+
+from specrt.engine.request import Step
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 LABELS = ("model_name",)
+FINISH_REASONS = ("stop", "length", "abort")     # OpenAI's, and abort: cancelled before its end
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, waiting: Callable[[], int]):
-        """waiting: the number of requests queued for a slot (the scheduler's pending)."""
+    def __init__(self, model_name: str, waiting: Callable[[], int], running: Callable[[], int]):
+        """waiting / running: the requests queued for a slot / holding one, over the LLM's
+        engines (its `pending` / `running`)."""
+        disable_created_metrics()          # process-wide, as vLLM does: no `_created` series
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
-        self._in_flight = 0
 
         def counter(name, doc, labels=()):
             return Counter(name, doc, LABELS + tuple(labels), registry=r)
@@ -42,10 +53,12 @@ class ServerMetrics:
                                         "Accepted draft tokens by position in the draft.",
                                         ("position",))
         self.request_success = counter("vllm:request_success",
-                                       "Finished requests, by OpenAI finish reason "
-                                       "(abort: the client went away).", ("finished_reason",))
+                                       "Finished requests, by OpenAI finish reason (abort: the "
+                                       "client went away, or the server shut down first).",
+                                       ("finished_reason",))
         self.request_failure = counter("specrt:request_failure",
-                                       "Requests refused or failed, by HTTP status.", ("status",))
+                                       "Requests refused or failed, by HTTP status (on any "
+                                       "path: a 404 too).", ("status",))
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
         self.e2e = histogram("vllm:e2e_request_latency_seconds",
@@ -54,22 +67,22 @@ class ServerMetrics:
                               "Arrival to first token, seconds.")
         self.itl = histogram("vllm:inter_token_latency_seconds",
                              "Between consecutive chunks (engine rounds), seconds.")
-        running = Gauge("vllm:num_requests_running", "Requests holding a slot.", LABELS,
+        holding = Gauge("vllm:num_requests_running", "Requests holding a slot.", LABELS,
                         registry=r)
         queued = Gauge("vllm:num_requests_waiting", "Requests queued for a slot.", LABELS,
                        registry=r)
         queued.labels(model_name).set_function(lambda: waiting())
-        running.labels(model_name).set_function(lambda: max(0, self._in_flight - waiting()))
+        holding.labels(model_name).set_function(lambda: running())
+        for family in (self.num_drafts, self.num_draft_tokens, self.num_accepted,
+                       self.prompt_tokens, self.generation_tokens, self.e2e, self.ttft,
+                       self.itl):
+            family.labels(model_name)                  # every series from the start, at 0
+        for reason in FINISH_REASONS:
+            self.request_success.labels(model_name, reason)
 
     # --- per request ------------------------------------------------------------------------
-    def started(self) -> None:
-        self._in_flight += 1          # the event loop is the only writer
-
     def admitted(self, prompt_tokens: int) -> None:
         self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
-
-    def ended(self) -> None:
-        self._in_flight -= 1
 
     def failed(self, status: int) -> None:
         self.request_failure.labels(self.model_name, str(status)).inc()
@@ -80,19 +93,22 @@ class ServerMetrics:
     def between_chunks(self, seconds: float) -> None:
         self.itl.labels(self.model_name).observe(seconds)
 
-    def finished(self, finish_reason: str, new_tokens: int, seconds: float,
-                 stats: dict | None) -> None:
+    def round(self, step: Step | None, tokens: int) -> None:
+        """One round delivered to a request: `tokens` of it reach the client; its drafts count
+        as specrt.engine.metrics.RequestStats.record_round counts them."""
         m = self.model_name
-        self.request_success.labels(m, finish_reason).inc()
-        self.generation_tokens.labels(m).inc(new_tokens)
-        self.e2e.labels(m).observe(seconds)
-        if not stats:
+        self.generation_tokens.labels(m).inc(tokens)
+        if step is None or not step.draft_tokens:
             return
-        self.num_drafts.labels(m).inc(stats.get("num_drafts", 0))
-        self.num_draft_tokens.labels(m).inc(stats.get("num_draft_tokens", 0))
-        self.num_accepted.labels(m).inc(stats.get("num_accepted_tokens", 0))
-        for pos, n in enumerate(stats.get("accepted_per_position", ())):
-            self.accepted_per_pos.labels(m, str(pos)).inc(n)
+        self.num_drafts.labels(m).inc()
+        self.num_draft_tokens.labels(m).inc(len(step.draft_tokens))
+        self.num_accepted.labels(m).inc(step.num_accepted)
+        for pos in range(step.num_accepted):
+            self.accepted_per_pos.labels(m, str(pos)).inc()
+
+    def finished(self, finish_reason: str, seconds: float) -> None:
+        self.request_success.labels(self.model_name, finish_reason).inc()
+        self.e2e.labels(self.model_name).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
