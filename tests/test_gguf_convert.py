@@ -280,6 +280,9 @@ _MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
     "unknown token id past the vocabulary": (
         {"extra": _kv("tokenizer.ggml.unknown_token_id", 10**6, "UINT32")},
         "'tokenizer.ggml.unknown_token_id' is 1000000, but the token ids run from 0 to"),
+    "chat template that does not compile": (
+        {"extra": lambda w: w.add_chat_template("{% for m in messages %}{{ m }")},
+        "'tokenizer.chat_template' is not a valid Jinja template: unexpected '}'"),
     "tokens past the embedding": ({"extra": _tokens_past_the_embedding},
                                   "tokenizer.ggml.tokens has 328 entries, but token_embd.weight "
                                   "has 320 rows"),
@@ -505,3 +508,25 @@ def test_an_empty_token_list_is_named_as_empty():
     reader = SimpleNamespace(fields={"tokenizer.ggml.tokens": empty})
     with pytest.raises(gguf_convert.UnsupportedGGUF, match="'tokenizer.ggml.tokens' is empty"):
         gguf_tokenizer._check_tokenizer_metadata(reader, 320)
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_reading(where, tiny_qwen,
+                                                                         tmp_path, capsys,
+                                                                         monkeypatch):
+    """Found only when the output was written, after the whole GGUF was read and checked: exit
+    1 and errno text about a .tmp-* folder. Now exit 2, naming the folder, before any read."""
+    if where == "in /proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "out" if where == "under a file" else Path("/proc/specrt_out")
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("the GGUF was read before the output folder was checked")
+    monkeypatch.setattr(gguf_convert, "convert_gguf", not_reached)
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert ("afile is not a directory" in line if where == "under a file"
+            else "cannot create a folder in /proc" in line), line

@@ -18,6 +18,7 @@ import logging
 import os
 import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,6 +87,24 @@ def _check_convert_paths(gguf: Path, out: Path) -> None:
         raise SpecrtError(f"{gguf}: permission denied; make the file readable")
     if os.path.lexists(out):
         raise SpecrtError(f"{out} already exists; choose a new output directory or remove it")
+    _check_writable_parent(out)
+
+
+def _check_writable_parent(out: Path) -> None:
+    """The nearest existing folder above `out` takes a new entry (tried: permissions alone do
+    not tell /sys or a read-only mount), so a bad OUT_DIR is refused before the whole GGUF is
+    read rather than after."""
+    above = out.absolute().parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise SpecrtError(f"{out}: {above} is not a directory; choose an output directory "
+                          "whose parent is a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".specrt-probe-", dir=above))
+    except OSError as e:
+        raise SpecrtError(f"{out}: cannot create a folder in {above} ({e.strerror}); choose a "
+                          "writable location") from None
 
 
 def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:

@@ -409,7 +409,24 @@ def _tokenizer_settings(reader) -> tuple[dict[str, int], int | None, str | None]
                               "'llama' sentencepiece)")
     token_ids = special_token_ids(reader, QWEN_STOPS)
     pad = _number(reader, "tokenizer.ggml.padding_token_id", int, None)
-    return token_ids, pad, _string(reader, "tokenizer.chat_template", None)
+    template = _string(reader, "tokenizer.chat_template", None)
+    if template is not None:
+        _check_template(template)
+    return token_ids, pad, template
+
+
+def _check_template(template: str) -> None:
+    """A chat template that does not compile is refused at conversion, not at the first chat
+    request (compiled as transformers compiles it: a sandboxed Jinja environment)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).parse(template)
+    except TemplateError as e:
+        line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise UnsupportedGGUF(f"GGUF metadata 'tokenizer.chat_template' is not a valid Jinja "
+                              f"template: {e.message}{line}; {_REMAKE}") from None
 
 
 def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
