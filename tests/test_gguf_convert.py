@@ -530,3 +530,29 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_reading(where, t
     line = _one_error_line(capsys)
     assert ("afile is not a directory" in line if where == "under a file"
             else "cannot create a folder in /proc" in line), line
+
+
+def test_the_header_walk_passes_every_value_type_the_writer_writes(tmp_path):
+    """The walk that guards gguf's reader must not refuse a valid file: every scalar type,
+    arrays of each, arrays of arrays five deep, empty strings and a custom alignment."""
+    from gguf import GGUFReader, GGUFValueType as T, GGUFWriter
+
+    from specrt.hub.gguf_header import check_header
+
+    path = tmp_path / "kinds.gguf"
+    w = GGUFWriter(str(path), "qwen2")
+    w.add_custom_alignment(64)
+    values = [(200, T.UINT8), (-5, T.INT8), (60000, T.UINT16), (-3, T.INT16),
+              (4_000_000_000, T.UINT32), (-7, T.INT32), (1.5, T.FLOAT32), (True, T.BOOL),
+              (2**63, T.UINT64), (-2**40, T.INT64), (2.25, T.FLOAT64), ("", T.STRING)]
+    for i, (value, kind) in enumerate(values):
+        w.add_key_value(f"x.scalar{i}", value, kind)
+        w.add_key_value(f"x.array{i}", [value] * 3, T.ARRAY, sub_type=kind)
+    w.add_key_value("x.deep", [[[[[1]]]], [[[[2, 3]]]]], T.ARRAY)
+    w.add_tensor("t", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    check_header(path)
+    assert len(GGUFReader(str(path)).tensors) == 1

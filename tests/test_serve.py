@@ -734,9 +734,10 @@ def asgi_scope(server: Server, spec_version: str = "2.3") -> dict:
 def test_a_stream_whose_body_never_starts_is_settled(server, spec_version):
     """A client gone after the handler answered, before the response head went out: the body
     (which closes the generation when it ends) never starts, yet the request is cancelled and
-    counted as an abort, and its slot is freed (the running gauge back to 0). Driven through the ASGI app
-    itself, the only way to lose the client at exactly that point: under ASGI spec 2.3 (what
-    uvicorn's HTTP speaks) Starlette learns it from `receive`, under 2.4 from `send` failing."""
+    counted as an abort, and its slot is freed (the running gauge back to 0). Driven through
+    the ASGI app itself, the only way to lose the client at exactly that point: under ASGI spec
+    2.3 (what uvicorn's HTTP speaks) Starlette learns it from `receive`, under 2.4 from `send`
+    failing."""
     server.wait_idle()
     body = json.dumps({"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 1500,
                        "temperature": 0, "stream": True}).encode()
@@ -1018,3 +1019,17 @@ def test_a_queued_request_cancelled_at_shutdown_reads_no_prompt_and_gets_no_firs
     assert m1[f'vllm:request_success_total{{finished_reason="abort",{label}}}'] == 1
     for name in ("time_to_first_token_seconds_count", "prompt_tokens_total"):
         assert m1[f"vllm:{name}{{{label}}}"] == m0[f"vllm:{name}{{{label}}}"], name
+
+
+def test_each_drafted_position_has_its_acceptance_series_from_its_first_round():
+    """A round drafting 3 and accepting 2 creates position 2's series at 0, so the first
+    acceptance there is an increase() a dashboard sees."""
+    from specrt.engine.request import Step
+    from specrt.serve.metrics import ServerMetrics
+
+    m = ServerMetrics("tiny", lambda: 0, lambda: 0)
+    m.round(Step("r", 1, [1, 2, 3], "draft_model:3", [1, 2, 9], 2), 3)
+    text = m.exposition().decode()
+    per_pos = dict(re.findall(r'accepted_tokens_per_pos_total\{model_name="tiny",'
+                              r'position="(\d)"\} (\S+)', text))
+    assert per_pos == {"0": "1.0", "1": "1.0", "2": "0.0"}

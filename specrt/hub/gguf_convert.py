@@ -108,7 +108,8 @@ def _stored_as(reader, key: str, value) -> str:
 
 def _number(reader, key: str, kind: type, default=_REQUIRED):
     """Numeric metadata `key` as `kind` (int or float); `default` when the key is absent.
-    A string, array, bool, fraction (for int) or non-finite value is refused, naming the key."""
+    A string, array, bool, float (for int, even 1.0) or non-finite value is refused, naming
+    the key."""
     value = _field(reader, key, default)
     if key not in reader.fields:
         return value

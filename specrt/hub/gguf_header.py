@@ -26,7 +26,8 @@ from specrt.hub.gguf_tokenizer import REMAKE
 # Value type -> size in bytes of its fixed-size values (8 = string, 9 = array: variable).
 _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
-_MAX_DEPTH = 4          # arrays of arrays: GGUF allows them, no model writes more than one level
+_MAX_DEPTH = 64         # arrays of arrays: GGUF allows any depth; deeper than this would only
+                        # exhaust the walk's recursion (no model nests even two levels)
 
 
 def shown(name: bytes | str, limit: int = 60) -> str:
@@ -86,14 +87,17 @@ class _Walk:
                     self.value(item, key, depth + 1)
             else:
                 self.fail(f"metadata {key} is an array of unknown value type {item}")
+        elif kind == _ARRAY:
+            raise UnsupportedGGUF(f"GGUF metadata {key} nests arrays more than {_MAX_DEPTH} "
+                                  "levels deep, which specrt does not read")
         else:
-            self.fail(f"metadata {key} has unknown value type {kind}"
-                      if kind != _ARRAY else f"metadata {key} nests arrays too deep")
+            self.fail(f"metadata {key} has unknown value type {kind}")
 
 
 def check_header(path: Path) -> None:
     """UnsupportedGGUF if the header of the GGUF at `path` (a regular file that starts with
-    b"GGUF") states more than the file holds, repeats a metadata key, or is big-endian."""
+    b"GGUF") states more than the file holds, repeats a metadata key, names a value type GGUF
+    does not define, nests arrays past _MAX_DEPTH, or is big-endian."""
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         if size < 24:

@@ -13,7 +13,8 @@ run from a request's arrival at the server to the time the engine handed each ro
 numbers. A chunk is one round, which may commit several tokens, so
 `inter_token_latency_seconds` gets one observation per round, as in vLLM v1; rounds that
 commit nothing (a request cancelled while queued) are no latency. Every series exists from
-the start at 0 (so `increase()` sees the first event), and no `_created` series are exported.
+the start at 0 (so `increase()` sees the first event; the per-position acceptance from the
+first round that drafts that far), and no `_created` series are exported.
 """
 from __future__ import annotations
 
@@ -103,8 +104,10 @@ class ServerMetrics:
         self.num_drafts.labels(m).inc()
         self.num_draft_tokens.labels(m).inc(len(step.draft_tokens))
         self.num_accepted.labels(m).inc(step.num_accepted)
-        for pos in range(step.num_accepted):
-            self.accepted_per_pos.labels(m, str(pos)).inc()
+        for pos in range(len(step.draft_tokens)):      # each drafted position's series exists
+            series = self.accepted_per_pos.labels(m, str(pos))
+            if pos < step.num_accepted:
+                series.inc()
 
     def finished(self, finish_reason: str, seconds: float) -> None:
         self.request_success.labels(self.model_name, finish_reason).inc()
