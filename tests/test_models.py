@@ -431,3 +431,19 @@ def test_fetch_is_idempotent_and_list_shows_cache(model_dirs, monkeypatch, capsy
     for name, d in model_dirs.items():
         assert str(d) in out and str(models.gguf_path(name)) in out
     assert " GB" in out
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_the_checksum_record_gets_the_umasks_permissions(mask, tmp_path):
+    """It was always 0644: a group-writable shared cache (umask 002) got one file its group
+    could not rewrite, a private one (077) one that others could read."""
+    import stat
+
+    from specrt.model import checksum
+
+    old = os.umask(mask)
+    try:
+        checksum.write_record(tmp_path, {"file": "w", "size": 1, "sha256": "0" * 64})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / checksum.CHECKSUM_FILE).stat().st_mode) == 0o666 & ~mask

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from specrt.errors import ChecksumError
-from specrt.model.files import check_regular, read_json
+from specrt.model.files import check_regular, read_json, umask
 
 CHECKSUM_FILE = "specrt-checksum.json"
 _CHUNK = 1 << 22
@@ -37,7 +37,7 @@ def write_record(model_dir: Path, record: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(record, f, indent=2)
             f.write("\n")
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~umask())     # mkstemp made it 0600: as any new file
         os.replace(tmp, model_dir / CHECKSUM_FILE)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
