@@ -299,19 +299,25 @@ def _one_error_line(capsys) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize("case", list(_MALFORMED))
-def test_malformed_gguf_refused_before_writing(case, tiny_qwen, tmp_path, capsys, monkeypatch):
-    kwargs, words = _MALFORMED[case]
-    gguf = write_gguf(tiny_qwen, tmp_path / "bad.gguf", **kwargs)
+def _refused_before_writing(gguf: Path, words: str, capsys, monkeypatch) -> None:
+    """The library raises UnsupportedGGUF holding `words`, the CLI exits 2 with one line
+    holding them, and nothing but the GGUF is left in its folder."""
     with monkeypatch.context() as mp:  # the library path (specrt.hub.fetch) sees UnsupportedGGUF
         mp.setattr(gguf_convert, "write_safetensors", _no_weights)
         with pytest.raises(gguf_convert.UnsupportedGGUF, match=re.escape(words)):
-            gguf_convert.convert_gguf(gguf, tmp_path / "lib", progress=False)
+            gguf_convert.convert_gguf(gguf, gguf.parent / "lib", progress=False)
     capsys.readouterr()
-    assert main(["convert", "-q", str(gguf), str(tmp_path / "out")]) == 2
+    assert main(["convert", "-q", str(gguf), str(gguf.parent / "out")]) == 2
     line = _one_error_line(capsys)
     assert line.startswith(f"error: cannot convert {gguf}: ") and words in line, line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+    assert sorted(p.name for p in gguf.parent.iterdir()) == [gguf.name]
+
+
+@pytest.mark.parametrize("case", list(_MALFORMED))
+def test_malformed_gguf_refused_before_writing(case, tiny_qwen, tmp_path, capsys, monkeypatch):
+    kwargs, words = _MALFORMED[case]
+    _refused_before_writing(write_gguf(tiny_qwen, tmp_path / "bad.gguf", **kwargs), words,
+                            capsys, monkeypatch)
 
 
 def test_tokenizer_panic_is_unsupported_gguf(tiny_qwen, tmp_path, monkeypatch):
@@ -462,14 +468,7 @@ def test_a_header_that_states_more_than_the_file_holds_is_refused(case, tiny_qwe
     data = bytearray(gguf.read_bytes())
     edit(data)
     gguf.write_bytes(bytes(data))
-    monkeypatch.setattr(gguf_convert, "write_safetensors", _no_weights)
-    with pytest.raises(gguf_convert.UnsupportedGGUF, match=re.escape(words)):
-        gguf_convert.convert_gguf(gguf, tmp_path / "lib", progress=False)
-    capsys.readouterr()
-    assert main(["convert", "-q", str(gguf), str(tmp_path / "out")]) == 2
-    line = _one_error_line(capsys)
-    assert words in line, line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+    _refused_before_writing(gguf, words, capsys, monkeypatch)
 
 
 def test_non_finite_weights_are_refused_and_nothing_is_left(tiny_qwen, tmp_path):
