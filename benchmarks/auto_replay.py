@@ -318,6 +318,12 @@ def replay_command(args) -> int:
         traces = cut_all(traces, args.max_new_tokens, "--max-new-tokens")
     target_dir, draft_dir = resolve_with_draft(args, "auto and the fixed settings draft with it")
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
+    if llm.cuda_graphs and args.draft_stop:
+        # the static draft loop always drafts K (specrt.spec.drafters.draft_model): so does
+        # the replay, or it would price and teach rounds the engine never runs
+        print(f"--draft-stop {args.draft_stop:g} ignored: with CUDA graphs every round "
+              "drafts K", file=sys.stderr)
+        args.draft_stop = 0.0
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     auto = f"auto:{args.auto_k}"
     rows = replay_all(traces, fixed, auto, costs, args.draft_stop)

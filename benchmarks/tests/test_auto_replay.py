@@ -213,3 +213,23 @@ def test_replay_needs_a_draft_with_a_custom_target(argv, tiny_noeos_dir, capsys,
         auto_replay.main([*argv, "--model", str(tiny_noeos_dir), "--traces", path])
     assert err.value.code == 2
     assert "--model was given without --draft" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_with_cuda_graphs_the_replay_drafts_k_every_round_as_the_engine_does(
+        graphs, tiny_noeos_dir, tiny_draft_dir, tmp_path, monkeypatch, capsys):
+    """The static draft loop (CUDA graphs, the default on CUDA) always drafts K: a replay that
+    still stopped at --draft-stop would price and teach rounds the engine never runs."""
+    path = _traces_file(tmp_path, **{"tuning:code:a": {
+        "set": "tuning", "prompt": [1, 2, 3], "output": [2, 3, 4], "draft": [2, 3, 4],
+        "confidence": [0.1, 0.1, 0.1], "max_new_tokens": 3}})
+    real_llm, seen = specrt.LLM, []
+    monkeypatch.setattr(specrt, "LLM", lambda *a, **kw: real_llm(*a, cuda_graphs=graphs,
+                                                                 max_seq_len=64, **kw))
+    monkeypatch.setattr(auto_replay, "replay_all",
+                        lambda traces, fixed, auto, costs, stop: seen.append(stop) or [])
+    monkeypatch.setattr(auto_replay, "render", lambda rows, auto: "")
+    auto_replay.main(["replay", "--no-record", "--model", str(tiny_noeos_dir), "--draft",
+                      str(tiny_draft_dir), "--dtype", "float32", "--traces", path])
+    assert seen == [0.0 if graphs else 0.5]
+    assert ("--draft-stop 0.5 ignored" in capsys.readouterr().err) == graphs
