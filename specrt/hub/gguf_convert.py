@@ -270,7 +270,7 @@ def plan_tensors(reader, config: dict) -> list[tuple[str, object, tuple[int, ...
         if want[name] != shape:
             raise UnsupportedGGUF(
                 f"{shown(t.name)} -> {shown(name)}: shape {shape}, config wants "
-                f"{want.get(name)}")
+                f"{want[name]}")
         if not _can_dequantize(t.tensor_type):
             raise UnsupportedGGUF(f"{t.name} is stored as {t.tensor_type.name}, which specrt "
                                   "cannot convert; use a GGUF whose tensors are F32, F16, BF16 "
@@ -292,14 +292,15 @@ def _check_tensor_data(reader) -> None:
     spans = []
     for t in reader.tensors:
         offset = int(t.field.parts[-1][0])                   # relative to the data section
-        end = reader.data_offset + offset + int(t.n_bytes)
-        if offset % reader.alignment or end > size:
-            where = (f"is not a multiple of the alignment {reader.alignment}"
-                     if offset % reader.alignment else
-                     f"puts its {int(t.n_bytes)} bytes past the end of the file ({size} bytes)")
+        n_bytes = int(t.n_bytes)
+        where = (f"is not a multiple of the alignment {reader.alignment}"
+                 if offset % reader.alignment else
+                 f"puts its {n_bytes} bytes past the end of the file ({size} bytes)"
+                 if reader.data_offset + offset + n_bytes > size else None)
+        if where:
             raise UnsupportedGGUF(f"tensor {t.name}: its data offset {offset} {where}; "
                                   f"{_REMAKE}")
-        spans.append((offset, offset + int(t.n_bytes), t.name))
+        spans.append((offset, offset + n_bytes, t.name))
     spans.sort()
     for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
         if start < end:

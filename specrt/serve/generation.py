@@ -55,10 +55,10 @@ class Generation:
             raise
         step = chunk.step
         now = step.delivered if step is not None and step.delivered else time.perf_counter()
-        if step is not None and step.index == 0 and step.new_tokens:
-            self.metrics.admitted(self.prompt_tokens)    # its prompt was read (not cancelled
-                                                          # while queued)
-        if step is not None and step.new_tokens:         # a round that committed tokens
+        committed = step is not None and bool(step.new_tokens)   # not a cancel in the queue
+        if committed and step.index == 0:
+            self.metrics.admitted(self.prompt_tokens)    # the prefill read its prompt
+        if committed:
             if self._last is None:
                 self.metrics.first_token(now - self._arrived)
             else:

@@ -72,8 +72,8 @@ class ServerMetrics:
                         registry=r)
         queued = Gauge("vllm:num_requests_waiting", "Requests queued for a slot.", LABELS,
                        registry=r)
-        queued.labels(model_name).set_function(lambda: waiting())
-        holding.labels(model_name).set_function(lambda: running())
+        queued.labels(model_name).set_function(waiting)
+        holding.labels(model_name).set_function(running)
         for family in (self.num_drafts, self.num_draft_tokens, self.num_accepted,
                        self.prompt_tokens, self.generation_tokens, self.e2e, self.ttft,
                        self.itl):

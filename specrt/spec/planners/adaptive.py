@@ -254,9 +254,7 @@ class AdaptivePlanner:
                 if state.idle_rounds + 1 >= state.probe_gap:
                     name, k, probe = state.drafter, 1, state.name
                     break
-        plan = self._plan(ctx, name, k, probe, matches)
-        return dataclasses.replace(plan, notes=dataclasses.replace(plan.notes,
-                                                                   draft_won=draft_won))
+        return self._plan(ctx, name, k, probe, matches, draft_won)
 
     def _catch_up(self, ctx: DraftContext, rows: list[int]) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
@@ -299,14 +297,16 @@ class AdaptivePlanner:
         return max(1.0, _mean(min(remaining[b], max(generated[b], MIN_HORIZON), HORIZON)
                               for b in rows))
 
-    def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches) -> Plan:
+    def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
+              draft_won: tuple[bool | None, ...]) -> Plan:
         if k == 0:
-            return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active)))
+            return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
+                                                             draft_won=draft_won))
         if name == "ngram":
             feeds = tuple(self._ngram_state(n) if n else None for _, n in matches)
-            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe))
+            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, draft_won))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe))
+        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, draft_won))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
                 verify_seconds) -> None:
