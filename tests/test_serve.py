@@ -1033,3 +1033,45 @@ def test_each_drafted_position_has_its_acceptance_series_from_its_first_round():
     per_pos = dict(re.findall(r'accepted_tokens_per_pos_total\{model_name="tiny",'
                               r'position="(\d)"\} (\S+)', text))
     assert per_pos == {"0": "1.0", "1": "1.0", "2": "0.0"}
+
+
+def test_rounds_run_past_a_stop_string_are_counted_in_the_speculative_counters(llm):
+    """The engine runs ahead of a reader; a stop string seen late cancels a request whose
+    later rounds already drafted and verified. Those rounds are work the engine did: the
+    server's speculative counters match the engine's own count of the request (its stats),
+    while only the ids up to the stop reach the client."""
+    from specrt.serve.generation import Generation
+    from specrt.serve.metrics import ServerMetrics
+
+    prompt = llm.encode("for i in range(10):")
+    budget = 40
+    whole = llm.generate(prompt, max_new_tokens=budget, speculative=SPEC)
+    stop = llm.tokenizer.decode(whole.token_ids[20:22])
+    metrics = ServerMetrics("tiny", lambda: 0, lambda: 0)
+
+    async def run():
+        gen = Generation(specrt.AsyncLLM(llm=llm), metrics, prompt,
+                         dict(max_new_tokens=budget, stop=[stop], speculative=SPEC),
+                         time.perf_counter())
+        chunk = await gen.start()
+        deadline = time.monotonic() + TIMEOUT
+        while llm.running:                  # the engine finishes the whole budget unread
+            assert time.monotonic() < deadline, "the request did not finish"
+            await asyncio.sleep(0.005)
+        while chunk.finish_reason is None:
+            chunk = await gen.next()
+        await gen.close()
+        return chunk
+
+    last = asyncio.run(run())
+    assert last.finish_reason == "stop" and last.stats["new_tokens"] < budget
+    assert last.tail, "the engine ran no round past the stop string"
+    text = metrics.exposition().decode()
+
+    def value(name):
+        return float(re.search(rf'^vllm:{name}_total\{{model_name="tiny"\}} (\S+)$', text,
+                               re.M).group(1))
+    assert value("spec_decode_num_draft_tokens") == last.stats["num_draft_tokens"]
+    assert value("spec_decode_num_accepted_tokens") == last.stats["num_accepted_tokens"]
+    assert value("spec_decode_num_drafts") == last.stats["num_drafts"]
+    assert value("generation_tokens") == last.stats["new_tokens"]

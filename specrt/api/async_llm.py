@@ -164,10 +164,10 @@ async def _next_chunk(run: TextRun) -> StreamChunk | None:
     if run.finish_reason is not None:
         return None
     chunk = run.chunk(await run.handle.anext_step())
-    if chunk is not None and chunk.finish_reason == "stop":   # the cancelled tail's stats
+    if chunk is not None and chunk.finish_reason == "stop":   # the cancelled tail
         while not run.settle(await run.handle.anext_step()):
             pass
-        chunk.stats = run.stats
+        chunk = run.settled(chunk)
     return chunk
 
 

@@ -42,6 +42,10 @@ class StreamChunk:
     finish_reason: str | None = None   # set on the last chunk
     stats: dict | None = None          # set on the last chunk
     step: Step | None = None           # the engine's record of the round (plan, drafts)
+    tail: list[Step] = dataclasses.field(default_factory=list)
+                                       # a stop string's chunk: the rounds the engine ran past
+                                       # it before the cancel reached it (their ids dropped;
+                                       # their drafts were proposed and verified all the same)
 
 
 class TextRun:
@@ -54,6 +58,7 @@ class TextRun:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats: dict = {}
+        self.tail: list[Step] = []          # steps after a stop string (`settle`)
         self._lock = threading.Lock()       # one reader takes and applies a step at a time
         weakref.finalize(self, handle.cancel)
 
@@ -95,9 +100,16 @@ class TextRun:
         True once the engine's last step, with the request's stats, has been seen."""
         if step is None:
             return True
+        self.tail.append(step)
         if step.stats is not None:
             self.stats = with_new_tokens(step.stats, len(self.token_ids))
         return step.finished
+
+    def settled(self, chunk: StreamChunk) -> StreamChunk:
+        """A stop string's chunk, once `settle` saw the engine's last step: with the request's
+        stats and the tail of rounds run past the stop."""
+        chunk.stats, chunk.tail = self.stats, list(self.tail)
+        return chunk
 
     def chunks(self) -> Iterator[StreamChunk]:
         """Chunks until the request ends; cancels it if the consumer stops early."""
@@ -120,9 +132,9 @@ class TextRun:
                 return None
             chunk = self.chunk(self.handle.next_step())
             if chunk is not None and chunk.finish_reason == "stop":
-                while not self.settle(self.handle.next_step()):   # the cancelled tail's stats
+                while not self.settle(self.handle.next_step()):   # the cancelled tail
                     pass
-                chunk.stats = self.stats
+                chunk = self.settled(chunk)
             return chunk
 
     def result(self) -> GenerationResult:

@@ -66,6 +66,8 @@ class Generation:
             self._last = now
         self.completion_tokens += len(chunk.token_ids)
         self.metrics.round(step, len(chunk.token_ids))
+        for ran_on in chunk.tail:      # rounds past a stop string: no ids, drafts all the same
+            self.metrics.round(ran_on, 0)
         if chunk.finish_reason is not None:
             self.finish_reason = schemas.FINISH_REASONS.get(chunk.finish_reason,
                                                             chunk.finish_reason)

@@ -7,7 +7,10 @@ in the exposition: `vllm:spec_decode_num_drafts` is scraped as `vllm:spec_decode
 
 Counters move per engine round (a chunk of the stream), as in vLLM: generated tokens and the
 speculative counters (specrt.engine.metrics's definitions, which follow vLLM's) count every
-round delivered, so a request that is aborted or fails mid-stream counts what it did. Latencies
+round delivered, so a request that is aborted or fails mid-stream counts what it did, and one
+ended by a stop string counts the rounds the engine ran past the stop before the cancel reached
+it (`StreamChunk.tail`: drafts proposed and verified; their tokens, dropped, are not counted as
+generated, as they are not in `usage`). Latencies
 run from a request's arrival at the server to the time the engine handed each round to it
 (`Step.delivered`), not to when the client read it: a slow reader does not slow the server's
 numbers. A chunk is one round, which may commit several tokens, so
