@@ -551,6 +551,70 @@ def test_speculative_metrics_add_up(server, client):
     assert m1['vllm:num_requests_waiting{model_name="tiny"}'] == 0
 
 
+def test_a_requests_phases_and_sizes_add_up(server, client):
+    """queue + prefill + decode is the request's whole time (arrival to its last token, the
+    e2e latency), inference is prefill + decode, and the token histograms hold each request's
+    prompt, output and max_tokens."""
+    m0 = server.metrics()
+    prompts = PROMPTS[3:6]
+    for p, budget in zip(prompts, (8, 16, 24)):
+        complete(client, p, max_tokens=budget)
+    server.wait_idle()
+    m1 = server.metrics()
+
+    def delta(name):
+        key = f'vllm:{name}{{model_name="tiny"}}'
+        return m1[key] - m0[key]
+
+    phases = ("queue", "prefill", "decode", "inference")
+    for name in phases:
+        assert delta(f"request_{name}_time_seconds_count") == 3, name
+        assert delta(f"request_{name}_time_seconds_sum") >= 0, name
+    queue, prefill, decode, inference = (delta(f"request_{n}_time_seconds_sum") for n in phases)
+    assert prefill > 0 and decode > 0
+    assert inference == pytest.approx(prefill + decode, rel=1e-9, abs=1e-9)
+    assert delta("e2e_request_latency_seconds_sum") == pytest.approx(queue + inference,
+                                                                       rel=1e-9, abs=1e-9)
+    assert delta("request_prompt_tokens_sum") == delta("prompt_tokens_total") > 0
+    assert delta("request_generation_tokens_sum") == delta("generation_tokens_total") == 48
+    assert delta("request_params_max_tokens_sum") == 48
+    def bucket(le):
+        key = f'vllm:request_params_max_tokens_bucket{{le="{le}",model_name="tiny"}}'
+        return m1[key] - m0[key]
+    assert (bucket("5.0"), bucket("10.0"), bucket("20.0"), bucket("50.0")) == (0, 1, 2, 3)
+
+
+def test_queue_time_and_kv_cache_usage_follow_the_slot(tiny_noeos_dir):
+    """A request queued behind the only slot's holder for 0.3 s has a queue time of at least
+    that; while the holder runs the KV-cache gauge is its tokens over the cache's positions,
+    and 0 when nothing runs."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=2048, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        holder = llm.submit(list(range(1, 9)), max_new_tokens=1900)     # the only slot
+        holder.handle.next_step(TIMEOUT)
+        usage = s.metrics()['vllm:kv_cache_usage_perc{model_name="tiny"}']
+        assert 9 / 2048 <= usage <= (8 + 1900) / 2048
+        out = {}
+        thread = threading.Thread(target=lambda: out.setdefault("r", s.raw(
+            "POST", "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 4,
+                                        "temperature": 0})))
+        thread.start()
+        deadline = time.monotonic() + TIMEOUT
+        while not llm.scheduler.pending:
+            assert time.monotonic() < deadline, "the request was never queued"
+            time.sleep(0.002)
+        time.sleep(0.3)
+        holder.handle.cancel()
+        thread.join(TIMEOUT)
+        s.wait_idle()
+        m = s.metrics()
+    assert out["r"][0] == 200
+    label = '{model_name="tiny"}'
+    assert m[f"vllm:request_queue_time_seconds_count{label}"] == 1
+    assert m[f"vllm:request_queue_time_seconds_sum{label}"] >= 0.3
+    assert m[f"vllm:kv_cache_usage_perc{label}"] == 0
+
+
 # --- the library's streams, from threads (no HTTP) ------------------------------------------------
 @pytest.fixture(scope="module")
 def llm(tiny_noeos_dir, tiny_draft_dir):
@@ -986,7 +1050,11 @@ def test_every_series_is_exported_from_the_start_and_no_created_ones(tiny_noeos_
     for name in ("generation_tokens_total", "prompt_tokens_total", "spec_decode_num_drafts_total",
                  "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
                  "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
-                 "inter_token_latency_seconds_count", "num_requests_running"):
+                 "inter_token_latency_seconds_count", "num_requests_running",
+                 "request_queue_time_seconds_count", "request_prefill_time_seconds_count",
+                 "request_decode_time_seconds_count", "request_inference_time_seconds_count",
+                 "request_prompt_tokens_count", "request_generation_tokens_count",
+                 "request_params_max_tokens_count", "kv_cache_usage_perc"):
         assert m[f"vllm:{name}{{{label}}}"] == 0, name
     assert not [k for k in m if "_created" in k]
 
@@ -1027,7 +1095,7 @@ def test_each_drafted_position_has_its_acceptance_series_from_its_first_round():
     from specrt.engine.request import Step
     from specrt.serve.metrics import ServerMetrics
 
-    m = ServerMetrics("tiny", lambda: 0, lambda: 0)
+    m = ServerMetrics("tiny", lambda: 0, lambda: 0, lambda: 0.0, 2048)
     m.round(Step("r", 1, [1, 2, 3], "draft_model:3", [1, 2, 9], 2), 3)
     text = m.exposition().decode()
     per_pos = dict(re.findall(r'accepted_tokens_per_pos_total\{model_name="tiny",'
@@ -1047,7 +1115,7 @@ def test_rounds_run_past_a_stop_string_are_counted_in_the_speculative_counters(l
     budget = 40
     whole = llm.generate(prompt, max_new_tokens=budget, speculative=SPEC)
     stop = llm.tokenizer.decode(whole.token_ids[20:22])
-    metrics = ServerMetrics("tiny", lambda: 0, lambda: 0)
+    metrics = ServerMetrics("tiny", lambda: 0, lambda: 0, lambda: 0.0, 2048)
 
     async def run():
         gen = Generation(specrt.AsyncLLM(llm=llm), metrics, prompt,

@@ -154,6 +154,17 @@ class LLM:
         """Requests holding a slot, over every engine."""
         return sum(s.running for s in list(self._schedulers.values()))
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share (0..1) of the KV cache's positions, over every engine, that hold running
+        requests' tokens (their prompts and what they have committed); each engine's cache is
+        max_batch_size x max_seq_len positions, allocated at load."""
+        used = total = 0
+        for scheduler in list(self._schedulers.values()):
+            u, t = scheduler.kv_positions()
+            used, total = used + u, total + t
+        return used / total if total else 0.0
+
     def close(self) -> None:
         """Cancel every request and stop the scheduler threads."""
         with self._schedulers_lock:

@@ -158,6 +158,14 @@ class Engine:
         """Requests holding a slot (read from any thread: a length, never torn)."""
         return self.max_batch_size - len(self._free)
 
+    def kv_positions(self) -> tuple[int, int]:
+        """(positions of the target's cache holding running requests' tokens -- each one's
+        prompt and what it has committed --, positions in all: max_batch_size x max_seq_len).
+        Read from any thread: a snapshot of the slots, each length read whole."""
+        used = sum(len(row.request.prompt) + len(row.outputs) for row in list(self.slots)
+                   if row is not None)
+        return used, self.max_batch_size * self.max_seq_len
+
     def can_admit(self, request: Request) -> bool:
         """A slot is free, the request's speculative config fits the running batch, and
         neither it nor a running request must run alone (`runs_alone`)."""
@@ -225,7 +233,9 @@ class Engine:
         for slot in slots:
             row = self.slots[slot]
             row.stats.target_passes += 1
-            steps.append(self._step(slot, row, self._commit(row, [first[slot]]), "prefill", [], 0))
+            step = self._step(slot, row, self._commit(row, [first[slot]]), "prefill", [], 0)
+            step.scheduled = row.started
+            steps.append(step)
         return steps
 
     def _prefill(self, group: list[int]) -> list[int]:

@@ -57,6 +57,8 @@ class Step:
     error: BaseException | None = None  # set when finish_reason == "error"
     delivered: float = 0.0              # time.perf_counter() when handed to its request (the
                                         # engine's time of the step, whenever it is read)
+    scheduled: float = 0.0              # the prefill's step (index 0): time.perf_counter()
+                                        # when the request got its slot
 
     @property
     def finished(self) -> bool:

@@ -152,6 +152,9 @@ class Scheduler:
     def running(self) -> int:
         return self.engine.running
 
+    def kv_positions(self) -> tuple[int, int]:
+        return self.engine.kv_positions()
+
     def _cancel(self, request_id: str) -> None:
         with self._lock:
             self._cancels.add(request_id)

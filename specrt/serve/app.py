@@ -43,7 +43,8 @@ class _State:
         self.allm, self.config = allm, config
         self.llm = allm.llm
         self.metrics = ServerMetrics(config.served_model_name, lambda: allm.llm.pending,
-                                     lambda: allm.llm.running)
+                                     lambda: allm.llm.running, lambda: allm.llm.kv_cache_usage,
+                                     allm.llm.max_seq_len)
         self.created = int(time.time())
 
 

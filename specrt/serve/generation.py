@@ -18,7 +18,7 @@ from specrt.api.async_llm import AsyncLLM
 from specrt.api.run import StreamChunk
 from specrt.serve import schemas
 from specrt.serve.errors import as_api_error, error_body
-from specrt.serve.metrics import ServerMetrics
+from specrt.serve.metrics import Phases, ServerMetrics
 
 
 class Generation:
@@ -28,8 +28,11 @@ class Generation:
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.finish_reason: str | None = None       # OpenAI's name, once the last chunk came
+        self.max_tokens = engine_args["max_new_tokens"]
         self._stream = allm.stream(prompt_ids, **engine_args)
         self._arrived = arrived
+        self._scheduled: float | None = None         # when it got a slot (the engine's time)
+        self._first: float | None = None             # the engine's time of the first token
         self._last: float | None = None              # the engine's time of the last round
         self._started = False                        # submitted (a refusal: _failed)
         self._failed = False                         # counted as a failure by its caller
@@ -58,8 +61,10 @@ class Generation:
         committed = step is not None and bool(step.new_tokens)   # not a cancel in the queue
         if committed and step.index == 0:
             self.metrics.admitted(self.prompt_tokens)    # the prefill read its prompt
+            self._scheduled = step.scheduled or now
         if committed:
             if self._last is None:
+                self._first = now
                 self.metrics.first_token(now - self._arrived)
             else:
                 self.metrics.between_chunks(now - self._last)
@@ -71,8 +76,20 @@ class Generation:
         if chunk.finish_reason is not None:
             self.finish_reason = schemas.FINISH_REASONS.get(chunk.finish_reason,
                                                             chunk.finish_reason)
-            self.metrics.finished(self.finish_reason, now - self._arrived)
+            self._finished(self.finish_reason, now)
         return chunk
+
+    def _finished(self, reason: str, now: float) -> None:
+        phases = None
+        if self._scheduled is not None and self._first is not None and self._last is not None:
+            phases = Phases(queue=self._scheduled - self._arrived,
+                            prefill=self._first - self._scheduled,
+                            decode=self._last - self._first,
+                            inference=self._last - self._scheduled,
+                            prompt_tokens=self.prompt_tokens,
+                            generation_tokens=self.completion_tokens,
+                            max_tokens=self.max_tokens)
+        self.metrics.finished(reason, now - self._arrived, phases)
 
     def usage(self) -> dict:
         return schemas.usage(self.prompt_tokens, self.completion_tokens)
@@ -84,7 +101,7 @@ class Generation:
             return
         self._closed = True
         if self._started and self.finish_reason is None and not self._failed:
-            self.metrics.finished("abort", time.perf_counter() - self._arrived)
+            self._finished("abort", time.perf_counter())
         await self._stream.aclose()             # cancels the request
 
 

@@ -1,5 +1,6 @@
-"""Prometheus metrics of one server, under vLLM's names (those listed below; vLLM has more, such
-as KV-cache usage and queue-time histograms, which this server does not export).
+"""Prometheus metrics of one server, under vLLM's names (those below; of vLLM v1's request and
+engine metrics, this server does not export the prefix-cache counters (it has no prefix cache),
+preemptions (it never preempts) and `iteration_tokens_total`).
 
 The registry belongs to the app (never prometheus_client's global one), so several servers in
 one process (tests) keep separate counts. prometheus_client appends `_total` to counter names
@@ -15,12 +16,19 @@ run from a request's arrival at the server to the time the engine handed each ro
 (`Step.delivered`), not to when the client read it: a slow reader does not slow the server's
 numbers. A chunk is one round, which may commit several tokens, so
 `inter_token_latency_seconds` gets one observation per round, as in vLLM v1; rounds that
-commit nothing (a request cancelled while queued) are no latency. Every series exists from
+commit nothing (a request cancelled while queued) are no latency. A request that held a slot
+adds, when it ends (finished or aborted), its phases -- queue: arrival to its slot; prefill:
+slot to first token; decode: first to last token; inference: slot to last token -- and its
+prompt tokens, generated tokens and max_tokens to their histograms. `kv_cache_usage_perc` is
+the share (0..1) of the KV cache's positions holding running requests' tokens
+(`LLM.kv_cache_usage`: the cache is allocated whole at load, max_batch_size x max_seq_len
+positions per engine, so this is how full it is, not memory in use). Every series exists from
 the start at 0 (so `increase()` sees the first event; the per-position acceptance from the
 first round that drafts that far), and no `_created` series are exported.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
@@ -34,10 +42,36 @@ LABELS = ("model_name",)
 FINISH_REASONS = ("stop", "length", "abort")     # OpenAI's, and abort: cancelled before its end
 
 
+def token_buckets(max_len: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_len (vLLM's buckets of token-count histograms)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_len:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """The server's view of a request that held a slot, for the per-request histograms."""
+
+    queue: float                # arrival -> slot
+    prefill: float              # slot -> first token
+    decode: float               # first -> last token
+    inference: float            # slot -> last token
+    prompt_tokens: int
+    generation_tokens: int      # tokens that reached the client
+    max_tokens: int
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str, waiting: Callable[[], int], running: Callable[[], int]):
+    def __init__(self, model_name: str, waiting: Callable[[], int], running: Callable[[], int],
+                 kv_cache_usage: Callable[[], float], max_len: int):
         """waiting / running: the requests queued for a slot / holding one, over the LLM's
-        engines (its `pending` / `running`)."""
+        engines (its `pending` / `running`); kv_cache_usage: `LLM.kv_cache_usage`; max_len:
+        the longest request in tokens (the token histograms' last bucket)."""
         disable_created_metrics()          # process-wide, as vLLM does: no `_created` series
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
@@ -45,8 +79,8 @@ class ServerMetrics:
         def counter(name, doc, labels=()):
             return Counter(name, doc, LABELS + tuple(labels), registry=r)
 
-        def histogram(name, doc):
-            return Histogram(name, doc, LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        def histogram(name, doc, buckets=LATENCY_BUCKETS):
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r)
 
         self.num_drafts = counter("vllm:spec_decode_num_drafts", "Rounds with draft tokens.")
         self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
@@ -71,6 +105,24 @@ class ServerMetrics:
                               "Arrival to first token, seconds.")
         self.itl = histogram("vllm:inter_token_latency_seconds",
                              "Between consecutive chunks (engine rounds), seconds.")
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Arrival to a slot, seconds.")
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                      "A slot to the first token, seconds.")
+        self.decode_time = histogram("vllm:request_decode_time_seconds",
+                                     "First token to last token, seconds.")
+        self.inference_time = histogram("vllm:request_inference_time_seconds",
+                                        "A slot to the last token, seconds.")
+        tokens = token_buckets(max_len)
+        self.request_prompt = histogram("vllm:request_prompt_tokens",
+                                        "Prompt tokens per request.", tokens)
+        self.request_generation = histogram("vllm:request_generation_tokens",
+                                            "Generated tokens per request.", tokens)
+        self.request_max_tokens = histogram("vllm:request_params_max_tokens",
+                                            "The max_tokens of each request.", tokens)
+        usage = Gauge("vllm:kv_cache_usage_perc", "Share (0..1) of the KV cache's positions "
+                      "holding running requests' tokens.", LABELS, registry=r)
+        usage.labels(model_name).set_function(kv_cache_usage)
         holding = Gauge("vllm:num_requests_running", "Requests holding a slot.", LABELS,
                         registry=r)
         queued = Gauge("vllm:num_requests_waiting", "Requests queued for a slot.", LABELS,
@@ -79,7 +131,7 @@ class ServerMetrics:
         holding.labels(model_name).set_function(running)
         for family in (self.num_drafts, self.num_draft_tokens, self.num_accepted,
                        self.prompt_tokens, self.generation_tokens, self.e2e, self.ttft,
-                       self.itl):
+                       self.itl, *self._phase_series()):
             family.labels(model_name)                  # every series from the start, at 0
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
@@ -112,9 +164,21 @@ class ServerMetrics:
             if pos < step.num_accepted:
                 series.inc()
 
-    def finished(self, finish_reason: str, seconds: float) -> None:
-        self.request_success.labels(self.model_name, finish_reason).inc()
-        self.e2e.labels(self.model_name).observe(seconds)
+    def finished(self, finish_reason: str, seconds: float, phases: Phases | None) -> None:
+        """A request ended `seconds` after its arrival; phases: None if it never held a slot."""
+        m = self.model_name
+        self.request_success.labels(m, finish_reason).inc()
+        self.e2e.labels(m).observe(seconds)
+        if phases is None:
+            return
+        values = (phases.queue, phases.prefill, phases.decode, phases.inference,
+                  phases.prompt_tokens, phases.generation_tokens, phases.max_tokens)
+        for family, value in zip(self._phase_series(), values):
+            family.labels(m).observe(value)
+
+    def _phase_series(self) -> tuple[Histogram, ...]:
+        return (self.queue_time, self.prefill_time, self.decode_time, self.inference_time,
+                self.request_prompt, self.request_generation, self.request_max_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
