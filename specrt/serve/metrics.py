@@ -66,6 +66,21 @@ class Phases:
     max_tokens: int
 
 
+# Phases' fields -> (series, help, in seconds or tokens)
+PER_REQUEST = {
+    "queue": ("vllm:request_queue_time_seconds", "Arrival to a slot, seconds.", True),
+    "prefill": ("vllm:request_prefill_time_seconds", "A slot to the first token, seconds.",
+                True),
+    "decode": ("vllm:request_decode_time_seconds", "First token to last token, seconds.", True),
+    "inference": ("vllm:request_inference_time_seconds", "A slot to the last token, seconds.",
+                  True),
+    "prompt_tokens": ("vllm:request_prompt_tokens", "Prompt tokens per request.", False),
+    "generation_tokens": ("vllm:request_generation_tokens", "Generated tokens per request.",
+                          False),
+    "max_tokens": ("vllm:request_params_max_tokens", "The max_tokens of each request.", False),
+}
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, waiting: Callable[[], int], running: Callable[[], int],
                  kv_cache_usage: Callable[[], float], max_len: int):
@@ -105,21 +120,9 @@ class ServerMetrics:
                               "Arrival to first token, seconds.")
         self.itl = histogram("vllm:inter_token_latency_seconds",
                              "Between consecutive chunks (engine rounds), seconds.")
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Arrival to a slot, seconds.")
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
-                                      "A slot to the first token, seconds.")
-        self.decode_time = histogram("vllm:request_decode_time_seconds",
-                                     "First token to last token, seconds.")
-        self.inference_time = histogram("vllm:request_inference_time_seconds",
-                                        "A slot to the last token, seconds.")
         tokens = token_buckets(max_len)
-        self.request_prompt = histogram("vllm:request_prompt_tokens",
-                                        "Prompt tokens per request.", tokens)
-        self.request_generation = histogram("vllm:request_generation_tokens",
-                                            "Generated tokens per request.", tokens)
-        self.request_max_tokens = histogram("vllm:request_params_max_tokens",
-                                            "The max_tokens of each request.", tokens)
+        self.per_request = {field: histogram(name, doc, LATENCY_BUCKETS if seconds else tokens)
+                            for field, (name, doc, seconds) in PER_REQUEST.items()}
         usage = Gauge("vllm:kv_cache_usage_perc", "Share (0..1) of the KV cache's positions "
                       "holding running requests' tokens.", LABELS, registry=r)
         usage.labels(model_name).set_function(kv_cache_usage)
@@ -131,7 +134,7 @@ class ServerMetrics:
         holding.labels(model_name).set_function(running)
         for family in (self.num_drafts, self.num_draft_tokens, self.num_accepted,
                        self.prompt_tokens, self.generation_tokens, self.e2e, self.ttft,
-                       self.itl, *self._phase_series()):
+                       self.itl, *self.per_request.values()):
             family.labels(model_name)                  # every series from the start, at 0
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
@@ -171,14 +174,8 @@ class ServerMetrics:
         self.e2e.labels(m).observe(seconds)
         if phases is None:
             return
-        values = (phases.queue, phases.prefill, phases.decode, phases.inference,
-                  phases.prompt_tokens, phases.generation_tokens, phases.max_tokens)
-        for family, value in zip(self._phase_series(), values):
-            family.labels(m).observe(value)
-
-    def _phase_series(self) -> tuple[Histogram, ...]:
-        return (self.queue_time, self.prefill_time, self.decode_time, self.inference_time,
-                self.request_prompt, self.request_generation, self.request_max_tokens)
+        for field, family in self.per_request.items():
+            family.labels(m).observe(getattr(phases, field))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
