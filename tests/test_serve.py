@@ -425,6 +425,35 @@ def test_a_body_that_is_not_json_says_how_to_send_one(server):
     assert "Content-Type: application/json" in error["message"], error
 
 
+def test_a_field_of_several_shapes_says_what_it_takes_not_what_pydantic_tried(server):
+    """A batch of prompts, the CLI's "none" as the speculative config, a stop number: one
+    sentence naming the field and the shapes it takes (no "prompt.list[int].0" in it)."""
+    for body, field, needle in [
+            ({"prompt": ["a", "b"]}, "prompt", "one prompt per request"),
+            ({"prompt": "hi", "speculative": "none"}, "speculative", "false (plain decoding)"),
+            ({"prompt": "hi", "stop": 3}, "stop", "a string or a list of strings")]:
+        error = _error(server.raw("POST", "/v1/completions", {"model": "tiny", **body}))
+        assert error["param"] == field and error["message"].startswith(f"{field} must be "), \
+            error
+        assert needle in error["message"] and "[" not in error["message"].split(" must ")[0]
+        assert error["message"].count(" must be ") == 1, error
+
+
+def test_a_body_that_is_not_json_says_where_and_names_no_field(server):
+    error = _error(server.raw("POST", "/v1/chat/completions", b"{bad json"))
+    assert error["param"] is None, error
+    assert error["message"].startswith("the request body is not valid JSON at character 1:"), \
+        error
+
+
+def test_an_unknown_path_is_a_404_whose_code_is_a_string_or_null(server):
+    for method, path in (("GET", "/v2/nothing"), ("GET", "/v1/completions")):
+        status, _, body = server.raw(method, path)
+        assert status in (404, 405), body
+        code = json.loads(body)["error"]["code"]
+        assert code is None or isinstance(code, str), body
+
+
 def test_every_refused_request_is_counted_by_status(server):
     key = 'specrt:request_failure_total{model_name="tiny",status="400"}'
     before = server.metrics().get(key, 0)
@@ -750,6 +779,21 @@ def test_bad_flags_are_refused_before_the_default_pair_is_fetched(flags, needle,
     assert main(flags) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("flags,k", [([], 16), (["--speculative-config",
+                                                  '{"method": "ngram", "num_speculative_tokens": 8}'], 8)])
+def test_a_model_length_no_request_fits_under_the_servers_config_is_refused_on_the_flags(
+        flags, k, capsys, monkeypatch, tmp_path):
+    """Every request needs prompt + max_tokens + K + 1 positions: a --max-model-len below
+    K + 3 would load the models and then refuse every request."""
+    from specrt.serve.cli import main
+
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache"))
+    assert main(["--max-model-len", str(k + 2), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-model-len" in err[0] and f"K+1 ({k + 1})" in err[0], err
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
 
 

@@ -89,6 +89,7 @@ def check_flags(args):
     and device resolved)."""
     from specrt.api.args import LLMArgs
     from specrt.api.cli import check_draft_flags_used, check_draft_given
+    from specrt.engine.request import check_length
     from specrt.spec.config import SpecConfig
 
     with named_flags(FLAG_OF.get):
@@ -97,9 +98,13 @@ def check_flags(args):
                           max_batch_size=args.max_num_seqs, max_queue=args.max_queue,
                           draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
                           draft_stop=args.draft_stop)
-    spec = speculative_from_flag(args.speculative_config, has_draft=True)
-    check_draft_given(SpecConfig.parse(spec), args.model, args.draft)
-    check_draft_flags_used(args, SpecConfig.parse(spec))
+    # with no --model the default pair brings a draft; a --model alone runs without one
+    has_draft = args.model is None or args.draft is not None
+    spec = SpecConfig.parse(speculative_from_flag(args.speculative_config, has_draft))
+    check_draft_given(spec, args.model, args.draft)
+    check_draft_flags_used(args, spec)
+    # the shortest request (a 1-token prompt, 1 token) under the server's config must fit
+    check_length(1, 1, spec, checked.max_seq_len, "--max-model-len", budget="max_tokens")
     return checked
 
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specrt.errors import ClosedError, QueueFullError, SpecrtError
+from specrt.serve.schemas import FIELD_FORMS
 
 log = logging.getLogger("specrt.serve")
 RETRY_AFTER_S = 1
@@ -35,7 +36,7 @@ class APIError(Exception):
 
 
 def error_body(message: str, type_: str, param: str | None = None,
-               code: str | int | None = None) -> dict:
+               code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -77,18 +78,11 @@ def install_handlers(app: FastAPI, failed: Callable[[int], None]) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        if first.get("type") == "json_invalid":
-            msg = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
-        else:
-            msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: "
-                            f"{e['msg']}" for e in errors[:5])
+        msg, param = _validation_message(exc.errors())
         content_type = request.headers.get("content-type", "")
         if "json" not in content_type.lower():     # curl -d sends a form's type
             msg += (f" (the body came as {content_type or 'no Content-Type'}; {SEND_JSON})")
-        return answer(APIError(msg, 400, param=".".join(loc) or None))
+        return answer(APIError(msg, 400, param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -97,9 +91,34 @@ def install_handlers(app: FastAPI, failed: Callable[[int], None]) -> None:
             message = f"the request body could not be read (not UTF-8?); {SEND_JSON}"
         type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
         failed(exc.status_code)
-        return JSONResponse(error_body(message, type_, code=exc.status_code),
-                            status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(error_body(message, type_), status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         return answer(as_api_error(exc))
+
+
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """(one message, the field to name as `param`) for what pydantic found wrong in a body:
+    a body that is not JSON says where; a field of several shapes (schemas.FIELD_FORMS) says
+    what it takes, once, instead of each shape pydantic tried; others say pydantic's words."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        where = [p for p in first.get("loc", ()) if isinstance(p, int)]
+        at = f" at character {where[0]}" if where else ""
+        return (f"the request body is not valid JSON{at}: "
+                f"{first.get('ctx', {}).get('error', '')}", None)
+    parts, said, param = [], set(), None
+    for e in errors[:5]:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        field = loc[0] if loc else ""
+        if field in FIELD_FORMS:
+            name, part = field, f"{field} must be {FIELD_FORMS[field]}"
+        else:
+            name, part = ".".join(loc) or None, f"{'.'.join(loc) or 'body'}: {e['msg']}"
+        if part not in said:
+            said.add(part)
+            parts.append(part)
+        param = param or name
+    return "; ".join(parts), param

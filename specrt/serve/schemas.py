@@ -39,6 +39,17 @@ UNSUPPORTED: dict[str, tuple] = {
 }
 
 
+# What a field of several accepted shapes takes, said when a request's value fits none of them
+# (pydantic would name each shape it tried: "prompt.list[int].0: Input should be ...").
+FIELD_FORMS = {
+    "prompt": "a string or a list of token ids (one prompt per request: send a batch of "
+              "prompts as one request each)",
+    "stop": "a string or a list of strings",
+    "speculative": "an object of vLLM's speculative-config keys, false (plain decoding) or "
+                   "null (the server's --speculative-config)",
+}
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)   # extras: see `unsupported`
 
