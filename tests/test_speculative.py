@@ -149,6 +149,15 @@ def test_bad_speculative_config(llm, spec, pattern):
         llm.generate([1, 2, 3], max_new_tokens=4, speculative=spec)
 
 
+@pytest.mark.parametrize("word", ["none", "None", "off"])
+def test_the_clis_word_for_plain_decoding_means_plain_decoding_in_the_api_too(llm, word):
+    """`--speculative-config none` is plain decoding in both CLIs; the same string passed as
+    `speculative=` was "not valid JSON"."""
+    res = llm.generate([1, 2, 3], max_new_tokens=8, speculative=word)
+    assert res.token_ids == llm.generate([1, 2, 3], max_new_tokens=8).token_ids
+    assert res.stats["num_draft_tokens"] == 0 and set(res.stats["plan_histogram"]) == {"plain"}
+
+
 def test_draft_model_method_without_draft(tiny_noeos_dir):
     llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
     with pytest.raises(SpecrtError, match="needs a draft model"):

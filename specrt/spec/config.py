@@ -80,9 +80,12 @@ class SpecConfig:
 
     @classmethod
     def parse(cls, value: "SpecConfig | Mapping[str, Any] | str | None") -> "SpecConfig | None":
-        """Accept a SpecConfig, a dict with vLLM's keys, or its JSON text."""
+        """Accept a SpecConfig, a dict with vLLM's keys, or its JSON text; None, or the
+        CLIs' word for plain decoding ("none", `means_plain`), is None: no speculation."""
         if value is None or isinstance(value, SpecConfig):
             return value
+        if isinstance(value, str) and means_plain(value):
+            return None
         if isinstance(value, str):
             try:
                 value = json.loads(value)
