@@ -214,3 +214,41 @@ def test_a_model_without_a_tokenizer_prints_its_answer_as_ids(tmp_path):
     api = json.loads(run_cli("--model", model, "--prompt-ids", "5,6,7", "--max-new-tokens", 6,
                              "--dtype", "float32", "--no-spec", "--json").stdout)
     assert proc.stdout == " ".join(map(str, api["token_ids"])) + "\n"
+
+
+def test_the_trace_shows_every_round_the_summary_counts_rounds_past_a_stop_too(
+        tiny_noeos_dir, tiny_draft_dir, monkeypatch, capsys):
+    """The engine runs ahead of the reader; rounds it ran past a stop string (the reader saw
+    the stop late: here its first trace line is slow) are in the stats' target passes, so
+    the trace shows them too, marked as dropped: one line per round."""
+    import time
+
+    import specrt
+    from specrt.api import cli
+
+    spec = {"method": "draft_model", "num_speculative_tokens": 3}
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256, dtype="float32",
+                     draft_stop=0.0)
+    ids = llm.generate("def add", max_new_tokens=40, speculative=spec).token_ids
+    stop = llm.tokenizer.decode(ids[24:26])
+    llm.close()
+    real, calls = cli._trace_line, []
+
+    def slow(*args, **kwargs):
+        if not calls:
+            time.sleep(0.5)            # meanwhile the engine runs the whole budget
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_trace_line", slow)
+    assert cli.main(["--model", str(tiny_noeos_dir), "--draft", str(tiny_draft_dir),
+                     "--prompt", "def add", "--max-new-tokens", "40", "--dtype", "float32",
+                     "--speculative-config", json.dumps(spec), "--draft-stop", "0",
+                     "--stop", stop, "--trace", "--json"]) == 0
+    out, err = capsys.readouterr()
+    stats = json.loads(out)["stats"]
+    rounds = [line for line in err.splitlines() if line.startswith("round ")]
+    assert json.loads(out)["finish_reason"] == "stop"
+    assert len(rounds) == stats["target_passes"] - 1           # the prefill is no round
+    past = [r for r in rounds if r.endswith("| past the stop string: dropped")]
+    assert past and rounds[-len(past):] == past

@@ -271,8 +271,12 @@ def _run(args) -> int:
                          stop=req.stop or None, chat=False if args.no_chat else None,
                          speculative=spec)
         for chunk in run.chunks():
-            if args.trace and chunk.step is not None and chunk.step.index > 0:
-                print(_trace_line(llm, chunk.step), file=sys.stderr)
+            if args.trace:
+                if chunk.step is not None and chunk.step.index > 0:
+                    print(_trace_line(llm, chunk.step), file=sys.stderr)
+                for step in chunk.tail:          # rounds run past a stop string
+                    if step.plan:                # (not the cancel that ended them)
+                        print(_trace_line(llm, step, dropped=True), file=sys.stderr)
             if args.json:
                 continue
             out = chunk.text
@@ -313,7 +317,7 @@ def summary_line(stats: dict, spec) -> str:
             f"{stats['mean_acceptance_length']:.2f} | {stats['target_passes']} target passes")
 
 
-def _trace_line(llm, step) -> str:
+def _trace_line(llm, step, dropped: bool = False) -> str:
     def show(ids):
         if llm.tokenizer is None:
             return ",".join(str(t) for t in ids)
@@ -323,7 +327,8 @@ def _trace_line(llm, step) -> str:
     kept = step.num_accepted
     target = step.new_tokens[kept:]
     return (f"round {step.index} | {step.plan} | draft: {show(drafts) or '-'} | "
-            f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}")
+            f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}"
+            + (" | past the stop string: dropped" if dropped else ""))
 
 
 def add_weights_args(p: argparse.ArgumentParser) -> None:
