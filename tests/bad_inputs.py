@@ -154,7 +154,7 @@ CLI_CASES = [
     (["--speculative-config", '{"method": "draft_model", "model": "/nonexistent-draft"}'],
      '--speculative-config "model": model directory /nonexistent-draft does not exist'),
     (["--draft-dtype", "float16"], "error: --draft-dtype: draft_dtype 'float16' is not"),
-    (["--device", "cpu:x"], "error: --device: device 'cpu:x' is not valid"),
+    (["--device", "cpu:x"], "error: --device: device 'cpu:x' is not a device name"),
     (["--seed", "18446744073709551616"], "seed"), (["--seed", "-1"], "seed"),
     (["--seed", "x"], "invalid int value"), (["--seed", "1.5"], "invalid int value"),
     (["--temperature", "nan"], "temperature"), (["--temperature", "inf"], "temperature"),

@@ -51,8 +51,10 @@ def test_streams_text_and_traces_rounds(tiny_noeos_dir, tiny_draft_dir):
     (["--prompt-ids", "1,x"], "--prompt-ids must be comma-separated integers"),
     (["--max-seq-len", "8", "--prompt-ids", "1,2,3"], "exceeds max_seq_len"),
     (["--no-spec", "--speculative-config", '{"method": "ngram"}'], "contradict each other"),
+    (["--draft", "{model}", "--draft-vocab", "0"], "'all' (the CLIs)"),
 ])
 def test_bad_input_is_one_clear_line(tiny_noeos_dir, args, message):
+    args = [a.replace("{model}", str(tiny_noeos_dir)) for a in args]
     proc = run_cli("--model", tiny_noeos_dir, "--dtype", "float32", *args, check=False)
     assert proc.returncode == 2
     assert message in proc.stderr

@@ -120,8 +120,12 @@ def test_bad_sampling_params(tiny_dir):
 def test_bad_dtype_and_device(tiny_dir):
     with pytest.raises(SpecrtError, match="dtype 'int8' is not supported"):
         specrt.LLM(tiny_dir, dtype="int8")
-    with pytest.raises(SpecrtError, match="device"):
-        specrt.LLM(tiny_dir, device="tpu:0", dtype="float32")
+    for name in ("tpu:0", "tpu", "cuda:x"):
+        with pytest.raises(SpecrtError) as e:
+            specrt.LLM(tiny_dir, device=name, dtype="float32")
+        # one sentence of ours, not torch's list of ~20 device types ("..., lazy, ;")
+        assert str(e.value) == (f"device {name!r} is not a device name; use 'cpu', 'cuda' "
+                                "or 'cuda:N'")
 
 
 @pytest.mark.parametrize("changes, pattern", [

@@ -78,9 +78,9 @@ def check_device(device):
                             f"available), got {show(device)}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise ArgumentError(f"device {show(device)} is not valid: {str(e)[:100]}; use 'cpu' or "
-                            "'cuda'") from None
+    except (RuntimeError, TypeError, ValueError):    # torch's text lists ~20 device types
+        raise ArgumentError(f"device {show(device)} is not a device name; use 'cpu', 'cuda' "
+                            "or 'cuda:N'") from None
     if dev.type not in DEVICE_TYPES:
         raise ArgumentError(f"device {show(device)} is not supported; use 'cpu' or 'cuda'")
     if dev.type == "cuda":
@@ -126,7 +126,8 @@ class LLMArgs:
         set_(self, "draft_dtype", check_draft_dtype(self.draft_dtype, self.device, self.dtype))
         if self.draft_vocab not in ("auto", None):
             set_(self, "draft_vocab", check_int("draft_vocab", self.draft_vocab, 1, 2**24,
-                                                fix="'auto', None (every token) or a count"))
+                                                fix="'auto', a count of token ids, or every token: None "
+                                                    "(the API) / 'all' (the CLIs)"))
         set_(self, "draft_stop", check_draft_stop(self.draft_stop))
         from specrt.spec.calibration import disk_path
         disk_path()     # SPECRT_CALIBRATION naming a folder: refused here, not by every `auto`

@@ -147,7 +147,9 @@ def main(argv=None) -> int:
     p_conv = sub.add_parser("convert", help="convert your own Qwen2 or Llama GGUF into a model "
                             "directory (bf16 safetensors + tokenizer)")
     p_conv.add_argument("gguf", metavar="PATH.gguf", type=Path, help="the GGUF file")
-    p_conv.add_argument("out", metavar="OUT_DIR", type=Path, help="must not exist yet")
+    p_conv.add_argument("out", metavar="OUT_DIR", type=Path,
+                        help="the folder to write; must not exist yet (missing parent "
+                             "folders are created)")
     p_conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     configure_logging()
