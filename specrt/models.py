@@ -6,6 +6,10 @@ import sys
 from specrt.commands import exits_on_ctrl_c
 
 with exits_on_ctrl_c(__name__):
+    if __name__ == "__main__":
+        from specrt.commands import import_torch
+
+        import_torch()      # these imports bring torch in (specrt.commands.import_torch)
     from specrt.errors import ModelFetchError
     from specrt.hub.cli import main
     from specrt.hub.fetch import cached_models, ensure_gguf, ensure_model, fetch, verify_file

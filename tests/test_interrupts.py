@@ -213,6 +213,41 @@ def test_ctrl_c_while_torch_is_imported_exits_130(entry, args, tiny_noeos_dir, t
     _assert_interrupted(rc, err)
 
 
+# A Ctrl-C landing in the Python code torch's C++ start-up runs (numpy's import): once, at the
+# first import of a numpy module that torch._C's initialisation asks for.
+KICK_IN_TORCH = textwrap.dedent("""
+    import importlib.abc, os, signal, sys
+    class Kick(importlib.abc.MetaPathFinder):
+        sent = False
+        def find_spec(self, name, path, target=None):
+            if name == "numpy._core.shape_base" and not Kick.sent:
+                Kick.sent = True
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+    sys.meta_path.insert(0, Kick())
+""")
+
+
+@pytest.mark.parametrize("entry, args", [
+    ("-m specrt.generate", ["--model", "{tiny}", "--prompt-ids", "5", "--dtype", "float32"]),
+    ("-m specrt.models", ["list"]),
+    ("specrt.serve.cli:main", ["--model", "{tiny}", "--port", "0", "--dtype", "float32"]),
+])
+def test_ctrl_c_inside_torchs_own_start_up_is_not_lost(entry, args, tiny_noeos_dir, tmp_path):
+    """torch's C++ start-up swallowed a KeyboardInterrupt raised in the Python it runs: the
+    command went on to its end (exit 0, the answer printed; or a server left running)."""
+    args = [a.format(tiny=tiny_noeos_dir) for a in args]
+    if entry.startswith("-m "):
+        run = f"import runpy; runpy.run_module({entry[3:]!r}, run_name='__main__', " \
+              "alter_sys=True)"
+    else:
+        module, func = entry.split(":")
+        run = f"from {module} import {func}; sys.exit({func}())"
+    proc = _popen(KICK_IN_TORCH + run, *args, SPECRT_CACHE=str(tmp_path / "cache"))
+    rc, err = _finish(proc)
+    _assert_interrupted(rc, err)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_running_server_shuts_down_gracefully_and_exits_0(sig, tiny_noeos_dir):
     """--port 0: the port the kernel chose is the one logged (and answering); the dtype logged
