@@ -27,9 +27,12 @@ def run_command(body, interrupted: str = "interrupted", forced: str = "interrupt
     once (os._exit(130), after a flush): waiting for that thread could take many seconds, and a
     Python shutdown around it aborts ("terminate called without an active exception", 134).
     Without such a thread (other threads, like tqdm's monitor, idle in Python) it returns 130.
+    A Ctrl-C while torch is first imported (`import_torch`, before the body) ends the process
+    at once too: torch's own start-up would swallow it or abort on it.
     A second Ctrl-C, wherever the first is being handled, ends the process at once: `forced`
     on stderr (what the cleanup it cut short leaves behind), 130.
     """
+    import_torch(interrupted)      # first, over Python's default handler (see there)
     with _second_ctrl_c_exits(forced):
         return _answer(body, interrupted)
 
@@ -71,11 +74,14 @@ def import_torch(interrupted: str = "interrupted") -> None:
     done yet that needs cleaning up). torch's C++ start-up runs Python code -- numpy's import,
     c10d's init -- and a KeyboardInterrupt raised there is swallowed (the Ctrl-C is lost: the
     command runs to its end) or thrown through C++ (std::terminate: SIGABRT and a stack
-    dump): 7 and 1 of 30 Ctrl-Cs sent 0.2-0.4 s after `python -m specrt.generate` started."""
+    dump): 7 and 1 of 30 Ctrl-Cs sent 0.2-0.4 s after `python -m specrt.generate` started.
+    Only over Python's default handler (`_second_ctrl_c_exits`'s rule): a SIGINT the process
+    ignores (a background job) stays ignored, a caller's own handler is kept."""
     import signal
     import threading
 
-    if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
+    if ("torch" in sys.modules or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         import torch  # noqa: F401
         return
 
@@ -98,7 +104,6 @@ def _answer(body, interrupted: str) -> int:
 
     before = set(threading.enumerate())
     try:
-        import_torch(interrupted)     # a Ctrl-C inside torch's own start-up would be lost
         return body()
     except ModelFetchError as e:
         _say(f"error: {e}")
