@@ -437,6 +437,8 @@ def test_a_field_of_several_shapes_says_what_it_takes_not_what_pydantic_tried(se
             error
         assert needle in error["message"] and "[" not in error["message"].split(" must ")[0]
         assert error["message"].count(" must be ") == 1, error
+    error = _error(server.raw("POST", "/v1/completions", {"model": "tiny", "max_tokens": 4}))
+    assert error["param"] == "prompt" and error["message"] == "prompt: Field required", error
 
 
 def test_a_body_that_is_not_json_says_where_and_names_no_field(server):
@@ -782,19 +784,25 @@ def test_bad_flags_are_refused_before_the_default_pair_is_fetched(flags, needle,
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
 
 
-@pytest.mark.parametrize("flags,k", [([], 16), (["--speculative-config",
-                                                  '{"method": "ngram", "num_speculative_tokens": 8}'], 8)])
-def test_a_model_length_no_request_fits_under_the_servers_config_is_refused_on_the_flags(
-        flags, k, capsys, monkeypatch, tmp_path):
-    """Every request needs prompt + max_tokens + K + 1 positions: a --max-model-len below
-    K + 3 would load the models and then refuse every request."""
-    from specrt.serve.cli import main
+@pytest.mark.parametrize("flags,k,warned", [
+    ([], 16, True),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8}'], 8, True),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 8}'], 9, False),
+    (["--speculative-config", "none"], 2, False)])
+def test_a_model_length_too_short_for_the_servers_config_is_warned_of_on_the_flags(
+        flags, k, warned, caplog):
+    """Requests under the server's config need prompt + max_tokens + K + 1 positions; below
+    K + 3 every one of them will be refused, though requests sending "speculative": false or
+    a smaller K are served: a warning at start, not a refusal."""
+    from specrt.serve.cli import build_parser, check_flags
 
-    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache"))
-    assert main(["--max-model-len", str(k + 2), *flags]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--max-model-len" in err[0] and f"K+1 ({k + 1})" in err[0], err
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.safetensors"))
+    args = build_parser().parse_args(["--max-model-len", str(k + 2), *flags])
+    with caplog.at_level("WARNING", logger="specrt.serve"):
+        check_flags(args)
+    said = [r.getMessage() for r in caplog.records if r.name == "specrt.serve"]
+    assert bool(said) == warned, said
+    if warned:
+        assert f"--max-model-len {k + 2} is too short" in said[0] and f"K={k}" in said[0]
 
 
 def test_a_failure_mid_stream_is_counted_once_as_a_failure(server, monkeypatch):

@@ -89,7 +89,6 @@ def check_flags(args):
     and device resolved)."""
     from specrt.api.args import LLMArgs
     from specrt.api.cli import check_draft_flags_used, check_draft_given
-    from specrt.engine.request import check_length
     from specrt.spec.config import SpecConfig
 
     with named_flags(FLAG_OF.get):
@@ -103,8 +102,15 @@ def check_flags(args):
     spec = SpecConfig.parse(speculative_from_flag(args.speculative_config, has_draft))
     check_draft_given(spec, args.model, args.draft)
     check_draft_flags_used(args, spec)
-    # the shortest request (a 1-token prompt, 1 token) under the server's config must fit
-    check_length(1, 1, spec, checked.max_seq_len, "--max-model-len", budget="max_tokens")
+    # the shortest request (a 1-token prompt, 1 token) under the server's config: if even it
+    # does not fit, only requests sending a smaller K or "speculative": false will be served
+    k = spec.num_speculative_tokens if spec is not None else 0
+    if k and k + 3 > checked.max_seq_len:
+        log.warning("--max-model-len %d is too short for the server's speculative config "
+                    "(K=%d needs 1 prompt token + 1 token + K+1 = %d positions): requests "
+                    "under it will be refused; only those sending \"speculative\": false or "
+                    "a smaller K fit. Raise --max-model-len or lower K in "
+                    "--speculative-config", checked.max_seq_len, k, k + 3)
     return checked
 
 

@@ -101,8 +101,9 @@ def install_handlers(app: FastAPI, failed: Callable[[int], None]) -> None:
 
 def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     """(one message, the field to name as `param`) for what pydantic found wrong in a body:
-    a body that is not JSON says where; a field of several shapes (schemas.FIELD_FORMS) says
-    what it takes, once, instead of each shape pydantic tried; others say pydantic's words."""
+    a body that is not JSON says where; a field of several shapes (schemas.FIELD_FORMS) that
+    fits none says what it takes, once, instead of each shape pydantic tried; others (a
+    missing field too) say pydantic's words."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         where = [p for p in first.get("loc", ()) if isinstance(p, int)]
@@ -113,7 +114,7 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     for e in errors[:5]:
         loc = [str(p) for p in e.get("loc", ()) if p != "body"]
         field = loc[0] if loc else ""
-        if field in FIELD_FORMS:
+        if field in FIELD_FORMS and e.get("type") != "missing":
             name, part = field, f"{field} must be {FIELD_FORMS[field]}"
         else:
             name, part = ".".join(loc) or None, f"{'.'.join(loc) or 'body'}: {e['msg']}"

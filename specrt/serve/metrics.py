@@ -1,6 +1,6 @@
-"""Prometheus metrics of one server, under vLLM's names (those below; of vLLM v1's request and
-engine metrics, this server does not export the prefix-cache counters (it has no prefix cache),
-preemptions (it never preempts) and `iteration_tokens_total`).
+"""Prometheus metrics of one server, under vLLM's names: those below, not all of vLLM's (none
+for a prefix cache, which this server does not have, or preemptions, which it never makes; no
+`iteration_tokens_total`, `request_params_n` or `cache_config_info`).
 
 The registry belongs to the app (never prometheus_client's global one), so several servers in
 one process (tests) keep separate counts. prometheus_client appends `_total` to counter names
