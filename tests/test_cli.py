@@ -52,6 +52,9 @@ def test_streams_text_and_traces_rounds(tiny_noeos_dir, tiny_draft_dir):
     (["--max-seq-len", "8", "--prompt-ids", "1,2,3"], "exceeds max_seq_len"),
     (["--no-spec", "--speculative-config", '{"method": "ngram"}'], "contradict each other"),
     (["--draft", "{model}", "--draft-vocab", "0"], "'all' (the CLIs)"),
+    (["--draft", "{model}", "--no-spec", "--draft-stop", "0.3"], "plain decoding (--no-spec"),
+    (["--draft", "{model}", "--speculative-config", "none", "--draft-dtype", "float32"],
+     "--draft-dtype sets up a draft model, and plain decoding"),
 ])
 def test_bad_input_is_one_clear_line(tiny_noeos_dir, args, message):
     args = [a.replace("{model}", str(tiny_noeos_dir)) for a in args]

@@ -144,7 +144,7 @@ def check_flags(args) -> _Request:
                             "give one of them")
     spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
     check_draft_given(spec, args.model, args.draft)
-    check_draft_flags_used(args, spec)
+    check_draft_flags_used(args, spec, plain_loads_none=True)
     with named_flags(_flag_of):
         max_new_tokens, stop = check_max_new_tokens(args.max_new_tokens), check_stop(args.stop)
     return _Request(llm, prompt, max_new_tokens, params, stop, spec)
@@ -186,20 +186,27 @@ def check_draft_given(spec, model, draft) -> None:
                             "\"method\": \"ngram\"")
 
 
-def check_draft_flags_used(args, spec) -> None:
+def check_draft_flags_used(args, spec, plain_loads_none: bool = False) -> None:
     """A flag that changes only the draft model, when no draft model will load (--model
-    without --draft, and no "model" in --speculative-config), would be ignored: refused."""
+    without --draft, and no "model" in --speculative-config; or, with plain_loads_none,
+    plain decoding: generate's --no-spec / --speculative-config none), would be ignored:
+    refused. (The server loads its draft whatever its own config: a request may ask for it.)"""
     from specrt.errors import ArgumentError
     from specrt.spec.config import SpecConfig
 
-    if args.model is None or args.draft is not None or (
-            isinstance(spec, SpecConfig) and spec.model is not None):
+    plain = plain_loads_none and spec is None
+    if not plain and (args.model is None or args.draft is not None or (
+            isinstance(spec, SpecConfig) and spec.model is not None)):
         return
     draft_flags = argparse.ArgumentParser(add_help=False)     # the flags and their defaults
     add_draft_args(draft_flags)
     for action in draft_flags._actions:
         if getattr(args, action.dest) != action.default:
             flag = action.option_strings[0]
+            if plain:
+                raise ArgumentError(f"{flag} sets up a draft model, and plain decoding "
+                                    "(--no-spec, --speculative-config none) loads none: drop "
+                                    f"{flag}, or speculate")
             raise ArgumentError(f"{flag} sets up a draft model, and none is loaded: add "
                                 "--draft DIR, or drop " + flag)
 
