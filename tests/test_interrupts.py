@@ -248,6 +248,19 @@ def test_ctrl_c_inside_torchs_own_start_up_is_not_lost(entry, args, tiny_noeos_d
     _assert_interrupted(rc, err)
 
 
+def test_a_sigint_the_process_ignores_stays_ignored_during_torchs_start_up(tiny_noeos_dir,
+                                                                           tmp_path):
+    """A background job of a script starts with SIGINT ignored (POSIX): the command does not
+    take over that signal to end itself while torch is imported; it runs to its end."""
+    run = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import runpy; "
+           "runpy.run_module('specrt.generate', run_name='__main__', alter_sys=True)")
+    proc = _popen(KICK_IN_TORCH + run, "--model", tiny_noeos_dir, "--prompt-ids", "5",
+                  "--dtype", "float32", "--max-new-tokens", "2", "--no-spec",
+                  SPECRT_CACHE=str(tmp_path / "cache"))
+    rc, err = _finish(proc, timeout=120)
+    assert rc == 0 and "interrupted" not in err, err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_running_server_shuts_down_gracefully_and_exits_0(sig, tiny_noeos_dir):
     """--port 0: the port the kernel chose is the one logged (and answering); the dtype logged
