@@ -125,9 +125,10 @@ class LLMArgs:
         set_(self, "dtype", check_dtype(self.dtype, self.device))
         set_(self, "draft_dtype", check_draft_dtype(self.draft_dtype, self.device, self.dtype))
         if self.draft_vocab not in ("auto", None):
-            set_(self, "draft_vocab", check_int("draft_vocab", self.draft_vocab, 1, 2**24,
-                                                fix="'auto', a count of token ids, or every token: None "
-                                                    "(the API) / 'all' (the CLIs)"))
+            set_(self, "draft_vocab", check_int(
+                "draft_vocab", self.draft_vocab, 1, 2**24,
+                fix="'auto', a count of token ids, or every token: None (the API) / 'all' "
+                    "(the CLIs)"))
         set_(self, "draft_stop", check_draft_stop(self.draft_stop))
         from specrt.spec.calibration import disk_path
         disk_path()     # SPECRT_CALIBRATION naming a folder: refused here, not by every `auto`

@@ -81,7 +81,7 @@ class Generation:
 
     def _finished(self, reason: str, now: float) -> None:
         phases = None
-        if self._scheduled is not None and self._first is not None and self._last is not None:
+        if self._scheduled is not None:       # set with the first token: _first, _last are too
             phases = Phases(queue=self._scheduled - self._arrived,
                             prefill=self._first - self._scheduled,
                             decode=self._last - self._first,
