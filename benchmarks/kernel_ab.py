@@ -1,6 +1,7 @@
 """Benchmark: two builds of the skinny-matmul kernels (specrt._gemv) side by side in one process.
 
-Run: python -m benchmarks.kernel_ab [--base REV] [--new REV] [--rows 1,5] [--rounds N]
+Run: python -m benchmarks.kernel_ab [--base REV] [--new REV] [--rows 1,5] [--shapes draft]
+                                    [--rounds N]
 
 Builds the `_gemv` extension's sources (csrc/cpu/gemv*.cpp, stream_read.cpp, the bindings) of
 two git revisions (default: HEAD~1 against the working tree) into a temporary folder, each as
@@ -8,7 +9,8 @@ its own uniquely named module, loads both, checks that they give the same bits (
 --allow-different-bits), and times the bf16 product over the 1.5B target's matrix shapes (28
 layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights,
 2.6 GB), rounds interleaved, the order reversed every other round (--format int8: the 0.5B
-draft's shapes, 24 layers, int8), with the streaming read over the same tensors as the floor.
+draft's shapes, 24 layers, int8; --shapes picks either model's shapes for either format), with
+the streaming read over the same tensors as the floor.
 Prints GB/s (weight bytes / time; median and best of the rounds) per build and row count.
 
 Why its own modules: CPython keeps one module per extension name, so loading a second build
@@ -35,9 +37,10 @@ from specrt.kernels.cpu import gemv_int8
 
 # [N, K] of one layer's products and the layer count: the 1.5B target's (bf16), the 0.5B
 # draft's (int8, the draft's default format)
-SHAPES = {"bf16": ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)),
-          "int8": ((1152, 896), (896, 896), (9728, 896), (896, 4864))}
-LAYERS = {"bf16": 28, "int8": 24}
+SHAPES = {"target": ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)),
+          "draft": ((1152, 896), (896, 896), (9728, 896), (896, 4864))}
+LAYERS = {"target": 28, "draft": 24}
+DEFAULT_SHAPES = {"bf16": "target", "int8": "draft"}
 # read here, not in the build threads: sysconfig's first read is not thread-safe
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 INCLUDE = sysconfig.get_paths()["include"]
@@ -49,8 +52,11 @@ def build_parser():
     p.add_argument("--new", default="worktree", help="git revision of build B (default: the "
                    "working tree as it is)")
     p.add_argument("--rows", default="1", help="comma-separated row counts M (default 1)")
-    p.add_argument("--format", default="bf16", choices=sorted(SHAPES),
+    p.add_argument("--format", default="bf16", choices=sorted(DEFAULT_SHAPES),
                    help="bf16: the 1.5B target's products (default); int8: the 0.5B draft's")
+    p.add_argument("--shapes", choices=("target", "draft"), default=None,
+                   help="whose matrix shapes: the 1.5B target's or the 0.5B draft's (default: "
+                   "the target's for bf16, the draft's for int8)")
     p.add_argument("--rounds", type=cli.count, default=7, help="interleaved rounds (default 7)")
     p.add_argument("--threads", type=cli.count, default=2, help="kernel threads (default 2)")
     p.add_argument("--allow-different-bits", action="store_true",
@@ -118,7 +124,8 @@ def main(argv=None) -> None:
     rows = cli.positive_ints(args.rows, "--rows")
     info = machine.machine_info(args.threads)
     report.print_header("kernel A/B: two builds of specrt._gemv", info,
-                        {"base": args.base, "new": args.new, "rows": rows})
+                        {"base": args.base, "new": args.new, "rows": rows,
+                         "shapes": args.shapes or DEFAULT_SHAPES[args.format]})
     with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp_s:
         tmp = Path(tmp_s)
         trees = {tag: revisions.checkout(rev, tmp / tag, "csrc")
@@ -131,14 +138,15 @@ def main(argv=None) -> None:
         cli.fail("both builds loaded as one module")
 
     g = torch.Generator().manual_seed(0)
-    shapes = SHAPES[args.format]
+    which = args.shapes or DEFAULT_SHAPES[args.format]
+    shapes, layers = SHAPES[which], LAYERS[which]
     if args.format == "bf16":
         weights = [(torch.randn(n, k, generator=g).bfloat16(), None)
-                   for _ in range(LAYERS["bf16"]) for n, k in shapes]
+                   for _ in range(layers) for n, k in shapes]
     else:
         weights = [(torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8),
                     torch.rand(n, generator=g) * 0.01)
-                   for _ in range(LAYERS["int8"]) for n, k in shapes]
+                   for _ in range(layers) for n, k in shapes]
     nbytes = sum(w.numel() * w.element_size() for w, *_ in weights)
     # each build's weights, in the layout it reads (the same values)
     laid = {tag: _packed(mod, weights) if args.format == "int8" else weights
