@@ -112,7 +112,18 @@ SPECRT_TILES(block_f32, float)
 // whole rows in two or three row parts read 7-17 rows at 0.86-1.11x, 24 rows 0.94x, and 2
 // weight rows x 7-17 rows of x at 0.75-0.93x (benchmarks/RESULTS.md, "AVX-512 on Zen 5" and
 // "Zen 5: the int8 draft's decode step and narrow verify passes").
+//
+// A decode step over rows of at most ROW_AT_A_TIME_K values takes them one at a time, in
+// memory order: the loads then run through memory as one linear stream, as the streaming
+// read's do. Four rows at a time make four short interleaved streams (the 0.5B's rows are 1,792
+// bytes), which the hardware prefetcher does not follow: on a Zen 4 EPYC (2 threads) that read
+// the 0.5B's K = 896 products at 0.80-0.85 of the streaming read and its decode step at 1.16x
+// the read's time (1.56x when memory was fast); one row at a time, 0.97-1.03 and 1.01-1.13x,
+// bits identical (benchmarks/RESULTS.md, "Decode steps over whole rows in memory order").
+// Longer rows keep four at a time: one row's single accumulator is a chain of K / 32 dependent
+// dot products, which the CPU overlaps with the next row's only while both fit its window.
 constexpr int NB_DEC = 4, MB_FEW = 6;   // 24 accumulators + 6 x + 1 weight vector
+constexpr int64_t ROW_AT_A_TIME_K = 2048;
 
 // x rows [MB, K] bf16 against NB whole weight rows w [NB, K]: the lane sums of each (weight
 // row i, x row j) into sums [NB][MB][16]. Each 32-value step reads 64 bytes of each weight row
@@ -141,9 +152,14 @@ using RowsTile = void (*)(const uint16_t*, const uint16_t*, int64_t, float*);
    rows_tile<NB, 6>}
 static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] = SPECRT_ROWS(1);
 
-// x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads).
+// x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads; a
+// decode step over short rows one row a tile).
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                      int threads, Vector512<Bf16Store> store) {
+  if (M == 1 && K <= ROW_AT_A_TIME_K)
+    return few_rows<1, 1, reduce16_all>(
+        M, N, threads, [&](int64_t n, float* sums) { rows_one[0](x, w + n * K, K, sums); },
+        [&](int64_t n, float* sums) { rows_one[0](x, w + n * K, K, sums); }, store);
   few_rows<NB_DEC, MB_FEW, reduce16_all>(
       M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
       [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); }, store);
