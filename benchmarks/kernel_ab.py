@@ -35,8 +35,8 @@ import torch
 from benchmarks.harness import cli, machine, report, revisions
 from specrt.kernels.cpu import gemv_int8
 
-# [N, K] of one layer's products and the layer count: the 1.5B target's (bf16), the 0.5B
-# draft's (int8, the draft's default format)
+# [N, K] of one layer's products and the layer count: the 1.5B target's and the 0.5B draft's;
+# each format's default (bf16: the target's format, int8: the draft's default one)
 SHAPES = {"target": ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)),
           "draft": ((1152, 896), (896, 896), (9728, 896), (896, 4864))}
 LAYERS = {"target": 28, "draft": 24}
@@ -53,8 +53,9 @@ def build_parser():
                    "working tree as it is)")
     p.add_argument("--rows", default="1", help="comma-separated row counts M (default 1)")
     p.add_argument("--format", default="bf16", choices=sorted(DEFAULT_SHAPES),
-                   help="bf16: the 1.5B target's products (default); int8: the 0.5B draft's")
-    p.add_argument("--shapes", choices=("target", "draft"), default=None,
+                   help="the weights' format: bf16 (default) or int8 (default shapes: the "
+                   "1.5B target's for bf16, the 0.5B draft's for int8)")
+    p.add_argument("--shapes", choices=sorted(SHAPES), default=None,
                    help="whose matrix shapes: the 1.5B target's or the 0.5B draft's (default: "
                    "the target's for bf16, the draft's for int8)")
     p.add_argument("--rounds", type=cli.count, default=7, help="interleaved rounds (default 7)")
@@ -180,8 +181,8 @@ def main(argv=None) -> None:
                 fn()
                 gbps[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
         med = {k: statistics.median(v) for k, v in gbps.items()}
-        print(f"\n{args.format}, M = {m}, {nbytes / 1e9:.2f} GB of weights, {args.rounds} "
-              f"rounds, bits {'identical' if same else 'DIFFERENT'}")
+        print(f"\n{args.format}, {which}'s shapes, M = {m}, {nbytes / 1e9:.2f} GB of weights, "
+              f"{args.rounds} rounds, bits {'identical' if same else 'DIFFERENT'}")
         print(report.table(["", "median GB/s", "best GB/s", "of floor"], [
             [f"{tag} {rev}", f"{med[tag]:.1f}", f"{max(gbps[tag]):.1f}",
              f"{med[tag] / med['floor']:.2f}"] for tag, rev in (("A", args.base), ("B", args.new))

@@ -116,12 +116,16 @@ SPECRT_TILES(block_f32, float)
 // A decode step over rows of at most ROW_AT_A_TIME_K values takes them one at a time, in
 // memory order: the loads then run through memory as one linear stream, as the streaming
 // read's do. Four rows at a time make four short interleaved streams (the 0.5B's rows are 1,792
-// bytes), which the hardware prefetcher does not follow: on a Zen 4 EPYC (2 threads) that read
-// the 0.5B's K = 896 products at 0.80-0.85 of the streaming read and its decode step at 1.16x
-// the read's time (1.56x when memory was fast); one row at a time, 0.97-1.03 and 1.01-1.13x,
-// bits identical (benchmarks/RESULTS.md, "Decode steps over whole rows in memory order").
-// Longer rows keep four at a time: one row's single accumulator is a chain of K / 32 dependent
-// dot products, which the CPU overlaps with the next row's only while both fit its window.
+// bytes), which the hardware prefetcher apparently does not follow (a harness over one K = 896
+// matrix: four rows without the software prefetch at 0.41-0.58 of the streaming read, one row
+// at 0.98-1.00). On a Zen 4 EPYC (2 threads) four rows read the 0.5B's K = 896 products at
+// 0.80-0.85 of the streaming read and its decode step took 1.56x the read's time when memory
+// was fast; one row at a time, 0.97-1.00 and 1.05-1.13x, bits identical (benchmarks/
+// RESULTS.md, "Decode steps over whole rows in memory order"). Longer rows keep four at a
+// time, as before: one row at a time for every K measured the same (1.01-1.02x, within the
+// noise; 2,048 itself was not swept), and one row's single accumulator is a chain of K / 32
+// dependent dot products, which the CPU can overlap with the next row's only while both fit
+// its window.
 constexpr int NB_DEC = 4, MB_FEW = 6;   // 24 accumulators + 6 x + 1 weight vector
 constexpr int64_t ROW_AT_A_TIME_K = 2048;
 
@@ -157,9 +161,9 @@ static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] 
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                      int threads, Vector512<Bf16Store> store) {
   if (M == 1 && K <= ROW_AT_A_TIME_K)
-    return few_rows<1, 1, reduce16_all>(
+    return few_rows<1, 1, reduce16_all>(   // every tile is one row: `one` is never called
         M, N, threads, [&](int64_t n, float* sums) { rows_one[0](x, w + n * K, K, sums); },
-        [&](int64_t n, float* sums) { rows_one[0](x, w + n * K, K, sums); }, store);
+        [](int64_t, float*) {}, store);
   few_rows<NB_DEC, MB_FEW, reduce16_all>(
       M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
       [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); }, store);
