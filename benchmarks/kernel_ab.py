@@ -123,10 +123,10 @@ def _product(mod, x: torch.Tensor, w: tuple, out: torch.Tensor, threads: int) ->
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     rows = cli.positive_ints(args.rows, "--rows")
+    which = args.shapes or DEFAULT_SHAPES[args.format]
     info = machine.machine_info(args.threads)
     report.print_header("kernel A/B: two builds of specrt._gemv", info,
-                        {"base": args.base, "new": args.new, "rows": rows,
-                         "shapes": args.shapes or DEFAULT_SHAPES[args.format]})
+                        {"base": args.base, "new": args.new, "rows": rows, "shapes": which})
     with tempfile.TemporaryDirectory(prefix="kernel_ab_") as tmp_s:
         tmp = Path(tmp_s)
         trees = {tag: revisions.checkout(rev, tmp / tag, "csrc")
@@ -139,7 +139,6 @@ def main(argv=None) -> None:
         cli.fail("both builds loaded as one module")
 
     g = torch.Generator().manual_seed(0)
-    which = args.shapes or DEFAULT_SHAPES[args.format]
     shapes, layers = SHAPES[which], LAYERS[which]
     if args.format == "bf16":
         weights = [(torch.randn(n, k, generator=g).bfloat16(), None)

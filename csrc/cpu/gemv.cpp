@@ -160,13 +160,12 @@ static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] 
 // decode step over short rows one row a tile).
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                      int threads, Vector512<Bf16Store> store) {
-  if (M == 1 && K <= ROW_AT_A_TIME_K)
-    return few_rows<1, 1, reduce16_all>(   // every tile is one row: `one` is never called
-        M, N, threads, [&](int64_t n, float* sums) { rows_one[0](x, w + n * K, K, sums); },
-        [](int64_t, float*) {}, store);
+  const auto one = [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); };
+  if (M == 1 && K <= ROW_AT_A_TIME_K)               // a tile of one row is the one-row call
+    return few_rows<1, 1, reduce16_all>(M, N, threads, one, one, store);
   few_rows<NB_DEC, MB_FEW, reduce16_all>(
       M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
-      [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); }, store);
+      one, store);
 }
 
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
