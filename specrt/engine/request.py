@@ -85,6 +85,13 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
     check_length(len(p), n, spec, max_seq_len)
 
 
+def positions_needed(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None) -> int:
+    """Cache positions a request may use: its prompt and budget, and when speculating the
+    K + 1 tokens a verify pass scores past what is committed."""
+    k = spec.num_speculative_tokens if spec is not None else 0
+    return prompt_tokens + max_new_tokens + (k + 1 if k else 0)
+
+
 def check_length(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None,
                  max_seq_len: int, raise_flag: str = "max_seq_len",
                  budget: str = "max_new_tokens") -> None:
@@ -92,7 +99,7 @@ def check_length(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | Non
     raise_flag and budget: how the caller spells the setting to raise (a CLI: --max-seq-len)
     and the token budget (the server: max_tokens)."""
     k = spec.num_speculative_tokens if spec is not None else 0
-    need = prompt_tokens + max_new_tokens + (k + 1 if k else 0)
+    need = positions_needed(prompt_tokens, max_new_tokens, spec)
     if need > max_seq_len:
         raise CapacityError(
             f"the prompt ({prompt_tokens} tokens) + {budget} ({max_new_tokens})"

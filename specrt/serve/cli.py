@@ -89,6 +89,7 @@ def check_flags(args):
     and device resolved)."""
     from specrt.api.args import LLMArgs
     from specrt.api.cli import check_draft_flags_used, check_draft_given
+    from specrt.engine.request import positions_needed
     from specrt.spec.config import SpecConfig
 
     with named_flags(FLAG_OF.get):
@@ -105,12 +106,13 @@ def check_flags(args):
     # the shortest request (a 1-token prompt, 1 token) under the server's config: if even it
     # does not fit, only requests sending a smaller K or "speculative": false will be served
     k = spec.num_speculative_tokens if spec is not None else 0
-    if k and k + 3 > checked.max_seq_len:
+    need = positions_needed(1, 1, spec)
+    if k and need > checked.max_seq_len:
         log.warning("--max-model-len %d is too short for the server's speculative config "
                     "(K=%d needs 1 prompt token + 1 token + K+1 = %d positions): requests "
                     "under it will be refused; only those sending \"speculative\": false or "
                     "a smaller K fit. Raise --max-model-len or lower K in "
-                    "--speculative-config", checked.max_seq_len, k, k + 3)
+                    "--speculative-config", checked.max_seq_len, k, need)
     return checked
 
 
