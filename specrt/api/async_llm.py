@@ -19,7 +19,7 @@ import functools
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from specrt.api.llm import LLM, is_batch
-from specrt.api.run import StreamChunk, TextRun
+from specrt.api.run import TAIL, StreamChunk, TextRun
 from specrt.errors import ArgumentError
 from specrt.spec.config import SpecConfig
 
@@ -163,11 +163,8 @@ async def _next_chunk(run: TextRun) -> StreamChunk | None:
     """The next step of `run` as a chunk; None once the run has ended."""
     if run.finish_reason is not None:
         return None
-    chunk = run.chunk(await run.handle.anext_step())
-    if chunk is not None and chunk.finish_reason == "stop":   # the cancelled tail
-        while not run.settle(await run.handle.anext_step()):
-            pass
-        chunk = run.settled(chunk)
+    while (chunk := run.take(await run.handle.anext_step())) is TAIL:
+        pass
     return chunk
 
 

@@ -21,6 +21,8 @@ from specrt.engine.request import Step
 from specrt.engine.waiting import held
 from specrt.errors import SpecrtError
 
+TAIL = object()   # `TextRun.take`: a stop string's chunk waits for the rounds run past it
+
 
 @dataclasses.dataclass
 class GenerationResult:
@@ -58,7 +60,8 @@ class TextRun:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats: dict = {}
-        self.tail: list[Step] = []          # steps after a stop string (`settle`)
+        self._stopped: StreamChunk | None = None   # a stop string's chunk, held by `take`
+        self._tail: list[Step] = []         # ... with the steps that ran past the stop
         self._lock = threading.Lock()       # one reader takes and applies a step at a time
         weakref.finalize(self, handle.cancel)
 
@@ -66,7 +69,27 @@ class TextRun:
     def request_id(self) -> str:
         return self.handle.request_id
 
-    def chunk(self, step: Step | None) -> StreamChunk | None:
+    def take(self, step: Step | None) -> StreamChunk | None | object:
+        """Apply the engine's next step: the chunk to hand out (None: the run had already
+        ended), or TAIL while a stop string's chunk waits for the rounds that ran past the
+        stop (cancelled, they still end with the engine's last step and the request's stats,
+        which the chunk carries, with those rounds in its `tail`)."""
+        if self._stopped is None:
+            chunk = self._chunk(step)
+            if chunk is None or chunk.finish_reason != "stop":
+                return chunk
+            self._stopped = chunk
+        elif step is not None:
+            self._tail.append(step)
+            if step.stats is not None:
+                self.stats = with_new_tokens(step.stats, len(self.token_ids))
+        if step is not None and not step.finished:
+            return TAIL
+        chunk, self._stopped = self._stopped, None
+        chunk.stats, chunk.tail = self.stats, list(self._tail)
+        return chunk
+
+    def _chunk(self, step: Step | None) -> StreamChunk | None:
         """The chunk for one engine step (None: the run had already ended)."""
         if step is None:
             if self.finish_reason is None:
@@ -95,22 +118,6 @@ class TextRun:
         return StreamChunk(text, ids, self.finish_reason if done else None,
                            self.stats if done else None, step)
 
-    def settle(self, step: Step | None) -> bool:
-        """Feed a step that arrived after a stop string ended the run (its cancelled tail);
-        True once the engine's last step, with the request's stats, has been seen."""
-        if step is None:
-            return True
-        self.tail.append(step)
-        if step.stats is not None:
-            self.stats = with_new_tokens(step.stats, len(self.token_ids))
-        return step.finished
-
-    def settled(self, chunk: StreamChunk) -> StreamChunk:
-        """A stop string's chunk, once `settle` saw the engine's last step: with the request's
-        stats and the tail of rounds run past the stop."""
-        chunk.stats, chunk.tail = self.stats, list(self.tail)
-        return chunk
-
     def chunks(self) -> Iterator[StreamChunk]:
         """Chunks until the request ends; cancels it if the consumer stops early."""
         try:
@@ -130,11 +137,8 @@ class TextRun:
         with held(self._lock):
             if self.finish_reason is not None:
                 return None
-            chunk = self.chunk(self.handle.next_step())
-            if chunk is not None and chunk.finish_reason == "stop":
-                while not self.settle(self.handle.next_step()):   # the cancelled tail
-                    pass
-                chunk = self.settled(chunk)
+            while (chunk := self.take(self.handle.next_step())) is TAIL:
+                pass
             return chunk
 
     def result(self) -> GenerationResult:
