@@ -2,6 +2,7 @@
 
 Run: python -m benchmarks.auto_replay record    (once per model pair: ~20 min on 2 cores)
      python -m benchmarks.auto_replay replay    (seconds; --help for the knobs)
+     python -m benchmarks.auto_replay lookup    (prompt lookup's first guesses, per match)
 
 An end-to-end run measures `auto` through bandwidth that swings 1.6x within minutes, on one
 prompt per task; a replay decides nothing by the clock, so planner changes can be compared on
@@ -84,6 +85,9 @@ def build_parser():
                      help="replay each trace's first N tokens only, as a request with that "
                           "budget, at most the recorded one (64: the e2e runs in RESULTS.md; "
                           "default: all that was recorded)")
+    look = sub.add_parser("lookup", help="how often prompt lookup's first guess is right, per "
+                          "matched length, on the traces (no model loads)")
+    look.add_argument("--traces", default=str(TRACES))
     return p
 
 
@@ -166,6 +170,39 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
         done += accepted + 1
         total_accepted += accepted
     return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted
+
+
+def lookup_acceptance(traces: dict) -> dict[str, dict[int, list[int]]]:
+    """Per prompt set, per matched length n (1 .. COPYING, a copy in progress counted at
+    COPYING): [positions with a match, ... whose first guess was right] of prompt lookup at
+    every output position of the traces after the first, given the true text before it: the
+    base rates the planner's n-gram priors stand for."""
+    from specrt.spec.config import SpecConfig
+    from specrt.spec.drafters.base import DraftContext
+    from specrt.spec.drafters.ngram import COPYING, NgramDrafter
+
+    spec = SpecConfig()
+    out: dict[str, dict[int, list[int]]] = {}
+    for trace in traces.values():
+        ngram = NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        ngram.reset([0])
+        counts = out.setdefault(trace["set"], {})
+        text = trace["prompt"] + trace["output"]
+        for t in range(len(trace["prompt"]) + 1, len(text)):
+            (guesses, n), = ngram.matches(DraftContext([text[:t]], [True], [None], [None]), 1)
+            if guesses:
+                seen = counts.setdefault(min(n, COPYING), [0, 0])
+                seen[0] += 1
+                seen[1] += guesses[0] == text[t]
+    return out
+
+
+def render_lookup(counts: dict[str, dict[int, list[int]]]) -> str:
+    lengths = sorted({n for c in counts.values() for n in c})
+    return report.markdown_table(
+        ["set", *(f"n = {n}" for n in lengths)],
+        [[s, *(f"{c[n][1] / c[n][0]:.2f} ({c[n][0]})" if n in c else "-" for n in lengths)]
+         for s, c in counts.items()])
 
 
 def ran_to_budget(trace: dict) -> bool:
@@ -363,6 +400,9 @@ def _load_traces(path) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "lookup":
+        print(render_lookup(lookup_acceptance(_load_traces(args.traces)["traces"])))
+        return 0
     cli.setup_torch(args.threads, args.device)
     return record(args) if args.command == "record" else replay_command(args)
 

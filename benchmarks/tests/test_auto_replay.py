@@ -233,3 +233,18 @@ def test_with_cuda_graphs_the_replay_drafts_k_every_round_as_the_engine_does(
                       str(tiny_draft_dir), "--dtype", "float32", "--traces", path])
     assert seen == [0.0 if graphs else 0.5]
     assert ("--draft-stop 0.5 ignored" in capsys.readouterr().err) == graphs
+
+
+def test_lookup_counts_first_guesses_by_matched_length():
+    """`lookup` tallies, per set and matched length, prompt lookup's first guess at each output
+    position after the first against the true next token."""
+    traces = {"s:a": {"set": "s", "prompt": [5, 6, 7, 8], "output": [5, 6, 7, 9]},
+              "t:b": {"set": "t", "prompt": [1, 2], "output": [3, 1, 2]}}
+    counts = auto_replay.lookup_acceptance(traces)
+    # s: after [..8, 5] "5" -> 6 (right, n 1); after "5 6" -> 7 (right, n 2); after "5 6 7"
+    # -> 8, but 9 came (wrong, n 3)
+    assert counts["s"] == {1: [1, 1], 2: [1, 1], 3: [1, 0]}
+    # t: after [1, 2, 3] nothing matches "3"; after "3 1" the "1" -> 2 (right, n 1)
+    assert counts["t"] == {1: [1, 1]}
+    table = auto_replay.render_lookup(counts)
+    assert "| s | 1.00 (1) | 1.00 (1) | 0.00 (1) |" in table and "| t | 1.00 (1) | - | - |" in table
