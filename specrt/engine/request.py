@@ -86,8 +86,8 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
 
 
 def positions_needed(prompt_tokens: int, max_new_tokens: int, spec: SpecConfig | None) -> int:
-    """Cache positions a request may use: its prompt and budget, and when speculating the
-    K + 1 tokens a verify pass scores past what is committed."""
+    """Cache positions reserved for a request: its prompt and budget, and when speculating
+    K + 1 more, room for a verify pass's drafts past what the budget commits."""
     k = spec.num_speculative_tokens if spec is not None else 0
     return prompt_tokens + max_new_tokens + (k + 1 if k else 0)
 

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import ClientDisconnect
 
 from specrt.api.async_llm import AsyncLLM
-from specrt.engine.request import check_length
+from specrt.engine.request import check_length, positions_needed
 from specrt.errors import SpecrtError
 from specrt.serve import schemas
 from specrt.serve.errors import APIError, as_api_error, error_response, install_handlers
@@ -193,8 +193,7 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
     parsed = SpecConfig.parse(spec)
     max_tokens, field = body.token_budget()
     if max_tokens is None:
-        room = state.llm.max_seq_len - len(ids) - (parsed.num_speculative_tokens + 1
-                                                   if parsed is not None else 0)
+        room = state.llm.max_seq_len - positions_needed(len(ids), 0, parsed)
         default = schemas.CHAT_MAX_TOKENS if chat else schemas.COMPLETION_MAX_TOKENS
         max_tokens = max(1, min(default, room))   # no room: check_length says why (400)
     elif max_tokens < 1:
