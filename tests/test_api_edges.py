@@ -485,3 +485,31 @@ def test_an_async_stream_closed_while_its_request_is_submitted_is_cancelled(shar
     (run,) = submitted
     assert run.handle.cancelled
     assert run.result().finish_reason == "cancelled"
+
+
+def test_a_burst_free_slots_will_take_is_not_refused_as_a_full_queue(tiny_noeos_dir):
+    """max_queue counts requests waiting for a slot: requests submitted before the scheduler
+    admits them, which free slots take at its next admission, do not fill the queue (a burst
+    on an idle server got 503 queue_full); one more than slots + queue is refused."""
+    from specrt.errors import QueueFullError
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3, max_queue=1,
+                     dtype="float32")
+    hold, held = threading.Event(), threading.Event()
+
+    def block():
+        held.set()
+        hold.wait(30)
+
+    blocker = threading.Thread(target=llm.scheduler.call, args=(block,))
+    blocker.start()
+    try:
+        assert held.wait(30)              # the scheduler's thread is busy: nothing is admitted
+        runs = [llm.submit([5, 6, 7], max_new_tokens=2) for _ in range(4)]   # 3 slots + 1
+        with pytest.raises(QueueFullError, match="--max-queue"):
+            llm.submit([5, 6, 7], max_new_tokens=2)
+    finally:
+        hold.set()
+        blocker.join(30)
+    assert [r.result().finish_reason for r in runs] == ["length"] * 4
+    llm.close()

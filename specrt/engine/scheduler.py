@@ -103,9 +103,12 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise ClosedError("this LLM was closed; create a new one")
-            if len(self._queue) >= self.max_queue:
-                raise QueueFullError(f"the request queue is full ({self.max_queue} waiting); "
-                                     "retry later or raise max_queue")
+            # a queued request a free slot will take at the next admission is not waiting
+            free = self.engine.max_batch_size - self.engine.running
+            if len(self._queue) - free >= self.max_queue:
+                raise QueueFullError(f"the request queue is full ({self.max_queue} waiting for "
+                                     "a slot); retry later or raise max_queue (the server's "
+                                     "--max-queue)")
             self._queue.append((handle, time.perf_counter()))
             self._handles[request.request_id] = handle
             self._ensure_thread()
