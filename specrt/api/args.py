@@ -169,19 +169,31 @@ def check_max_new_tokens(n) -> int:
                      fix="the most tokens to generate; it must fit in max_seq_len")
 
 
+# Each stop string is searched for after every round: thousands would slow every token.
+MAX_STOP_STRINGS = 256
+
+
 def check_stop(stop) -> list[str]:
     """None, a string, or a list of strings -> list; an empty stop string would end every answer
-    at once, so it is a mistake, not a no-op."""
+    at once, so it is a mistake, not a no-op; one with U+FFFD would match the stand-in the
+    decoder shows for a character whose bytes have not all arrived, in valid text."""
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, (list, tuple)):
         raise ArgumentError(f"stop must be a string or a list of strings, got {show(stop)}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ArgumentError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}; "
+                            "keep the ones the answers can end with")
     for s in stops:
         if not isinstance(s, str) or not s:
             raise ArgumentError(f"every stop string must be a non-empty string, got {show(s)} "
                                 f"in stop={show(stop)}; leave stop out for no stop strings")
         check_text("stop string", s)
+        if "\ufffd" in s:
+            raise ArgumentError(f"a stop string may not contain U+FFFD, got {show(s)}: the "
+                                "decoder shows it for a character whose bytes have not all "
+                                "arrived, so it would stop valid text; leave it out")
     return list(stops)
 
 

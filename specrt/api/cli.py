@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 
 from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
@@ -211,8 +212,16 @@ def check_draft_flags_used(args, spec, plain_loads_none: bool = False) -> None:
                                 "--draft DIR, or drop " + flag)
 
 
+# More than any prompt that fits a cache: a file past it (or an endless device) is a mistake,
+# refused before it fills the memory.
+MAX_PROMPT_FILE_BYTES = 64 << 20
+
+
 def _read_prompt_file(path: str) -> str:
-    """The file's text (`-`: standard input's bytes), which must be UTF-8."""
+    """The file's text (`-`: standard input's bytes), which must be UTF-8; a device or more
+    than MAX_PROMPT_FILE_BYTES is refused (a pipe or FIFO is read, as `<(cmd)` gives one)."""
+    import stat
+
     from specrt.errors import ArgumentError
 
     where = "standard input" if path == "-" else path
@@ -220,13 +229,21 @@ def _read_prompt_file(path: str) -> str:
         if path == "-":
             if not hasattr(sys.stdin, "buffer"):         # a text stream put there (tests)
                 return sys.stdin.read()
-            data = sys.stdin.buffer.read()
+            data = sys.stdin.buffer.read(MAX_PROMPT_FILE_BYTES + 1)
         else:
             with open(path, "rb") as f:
-                data = f.read()
+                mode = os.fstat(f.fileno()).st_mode
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                    raise ArgumentError(f"--prompt-file {where} is a device, not a file; give "
+                                        "a text file, or - for standard input")
+                data = f.read(MAX_PROMPT_FILE_BYTES + 1)
     except OSError as e:
         raise ArgumentError(f"--prompt-file {where}: cannot read it ({e.strerror or e})") \
             from None
+    if len(data) > MAX_PROMPT_FILE_BYTES:
+        raise ArgumentError(f"--prompt-file {where} holds more than "
+                            f"{MAX_PROMPT_FILE_BYTES >> 20} MiB, more than any prompt that fits "
+                            "a cache; give a shorter text")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
