@@ -112,3 +112,24 @@ def test_the_placement_is_part_of_the_build_id():
     from specrt.model.backends.cpu_native import CpuNative
 
     assert CpuNative(huge=True).build_id != CpuNative(huge=False).build_id
+
+
+def test_switches_take_0_false_off_no_as_off_and_name_any_other_value(monkeypatch, caplog):
+    """SPECRT_HUGE_PAGES and the SPECRT_CPU_* switches read one way: 0, false, off or no (any
+    case, spaces ignored) turn them off; a value that is none of those nor an "on" spelling
+    leaves them on with a warning naming it, rather than silently."""
+    from specrt.kernels.cpu.extension import switched_off
+
+    for value in ("0", "false", " OFF ", "No"):
+        monkeypatch.setenv(huge_pages.ENV_VAR, value)
+        assert switched_off(huge_pages.ENV_VAR) and not huge_pages.enabled()
+    with caplog.at_level("WARNING", logger="specrt"):
+        for value in ("1", "", "true", "On", "yes"):
+            monkeypatch.setenv("SPECRT_CPU_GEMV", value)
+            assert not switched_off("SPECRT_CPU_GEMV")
+        assert not caplog.records
+        monkeypatch.setenv("SPECRT_CPU_GEMV", "maybe")
+        assert not switched_off("SPECRT_CPU_GEMV")
+    assert any("SPECRT_CPU_GEMV='maybe'" in r.getMessage() for r in caplog.records)
+    monkeypatch.delenv("SPECRT_CPU_GEMV")
+    assert not switched_off("SPECRT_CPU_GEMV")

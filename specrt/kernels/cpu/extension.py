@@ -1,7 +1,8 @@
 """Loading one of the optional C++ CPU extensions: the module and whether it serves here.
 
 A missing build is reported once through logging (`specrt.logs.extension_missing`) and the
-callers fall back to PyTorch; `ENV_VAR=0` turns a built extension off (for comparisons)."""
+callers fall back to PyTorch; `ENV_VAR=0` (or false, off, no) turns a built extension off
+(for comparisons)."""
 from __future__ import annotations
 
 import importlib
@@ -17,6 +18,23 @@ CPU_LEVELS = ("avx2",)      # the values the extensions act on; unset: the best 
 CPU_LEVEL_READ = os.environ.get(CPU_LEVEL_VAR)
 
 
+OFF = ("0", "false", "off", "no")
+ON = ("", "1", "true", "on", "yes")
+
+
+def switched_off(env_var: str) -> bool:
+    """Whether an on/off switch in the environment (unset: on) says off: 0, false, off or no,
+    any case, spaces around ignored. Another value leaves it on, with a warning naming it."""
+    value = os.environ.get(env_var, "").strip().lower()
+    if value not in OFF + ON:
+        import logging
+
+        logging.getLogger("specrt").warning(
+            "%s=%r is not a switch value: left on; set 0 (or false, off, no) to turn it off",
+            env_var, os.environ[env_var])
+    return value in OFF
+
+
 def load(module: str, env_var: str, what: str, fallback: str):
     """(the extension module or None, available): built, this CPU runs it, not turned off."""
     try:
@@ -26,4 +44,4 @@ def load(module: str, env_var: str, what: str, fallback: str):
 
         extension_missing(module, what, fallback, exc)
         return None, False
-    return ext, bool(ext.cpu_supported()) and os.environ.get(env_var, "1") != "0"
+    return ext, bool(ext.cpu_supported()) and not switched_off(env_var)

@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from specrt.kernels.cpu.extension import switched_off
+
 ENV_VAR = "SPECRT_HUGE_PAGES"
 PAGE = 2 << 20           # the huge page size on x86-64 and most arm64 kernels
 CHUNK = 128 << 20        # tensors up to CHUNK / 2 share mappings of this size; larger get their own
@@ -43,7 +45,7 @@ def thp_mode() -> str | None:
 def enabled() -> bool:
     """Weights go to huge pages: the kernel gives them (THP "always" or "madvise"), Python can
     ask for them (mmap.MADV_HUGEPAGE), and SPECRT_HUGE_PAGES is not 0."""
-    if os.environ.get(ENV_VAR, "").strip() == "0":
+    if switched_off(ENV_VAR):
         return False
     return hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
 
