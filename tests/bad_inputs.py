@@ -200,6 +200,7 @@ MODELS_CASES = [
     (["fetch", "qwen-9000"], "unknown model 'qwen-9000'"), (["path", "nope"], "unknown model"),
     (["path"], "the following arguments are required"), ([], "the following arguments"),
     (["frobnicate"], "invalid choice"), (["list", "--bogus"], "unrecognized arguments"),
+    (["convert", "x.gguf", ""], "an empty path"), (["convert", "", "out"], "an empty path"),
     (["path", ""], "unknown model"), (["fetch", "--quiet", "x", "y"], "unknown model 'x'"),
 ]
 

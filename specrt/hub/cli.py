@@ -11,6 +11,7 @@ an existing OUT_DIR), 1 a failed fetch or conversion (network or disk), 130 on C
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -70,6 +71,13 @@ def _cmd_list() -> int:
         print("not fetched: " + ", ".join(f"{n} ({KNOWN_MODELS[n].description})"
                                           for n in missing))
     return 0
+
+
+def _path_arg(text: str) -> Path:
+    """A path argument; an empty one would name the current folder (Path("") is ".")."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a file or folder name")
+    return Path(text)
 
 
 def _check_convert_paths(gguf: Path, out: Path) -> None:
@@ -146,8 +154,8 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="show cached models with their size on disk")
     p_conv = sub.add_parser("convert", help="convert your own Qwen2 or Llama GGUF into a model "
                             "directory (bf16 safetensors + tokenizer)")
-    p_conv.add_argument("gguf", metavar="PATH.gguf", type=Path, help="the GGUF file")
-    p_conv.add_argument("out", metavar="OUT_DIR", type=Path,
+    p_conv.add_argument("gguf", metavar="PATH.gguf", type=_path_arg, help="the GGUF file")
+    p_conv.add_argument("out", metavar="OUT_DIR", type=_path_arg,
                         help="the folder to write; must not exist yet (missing parent "
                              "folders are created)")
     p_conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
