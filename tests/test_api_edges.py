@@ -513,3 +513,23 @@ def test_a_burst_free_slots_will_take_is_not_refused_as_a_full_queue(tiny_noeos_
         blocker.join(30)
     assert [r.result().finish_reason for r in runs] == ["length"] * 4
     llm.close()
+
+
+def test_unknown_keywords_of_llm_submit_and_asyncllm_get_a_did_you_mean(tiny_noeos_dir):
+    """A misspelt keyword gets an ArgumentError naming the nearest one, as generate's do, not
+    Python's TypeError; submit() given a batch says so."""
+    from specrt.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="did you mean 'max_seq_len'"):
+        specrt.LLM(tiny_noeos_dir, max_seqlen=64)
+    with pytest.raises(ArgumentError, match="unknown argument 'bogus'"):
+        specrt.AsyncLLM(tiny_noeos_dir, bogus=1)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    try:
+        with pytest.raises(ArgumentError, match="did you mean 'max_new_tokens'"):
+            llm.submit([5, 6], max_tokens=3)
+        with pytest.raises(SpecrtError, match="a batch of 2: generate"):
+            llm.submit([[5], [6]])
+        assert llm.submit([5, 6], max_new_tokens=2).result().finish_reason == "length"
+    finally:
+        llm.close()

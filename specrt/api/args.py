@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import inspect
 import os
 from pathlib import Path
 
@@ -175,8 +177,7 @@ MAX_STOP_STRINGS = 256
 
 def check_stop(stop) -> list[str]:
     """None, a string, or a list of strings -> list; an empty stop string would end every answer
-    at once, so it is a mistake, not a no-op; one with U+FFFD would match the stand-in the
-    decoder shows for a character whose bytes have not all arrived, in valid text."""
+    at once, so it is a mistake, not a no-op."""
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
@@ -190,10 +191,6 @@ def check_stop(stop) -> list[str]:
             raise ArgumentError(f"every stop string must be a non-empty string, got {show(s)} "
                                 f"in stop={show(stop)}; leave stop out for no stop strings")
         check_text("stop string", s)
-        if "\ufffd" in s:
-            raise ArgumentError(f"a stop string may not contain U+FFFD, got {show(s)}: the "
-                                "decoder shows it for a character whose bytes have not all "
-                                "arrived, so it would stop valid text; leave it out")
     return list(stops)
 
 
@@ -209,9 +206,30 @@ def check_text(name: str, text: str) -> str:
 
 def check_request_kwargs(kwargs: dict) -> None:
     """Unknown keyword arguments of generate/stream get a "did you mean", not a TypeError."""
+    check_keywords(kwargs, REQUEST_ARGS)
+
+
+def check_keywords(kwargs, known) -> None:
+    """ArgumentError for the first keyword not in `known`, with the nearest known one."""
     for key in kwargs:
-        if key not in REQUEST_ARGS:
-            near = difflib.get_close_matches(str(key), REQUEST_ARGS, n=1)
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
             raise ArgumentError(f"unknown argument {show(key)}"
                                 + (f"; did you mean {near[0]!r}?" if near else
-                                   f"; known: {', '.join(REQUEST_ARGS)}"))
+                                   f"; known: {', '.join(known)}"))
+
+
+def keywords_checked(fn):
+    """`fn` (whose signature names every keyword it takes) answering an unknown keyword
+    argument with check_keywords' ArgumentError instead of Python's TypeError; the signature
+    is kept for help() and editors."""
+    params = inspect.signature(fn).parameters
+    known = tuple(n for n, p in params.items() if n != "self" and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        check_keywords(kwargs, known)
+        return fn(*args, **kwargs)
+
+    return checked

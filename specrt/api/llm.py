@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
-                              check_stop, check_text)
+                              check_stop, check_text, keywords_checked)
 from specrt.api.run import Chunks, GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible
@@ -45,6 +45,7 @@ MAX_DRAFT_ENGINES = 2    # engines kept for drafts named per request (each holds
 
 
 class LLM:
+    @keywords_checked
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  dtype: str = "auto", device: str | None = None, max_seq_len: int = 4096,
                  max_batch_size: int = 1, cuda_graphs: bool | None = None,
@@ -189,6 +190,9 @@ class LLM:
             ids = self._need_tokenizer().encode(check_text("the prompt", prompt), chat=chat)
         elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
+            if ids and all(isinstance(t, (list, tuple)) for t in ids):
+                raise SpecrtError("one prompt was expected and this is a batch of "
+                                  f"{len(ids)}: generate() takes a batch; submit one at a time")
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise SpecrtError("a token-id prompt must be a list of ints")
         else:
@@ -205,6 +209,7 @@ class LLM:
         return self.tokenizer
 
     # --- requests ---------------------------------------------------------------------------
+    @keywords_checked
     def submit(self, prompt=None, *, messages: list[dict] | None = None,
                max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
