@@ -1195,3 +1195,24 @@ def test_rounds_run_past_a_stop_string_are_counted_in_the_speculative_counters(l
     assert value("spec_decode_num_accepted_tokens") == last.stats["num_accepted_tokens"]
     assert value("spec_decode_num_drafts") == last.stats["num_drafts"]
     assert value("generation_tokens") == last.stats["new_tokens"]
+
+
+def test_a_body_or_prompt_too_long_to_fit_is_refused_before_it_is_read_or_tokenized(server):
+    """A prompt with more characters than max_seq_len tokens can hold is a 400 without
+    tokenizing it, and a body past what such a prompt needs a 413 before the app reads it
+    (megabytes of prompt took tens of seconds to tokenize, only to be refused); the server
+    goes on serving."""
+    most = server.llm.tokenizer.max_chars(server.llm.max_seq_len)
+    status, _, body = server.raw("POST", "/v1/completions",
+                                 {"model": "tiny", "prompt": "a" * (most + 1), "max_tokens": 1})
+    error = json.loads(body)["error"]
+    assert status == 400 and f"the prompt is {most + 1:,} characters" in error["message"]
+    m0 = server.metrics()
+    huge = json.dumps({"model": "tiny", "prompt": "hi", "user": "x" * (13 * most + (1 << 20))})
+    status, _, body = server.raw("POST", "/v1/completions", huge)
+    error = json.loads(body)["error"]
+    assert status == 413 and error["code"] == "request_too_large", body[:200]
+    assert server.metrics()['specrt:request_failure_total{model_name="tiny",status="413"}'] \
+        == m0.get('specrt:request_failure_total{model_name="tiny",status="413"}', 0) + 1
+    res = server.client().completions.create(model="tiny", prompt="hi", max_tokens=3)
+    assert res.usage.completion_tokens == 3

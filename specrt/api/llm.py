@@ -29,7 +29,7 @@ from specrt.api.tokenizer import Tokenizer, check_compatible
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
-from specrt.errors import ClosedError, ConfigError, SpecrtError
+from specrt.errors import CapacityError, ClosedError, ConfigError, SpecrtError
 from specrt.checks import check_bool, check_int
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
@@ -182,11 +182,15 @@ class LLM:
         if messages is not None:
             if prompt is not None:
                 raise SpecrtError("give a prompt or messages, not both")
-            for m in messages if isinstance(messages, (list, tuple)) else ():
-                if isinstance(m, dict) and isinstance(m.get("content"), str):
-                    check_text("a message's content", m["content"])
+            texts = [m["content"] for m in (messages if isinstance(messages, (list, tuple))
+                                            else ()) if isinstance(m, dict)
+                     and isinstance(m.get("content"), str)]
+            for text in texts:
+                check_text("a message's content", text)
+            self._check_fits(sum(map(len, texts)), "the messages")
             return self._need_tokenizer().encode_messages(messages)
         if isinstance(prompt, str):
+            self._check_fits(len(prompt), "the prompt")
             ids = self._need_tokenizer().encode(check_text("the prompt", prompt), chat=chat)
         elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
@@ -201,6 +205,14 @@ class LLM:
         if not ids:
             raise SpecrtError("the prompt is empty: give some text or at least one token id")
         return ids
+
+    def _check_fits(self, chars: int, what: str) -> None:
+        """CapacityError for text too long to fit max_seq_len tokens, before tokenizing it."""
+        most = self._need_tokenizer().max_chars(self.max_seq_len)
+        if chars > most:
+            raise CapacityError(f"{what} is {chars:,} characters, more than max_seq_len "
+                                f"({self.max_seq_len}) tokens can hold (at most {most:,} with "
+                                "this tokenizer); shorten it or raise max_seq_len")
 
     def _need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:

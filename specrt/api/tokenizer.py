@@ -48,6 +48,16 @@ class Tokenizer:
                 "pass token ids only") from None
         self.model_dir = model_dir
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+        self._longest: int | None = None      # characters of the longest vocabulary entry
+
+    def max_chars(self, tokens: int) -> int:
+        """More characters than any text of `tokens` tokens has: each token stands for at most
+        its longest vocabulary entry's characters, and a normalizer may merge a few code
+        points into one (NFC), so 4x that. A longer prompt cannot fit, and is refused without
+        tokenizing it (megabytes take tens of seconds)."""
+        if self._longest is None:
+            self._longest = max(map(len, self._tok.get_vocab()), default=1)
+        return 4 * tokens * self._longest
 
     @staticmethod
     def available(model_dir: str | Path) -> bool:

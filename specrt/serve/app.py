@@ -73,6 +73,13 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     async def metrics():
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    tokenizer = allm.llm.tokenizer
+    if tokenizer is not None:
+        # the longest prompt that can fit, each character as JSON's longest escape (a
+        # surrogate pair's "\ud83d\ude00": 12 bytes), and room for the other fields
+        limit = 12 * tokenizer.max_chars(allm.llm.max_seq_len) + (1 << 20)
+        app.add_middleware(_BodyLimit, limit=limit, on_refused=state.metrics.failed)
+
     return app
 
 
@@ -136,6 +143,46 @@ class _GenerationStream(StreamingResponse):
             pass                            # nobody is left to answer
         finally:
             await self._generation.close()
+
+
+class _BodyLimit:
+    """A request body past `limit` bytes is answered 413 before the app sees it: past what
+    any prompt that fits the cache needs, it would only cost memory and tokenizing time
+    (a 100 MB body was read whole and its prompt tokenized for half a minute). The body is
+    read here, up to the limit, and handed to the app as it arrived."""
+
+    def __init__(self, app, limit: int, on_refused):
+        self.app, self.limit, self.on_refused = app, limit, on_refused
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(scope, receive, send)
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        self.on_refused(413)
+        err = APIError(f"the request body is larger than {self.limit:,} bytes, more than the "
+                       "longest prompt that fits --max-model-len needs; send a shorter prompt",
+                       413, "invalid_request_error", code="request_too_large")
+        await error_response(err)(scope, receive, send)
 
 
 async def _unless_disconnected(request: Request, work):
