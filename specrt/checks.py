@@ -3,6 +3,7 @@ number or a bool in range, or an ArgumentError naming the argument, the value an
 from __future__ import annotations
 
 import math
+import numbers
 
 from specrt.errors import ArgumentError
 
@@ -18,8 +19,9 @@ def show(value, limit: int = 60) -> str:
 
 
 def check_int(name: str, value, lo: int, hi: int | None = None, fix: str = "") -> int:
-    """An int (bool is not one) in lo..hi, else ArgumentError naming `name`, the value, the fix."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo \
+    """An integer (bool is not one; numpy's are) in lo..hi -> int, else ArgumentError naming
+    `name`, the value, the fix."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < lo \
             or (hi is not None and value > hi):
         rng = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
         raise ArgumentError(f"{name} must be an integer {rng}, got {show(value)}"
@@ -29,9 +31,10 @@ def check_int(name: str, value, lo: int, hi: int | None = None, fix: str = "") -
 
 def check_number(name: str, value, lo: float, hi: float = math.inf, lo_open: bool = False,
                  fix: str = "") -> float:
-    """A finite real number (not bool, not str) in [lo, hi] ((lo, hi] if lo_open) -> float."""
+    """A finite real number (not bool, not str; numpy's are) in [lo, hi] ((lo, hi] if lo_open)
+    -> float."""
     x = math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
         try:
             x = float(value)
         except OverflowError:              # an int too large for a float

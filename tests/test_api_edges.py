@@ -533,3 +533,27 @@ def test_unknown_keywords_of_llm_submit_and_asyncllm_get_a_did_you_mean(tiny_noe
         assert llm.submit([5, 6], max_new_tokens=2).result().finish_reason == "length"
     finally:
         llm.close()
+
+
+def test_numpy_numbers_are_taken_as_the_python_numbers_they_hold(tiny_noeos_dir,
+                                                                 tiny_draft_dir):
+    """Token ids, budgets, seeds, temperatures and K given as numpy scalars (as an array's
+    elements are) run as the Python numbers do, instead of "must be an integer ..., got
+    np.int64(8)" (and np.float32 refused where np.float64, a float subclass, passed)."""
+    import numpy as np
+
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=128, dtype="float32")
+    try:
+        spec = {"method": "draft_model", "num_speculative_tokens": 3}
+        plain = llm.generate([5, 6, 7], max_new_tokens=8, temperature=0.5, seed=3, top_k=5,
+                             speculative=spec)
+        ids = np.array([5, 6, 7])
+        as_numpy = llm.generate(list(ids), max_new_tokens=np.int64(8),
+                                temperature=np.float32(0.5), seed=np.int64(3),
+                                top_k=np.int32(5), speculative={
+                                    "method": "draft_model",
+                                    "num_speculative_tokens": np.int64(3)})
+        assert as_numpy.token_ids == plain.token_ids
+        assert all(type(t) is int for t in as_numpy.token_ids)
+    finally:
+        llm.close()

@@ -16,6 +16,7 @@ see `specrt.AsyncLLM`.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 from pathlib import Path
@@ -197,8 +198,10 @@ class LLM:
             if ids and all(isinstance(t, (list, tuple)) for t in ids):
                 raise SpecrtError("one prompt was expected and this is a batch of "
                                   f"{len(ids)}: generate() takes a batch; submit one at a time")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                       for t in ids):
                 raise SpecrtError("a token-id prompt must be a list of ints")
+            ids = [int(t) for t in ids]                 # numpy's integers too
         else:
             raise SpecrtError(f"a prompt must be a string or a list of token ids, got "
                               f"{type(prompt).__name__}")

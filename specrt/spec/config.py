@@ -61,8 +61,9 @@ class SpecConfig:
         if self.num_speculative_tokens is None:
             object.__setattr__(self, "num_speculative_tokens",
                                MAX_SPECULATIVE_TOKENS if self.method == "auto" else 4)
-        check_int("num_speculative_tokens (K)", self.num_speculative_tokens, 1,
-                  MAX_SPECULATIVE_TOKENS, fix="4 is a good start")
+        object.__setattr__(self, "num_speculative_tokens", check_int(
+            "num_speculative_tokens (K)", self.num_speculative_tokens, 1,
+            MAX_SPECULATIVE_TOKENS, fix="4 is a good start"))
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()
                                        or "\0" in self.model):
             raise ArgumentError(f"speculative \"model\" must be a draft model directory or known "
@@ -77,6 +78,8 @@ class SpecConfig:
         if hi < lo:
             raise ArgumentError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, "
                                 f"got {lo!r} and {hi!r}")
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
 
     @classmethod
     def parse(cls, value: "SpecConfig | Mapping[str, Any] | str | None") -> "SpecConfig | None":

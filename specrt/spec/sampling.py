@@ -57,7 +57,8 @@ class SamplingParams:
             set_(self, "temperature", 0.0)
         set_(self, "top_p", max(self.top_p, MIN_TOP_P))
         if self.seed is not None:
-            check_int("seed", self.seed, 0, MAX_SEED, fix="or None for a fresh random seed")
+            set_(self, "seed", check_int("seed", self.seed, 0, MAX_SEED,
+                                         fix="or None for a fresh random seed"))
 
     @property
     def greedy(self) -> bool:
