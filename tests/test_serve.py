@@ -1216,3 +1216,12 @@ def test_a_body_or_prompt_too_long_to_fit_is_refused_before_it_is_read_or_tokeni
         == m0.get('specrt:request_failure_total{model_name="tiny",status="413"}', 0) + 1
     res = server.client().completions.create(model="tiny", prompt="hi", max_tokens=3)
     assert res.usage.completion_tokens == 3
+
+
+def test_head_is_answered_wherever_get_is(server):
+    """Health checkers send HEAD: /health, /v1/models and /metrics answer it as GET, with no
+    body (it was a 405)."""
+    for path in ("/health", "/v1/models", "/metrics"):
+        get_status, _, _ = server.raw("GET", path)
+        status, _, body = server.raw("HEAD", path)
+        assert status == get_status == 200 and body == b"", (path, status)

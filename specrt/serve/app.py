@@ -61,15 +61,16 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request, body: schemas.ChatCompletionRequest):
         return await _respond(state, request, body, chat=True)
 
-    @app.get("/v1/models")
+    # HEAD wherever GET: health checkers send it
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
         return schemas.models_list(config.served_model_name, state.created, state.llm.max_seq_len)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics():
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
