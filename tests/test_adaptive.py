@@ -480,9 +480,34 @@ def test_implausible_calibration_entries_are_dropped(entry, tmp_path, monkeypatc
     good = [1e-3, 1e-3, 2e-3]
     path.write_text(json.dumps({"good": good, "bad": entry}))
     with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
-        entries, damaged = calibration._load_disk()
-    assert entries == {"good": good} and damaged
+        entries, damaged, foreign = calibration._load_disk()
+    assert entries == {"good": good} and damaged and not foreign
     assert "1 bad entry" in caplog.text
+
+
+@pytest.mark.parametrize("text", ["my notes\n", "[1, 2]", "\x00\xff binary"])
+def test_a_file_that_never_held_calibrations_is_left_alone(text, llm, tmp_path, monkeypatch,
+                                                           caplog):
+    """SPECRT_CALIBRATION pointed at someone else's file (not a JSON object's text) had it
+    replaced by calibrations at the first `auto` run; now it is left as it was, with a
+    warning, and the calibration is kept in memory. A damaged JSON object is still ours,
+    and rewritten."""
+    from specrt.spec import calibration
+
+    path = tmp_path / "notes.txt"
+    path.write_bytes(text.encode("latin-1"))
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
+    monkeypatch.setattr(calibration, "_cache", {})
+    monkeypatch.setattr(calibration, "_untrusted", set())
+    monkeypatch.setattr(calibration, "_measure_once", lambda models, max_t, graphed: (
+        [[0.5] * max_t for _ in models], None))
+    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+        assert forward_seconds(llm.target, 3) == [0.5] * 3
+    assert path.read_bytes() == text.encode("latin-1")
+    assert "not a calibration file" in caplog.text
+    path.write_text('{"damaged')
+    forward_seconds(llm.target, 4)
+    assert [0.5] * 4 in json.loads(path.read_text()).values()
 
 
 def test_a_calibration_path_that_is_a_folder_is_refused_before_any_load(tmp_path,

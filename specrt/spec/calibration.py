@@ -107,7 +107,7 @@ def timed_together(models: list[Transformer], max_t: int,
             for m in models]
     with _lock:
         if any(k not in _cache for k in keys):
-            entries, healed = _load_disk()
+            entries, healed, _ = _load_disk()
             _cache.update(entries)
             _untrusted.difference_update(entries)    # another process's, timed quiet
             if healed:                       # rewrite a damaged file now, with the good entries
@@ -137,7 +137,9 @@ def _save_trusted() -> None:
     if is_regular(disk_path()) is False:     # a FIFO, /dev/null: no lock file beside it
         return
     with _file_lock():
-        on_disk, _ = _load_disk(quiet=True)
+        on_disk, _, foreign = _load_disk(quiet=True)
+        if foreign:                             # someone else's file: never written over
+            return
         merged = {**on_disk, **ours}
         _save_disk({k: v for k, v in merged.items() if not _stale(k)})
 
@@ -329,37 +331,49 @@ def valid_entry(key, value) -> bool:
         and all(a <= b for a, b in zip(value, value[1:]))
 
 
-def _load_disk(quiet: bool = False) -> tuple[dict, bool]:
-    """(the file's valid entries, whether anything was dropped). A damaged file never breaks
-    an `auto` request: what is bad is ignored with a warning (not when `quiet`: the save's
-    re-read) and the file is rewritten; a path that is not a regular file is left alone."""
+def foreign_text(text: str) -> bool:
+    """Text no calibration file holds, even damaged: not empty, and not a JSON object's."""
+    return bool(text.strip()) and not text.lstrip().startswith("{")
+
+
+def _load_disk(quiet: bool = False) -> tuple[dict, bool, bool]:
+    """(the file's valid entries, whether anything was dropped, whether the file is someone
+    else's). A damaged file never breaks an `auto` request: what is bad is ignored with a
+    warning (not when `quiet`: the save's re-read) and the file is rewritten; a path that is
+    not a regular file, or a file that never held calibrations (not a JSON object's text:
+    SPECRT_CALIBRATION pointed at the wrong file), is left alone."""
     path = disk_path()
     warn = (lambda *a: None) if quiet else log.warning
     if is_regular(path) is False:        # a FIFO would block the read for good
         warn("ignoring calibration path %s: not a regular file; calibrations are kept in "
              "memory only (set SPECRT_CALIBRATION to a file path)", path)
-        return {}, False
+        return {}, False, False
     try:
-        raw = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
-        return {}, False
+        return {}, False, False
     except OSError as e:                      # unreadable: permissions, I/O
         warn("ignoring calibration file %s (%s)", path, str(e)[:100])
-        return {}, False
-    except (ValueError, RecursionError) as e:   # not UTF-8, not JSON
+        return {}, False, False
+    except ValueError:                        # not UTF-8: not a file this module wrote
+        text = "\0"
+    if foreign_text(text):
+        warn("calibration path %s holds a file that is not a calibration file (not a JSON "
+             "object); it is left alone and calibrations are kept in memory only: set "
+             "SPECRT_CALIBRATION to a new file's path", path)
+        return {}, False, True
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as e:   # a damaged JSON object
         warn("ignoring calibration file %s (%s); it is rewritten after the next "
              "calibration", path, str(e)[:100])
-        return {}, True
-    if not isinstance(raw, dict):
-        warn("ignoring calibration file %s: expected a JSON object, got %s; it is "
-             "rewritten now", path, type(raw).__name__)
-        return {}, True
+        return {}, True, False
     good = {k: [float(x) for x in v] for k, v in raw.items() if valid_entry(k, v)}
     if len(good) < len(raw):
         warn("ignoring %d bad entr%s in calibration file %s (each must be a list of "
              "plausible seconds, never falling); the file is rewritten now", len(raw) - len(good),
              "y" if len(raw) - len(good) == 1 else "ies", path)
-    return good, len(good) < len(raw)
+    return good, len(good) < len(raw), False
 
 
 def _save_disk(entries: dict) -> None:
