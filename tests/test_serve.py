@@ -1225,3 +1225,17 @@ def test_head_is_answered_wherever_get_is(server):
         get_status, _, _ = server.raw("GET", path)
         status, _, body = server.raw("HEAD", path)
         assert status == get_status == 200 and body == b"", (path, status)
+
+
+@pytest.mark.parametrize("field, raw", [("temperature", "NaN"), ("temperature", "true"),
+                                        ("temperature", "-1"), ("top_p", "NaN"),
+                                        ("top_p", "false"), ("top_p", "0")])
+def test_a_bad_temperature_or_top_p_says_what_the_field_takes(server, field, raw):
+    """NaN was told "should be greater than or equal to 0", a bool named each number shape
+    pydantic tried ("temperature.int: ...; temperature.float: ..."): one message naming the
+    field's range, and the field as `param`."""
+    body = '{"model": "tiny", "prompt": "hi", "max_tokens": 2, "%s": %s}' % (field, raw)
+    status, _, text = server.raw("POST", "/v1/completions", body)
+    error = json.loads(text)["error"]
+    assert status == 400 and error["param"] == field, error
+    assert error["message"].startswith(f"{field} must be a finite number in "), error

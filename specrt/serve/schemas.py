@@ -45,6 +45,9 @@ FIELD_FORMS = {
     "prompt": "a string or a list of token ids (one prompt per request: send a batch of "
               "prompts as one request each)",
     "stop": "a string or a list of strings",
+    # a number's range errors too: NaN was told "should be greater than or equal to 0"
+    "temperature": f"a finite number in [0, {MAX_TEMPERATURE:g}], or null (1.0)",
+    "top_p": "a finite number in (0, 1], or null (1.0)",
     "speculative": "an object of vLLM's speculative-config keys, false (plain decoding) or "
                    "null (the server's --speculative-config)",
 }
