@@ -78,6 +78,7 @@ def _probe(case, llm, tiny_dir, tmp_path, monkeypatch):
         return _timed(lambda: llm.generate([1, 2], max_new_tokens=4, speculative=arg))
     if family in ("cli", "models"):
         main = cli.main if family == "cli" else models_cli.main
+        arg = [str(tiny_dir) if a == "DRAFTDIR" else a for a in arg]    # a real model folder
         argv = ["--model", str(tiny_dir), "--dtype", "float32", *arg] if family == "cli" else arg
         out = _timed(lambda: _cli(main, argv))
         if out[0] != "ok":

@@ -120,12 +120,15 @@ def check_flags(args) -> _Request:
     if args.system is not None and (args.prompt_ids is not None or args.no_chat):
         raise ArgumentError("--system goes through the chat template: it cannot be used with "
                             "--prompt-ids or --no-chat")
+    if args.system is not None:
+        check_text("--system", args.system)
     if args.prompt_ids is not None:
-        try:
-            prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-        except ValueError:
+        items = [t.strip() for t in args.prompt_ids.split(",") if t.strip()]
+        if not all(t.removeprefix("-").isascii() and t.removeprefix("-").isdigit()
+                   for t in items):                          # int() takes 1_0 and ١ too
             raise ArgumentError(f"--prompt-ids must be comma-separated integers, got "
-                                f"{show(args.prompt_ids)}") from None
+                                f"{show(args.prompt_ids)}")
+        prompt = [int(t) for t in items]
         if not prompt:
             raise ArgumentError("--prompt-ids has no ids; give e.g. --prompt-ids 5,6,7")
         for t in prompt:
@@ -145,6 +148,10 @@ def check_flags(args) -> _Request:
                             "give one of them")
     spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
     check_draft_given(spec, args.model, args.draft)
+    if isinstance(spec, SpecConfig) and spec.method == "ngram" and args.draft is not None:
+        raise ArgumentError("--draft loads a draft model, and method 'ngram' drafts from the "
+                            "prompt with none: drop --draft, or use method 'draft_model' or "
+                            "'auto'")
     check_draft_flags_used(args, spec, plain_loads_none=True)
     with named_flags(_flag_of):
         max_new_tokens, stop = check_max_new_tokens(args.max_new_tokens), check_stop(args.stop)
