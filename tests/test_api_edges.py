@@ -554,6 +554,42 @@ def test_numpy_numbers_are_taken_as_the_python_numbers_they_hold(tiny_noeos_dir,
                                     "method": "draft_model",
                                     "num_speculative_tokens": np.int64(3)})
         assert as_numpy.token_ids == plain.token_ids
-        assert all(type(t) is int for t in as_numpy.token_ids)
+        assert all(type(t) is int for t in llm.encode(list(ids)))    # what the engine gets
     finally:
         llm.close()
+
+
+def test_free_slots_the_queue_cannot_take_do_not_make_room_in_it(tiny_noeos_dir):
+    """Beside a running request of another speculative config the queue's head cannot take a
+    free slot (`Engine.can_admit`), so those slots make no room in the queue: with one slot
+    busy and two free, max_queue=1 holds one waiting request, not three."""
+    from specrt.errors import QueueFullError
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3, max_queue=1,
+                     dtype="float32")
+    hold, held = threading.Event(), threading.Event()
+
+    def block():
+        held.set()
+        hold.wait(30)
+
+    other = {"method": "ngram", "num_speculative_tokens": 2}
+    long = llm.submit([5, 6, 7], max_new_tokens=200,
+                      speculative={"method": "ngram", "num_speculative_tokens": 4})
+    deadline = time.monotonic() + 30
+    while llm.scheduler.running == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    blocker = threading.Thread(target=llm.scheduler.call, args=(block,))
+    blocker.start()
+    try:
+        assert held.wait(30)              # the scheduler's thread is busy: `long` stays running
+        waiting = llm.submit([5, 6], max_new_tokens=2, speculative=other)
+        with pytest.raises(QueueFullError):
+            llm.submit([5, 6], max_new_tokens=2, speculative=other)
+    finally:
+        hold.set()
+        blocker.join(30)
+    assert waiting.result().finish_reason == "length"
+    long.handle.cancel()
+    llm.close()

@@ -103,8 +103,12 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise ClosedError("this LLM was closed; create a new one")
-            # a queued request a free slot will take at the next admission is not waiting
+            # a queued request a free slot will take at the next admission is not waiting (a
+            # slot the queue's head cannot take, beside a request that runs alone or another
+            # config, takes none)
             free = self.engine.max_batch_size - self.engine.running
+            if self._queue and not self.engine.can_admit(self._queue[0][0].request):
+                free = 0
             if len(self._queue) - free >= self.max_queue:
                 raise QueueFullError(f"the request queue is full ({self.max_queue} waiting for "
                                      "a slot); retry later or raise max_queue (the server's "
