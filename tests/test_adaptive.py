@@ -367,14 +367,16 @@ def test_a_save_keeps_what_another_process_saved_while_this_one_measured(llm, tm
     monkeypatch.setattr(calibration, "_cache", {})
     monkeypatch.setattr(calibration, "_untrusted", set())
 
+    other = f"another process's model|{calibration._SCHEME}"
+
     def measure_while_another_saves(models, max_t, graphed):
-        path.write_text(json.dumps({"another process's model": [0.125] * 3}))
+        path.write_text(json.dumps({other: [0.125] * 3}))
         return [[0.5] * max_t for _ in models], None
 
     monkeypatch.setattr(calibration, "_measure_once", measure_while_another_saves)
     forward_seconds(llm.target, 3)
     saved = json.loads(path.read_text())
-    assert saved["another process's model"] == [0.125] * 3
+    assert saved[other] == [0.125] * 3
     assert [0.5] * 3 in saved.values() and len(saved) == 2
 
 
@@ -478,20 +480,22 @@ def test_implausible_calibration_entries_are_dropped(entry, tmp_path, monkeypatc
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("SPECRT_CALIBRATION", str(path))
     good = [1e-3, 1e-3, 2e-3]
-    path.write_text(json.dumps({"good": good, "bad": entry}))
+    ok, bad = (f"{name}|{calibration._SCHEME}" for name in ("good", "bad"))
+    path.write_text(json.dumps({ok: good, bad: entry}))
     with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
         entries, damaged, foreign = calibration._load_disk()
-    assert entries == {"good": good} and damaged and not foreign
+    assert entries == {ok: good} and damaged and not foreign
     assert "1 bad entry" in caplog.text
 
 
-@pytest.mark.parametrize("text", ["my notes\n", "[1, 2]", "\x00\xff binary"])
+@pytest.mark.parametrize("text", ["my notes\n", "[1, 2]", "\x00\xff binary",
+                                  '{"model_type": "qwen2", "hidden_size": 896}'])
 def test_a_file_that_never_held_calibrations_is_left_alone(text, llm, tmp_path, monkeypatch,
                                                            caplog):
-    """SPECRT_CALIBRATION pointed at someone else's file (not a JSON object's text) had it
-    replaced by calibrations at the first `auto` run; now it is left as it was, with a
-    warning, and the calibration is kept in memory. A damaged JSON object is still ours,
-    and rewritten."""
+    """SPECRT_CALIBRATION pointed at someone else's file (not a JSON object's text, or an
+    object without a calibration's key) had it replaced by calibrations at the first `auto`
+    run; now it is left as it was, with a warning, and the calibration is kept in memory. A
+    damaged JSON object is still ours, and rewritten."""
     from specrt.spec import calibration
 
     path = tmp_path / "notes.txt"

@@ -332,8 +332,18 @@ def valid_entry(key, value) -> bool:
 
 
 def foreign_text(text: str) -> bool:
-    """Text no calibration file holds, even damaged: not empty, and not a JSON object's."""
-    return bool(text.strip()) and not text.lstrip().startswith("{")
+    """Text no calibration file holds, even damaged: not empty, and neither a JSON object's
+    start nor an object with a calibration's key (one naming a scheme, `|calN`) or none."""
+    if not text.strip():
+        return False
+    if not text.lstrip().startswith("{"):
+        return True
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):         # a damaged object: ours, rewritten
+        return False
+    return bool(raw) and not any(isinstance(k, str) and re.search(r"\|cal\d+", k)
+                                 for k in raw)
 
 
 def _load_disk(quiet: bool = False) -> tuple[dict, bool, bool]:
@@ -341,7 +351,7 @@ def _load_disk(quiet: bool = False) -> tuple[dict, bool, bool]:
     else's). A damaged file never breaks an `auto` request: what is bad is ignored with a
     warning (not when `quiet`: the save's re-read) and the file is rewritten; a path that is
     not a regular file, or a file that never held calibrations (not a JSON object's text:
-    SPECRT_CALIBRATION pointed at the wrong file), is left alone."""
+    SPECRT_CALIBRATION pointed at the wrong file: `foreign_text`), is left alone."""
     path = disk_path()
     warn = (lambda *a: None) if quiet else log.warning
     if is_regular(path) is False:        # a FIFO would block the read for good
@@ -358,8 +368,8 @@ def _load_disk(quiet: bool = False) -> tuple[dict, bool, bool]:
     except ValueError:                        # not UTF-8: not a file this module wrote
         text = "\0"
     if foreign_text(text):
-        warn("calibration path %s holds a file that is not a calibration file (not a JSON "
-             "object); it is left alone and calibrations are kept in memory only: set "
+        warn("calibration path %s holds a file that is not a calibration file (no JSON "
+             "object of calibrations); it is left alone and calibrations are kept in memory only: set "
              "SPECRT_CALIBRATION to a new file's path", path)
         return {}, False, True
     try:
