@@ -1214,6 +1214,16 @@ def test_a_body_or_prompt_too_long_to_fit_is_refused_before_it_is_read_or_tokeni
     assert status == 413 and error["code"] == "request_too_large", body[:200]
     assert server.metrics()['specrt:request_failure_total{model_name="tiny",status="413"}'] \
         == m0.get('specrt:request_failure_total{model_name="tiny",status="413"}', 0) + 1
+    chunks = (huge[i:i + (1 << 20)].encode() for i in range(0, len(huge), 1 << 20))
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+    try:                                    # no Content-Length: counted as it streams in
+        conn.request("POST", "/v1/completions", body=chunks, encode_chunked=True,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == \
+            "request_too_large"
+    finally:
+        conn.close()
     res = server.client().completions.create(model="tiny", prompt="hi", max_tokens=3)
     assert res.usage.completion_tokens == 3
 
@@ -1225,6 +1235,9 @@ def test_head_is_answered_wherever_get_is(server):
         get_status, _, _ = server.raw("GET", path)
         status, _, body = server.raw("HEAD", path)
         assert status == get_status == 200 and body == b"", (path, status)
+    ids = [op.get("operationId") for item in server.app.openapi()["paths"].values()
+           for op in item.values()]
+    assert len(ids) == len(set(ids)), ids            # the schema's operation ids stay unique
 
 
 @pytest.mark.parametrize("field, raw", [("temperature", "NaN"), ("temperature", "true"),

@@ -61,16 +61,20 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request, body: schemas.ChatCompletionRequest):
         return await _respond(state, request, body, chat=True)
 
-    # HEAD wherever GET: health checkers send it
-    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    # HEAD wherever GET (health checkers send it), kept out of the OpenAPI schema, whose
+    # operation ids would repeat
+    @app.get("/v1/models")
+    @app.head("/v1/models", include_in_schema=False)
     async def models():
         return schemas.models_list(config.served_model_name, state.created, state.llm.max_seq_len)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
+    @app.head("/health", include_in_schema=False)
     async def health():
         return Response(status_code=200)
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    @app.get("/metrics")
+    @app.head("/metrics", include_in_schema=False)
     async def metrics():
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -44,7 +44,8 @@ def thp_mode() -> str | None:
 
 def enabled() -> bool:
     """Weights go to huge pages: the kernel gives them (THP "always" or "madvise"), Python can
-    ask for them (mmap.MADV_HUGEPAGE), and SPECRT_HUGE_PAGES is not 0."""
+    ask for them (mmap.MADV_HUGEPAGE), and SPECRT_HUGE_PAGES does not switch them off
+    (`extension.switched_off`: 0, false, off, no)."""
     if switched_off(ENV_VAR):
         return False
     return hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
