@@ -2,6 +2,7 @@
 scheduler's own thread, a draft model named per request under asyncio, and stats that depend on
 neither the batch nor a stop string."""
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -487,14 +488,9 @@ def test_an_async_stream_closed_while_its_request_is_submitted_is_cancelled(shar
     assert run.result().finish_reason == "cancelled"
 
 
-def test_a_burst_free_slots_will_take_is_not_refused_as_a_full_queue(tiny_noeos_dir):
-    """max_queue counts requests waiting for a slot: requests submitted before the scheduler
-    admits them, which free slots take at its next admission, do not fill the queue (a burst
-    on an idle server got 503 queue_full); one more than slots + queue is refused."""
-    from specrt.errors import QueueFullError
-
-    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3, max_queue=1,
-                     dtype="float32")
+@contextlib.contextmanager
+def _scheduler_held(llm):
+    """The scheduler's thread kept busy in a call (no admission, no round) for the block."""
     hold, held = threading.Event(), threading.Event()
 
     def block():
@@ -504,13 +500,25 @@ def test_a_burst_free_slots_will_take_is_not_refused_as_a_full_queue(tiny_noeos_
     blocker = threading.Thread(target=llm.scheduler.call, args=(block,))
     blocker.start()
     try:
-        assert held.wait(30)              # the scheduler's thread is busy: nothing is admitted
-        runs = [llm.submit([5, 6, 7], max_new_tokens=2) for _ in range(4)]   # 3 slots + 1
-        with pytest.raises(QueueFullError, match="--max-queue"):
-            llm.submit([5, 6, 7], max_new_tokens=2)
+        assert held.wait(30)
+        yield
     finally:
         hold.set()
         blocker.join(30)
+
+
+def test_a_burst_free_slots_will_take_is_not_refused_as_a_full_queue(tiny_noeos_dir):
+    """max_queue counts requests waiting for a slot: requests submitted before the scheduler
+    admits them, which free slots take at its next admission, do not fill the queue (a burst
+    on an idle server got 503 queue_full); one more than slots + queue is refused."""
+    from specrt.errors import QueueFullError
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3, max_queue=1,
+                     dtype="float32")
+    with _scheduler_held(llm):                    # nothing is admitted meanwhile
+        runs = [llm.submit([5, 6, 7], max_new_tokens=2) for _ in range(4)]   # 3 slots + 1
+        with pytest.raises(QueueFullError, match="--max-queue"):
+            llm.submit([5, 6, 7], max_new_tokens=2)
     assert [r.result().finish_reason for r in runs] == ["length"] * 4
     llm.close()
 
@@ -567,12 +575,6 @@ def test_free_slots_the_queue_cannot_take_do_not_make_room_in_it(tiny_noeos_dir)
 
     llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=3, max_queue=1,
                      dtype="float32")
-    hold, held = threading.Event(), threading.Event()
-
-    def block():
-        held.set()
-        hold.wait(30)
-
     other = {"method": "ngram", "num_speculative_tokens": 2}
     long = llm.submit([5, 6, 7], max_new_tokens=200,
                       speculative={"method": "ngram", "num_speculative_tokens": 4})
@@ -580,16 +582,10 @@ def test_free_slots_the_queue_cannot_take_do_not_make_room_in_it(tiny_noeos_dir)
     while llm.scheduler.running == 0:
         assert time.monotonic() < deadline
         time.sleep(0.001)
-    blocker = threading.Thread(target=llm.scheduler.call, args=(block,))
-    blocker.start()
-    try:
-        assert held.wait(30)              # the scheduler's thread is busy: `long` stays running
+    with _scheduler_held(llm):                    # `long` stays running meanwhile
         waiting = llm.submit([5, 6], max_new_tokens=2, speculative=other)
         with pytest.raises(QueueFullError):
             llm.submit([5, 6], max_new_tokens=2, speculative=other)
-    finally:
-        hold.set()
-        blocker.join(30)
     assert waiting.result().finish_reason == "length"
     long.handle.cancel()
     llm.close()
