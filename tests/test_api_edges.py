@@ -589,3 +589,21 @@ def test_free_slots_the_queue_cannot_take_do_not_make_room_in_it(tiny_noeos_dir)
     assert waiting.result().finish_reason == "length"
     long.handle.cancel()
     llm.close()
+
+
+def test_a_max_seq_len_past_the_models_trained_positions_is_warned_of(tiny_noeos_dir, caplog):
+    """Positions past max_position_embeddings run (the rotary tables are built for
+    max_seq_len) but degrade what the model says; vLLM refuses them by default. A warning
+    names both numbers and the setting; within them, none."""
+    import json
+    from pathlib import Path
+
+    trained = json.loads((Path(tiny_noeos_dir) / "config.json").read_text())[
+        "max_position_embeddings"]
+    with caplog.at_level("WARNING", logger="specrt.api.llm"):
+        specrt.LLM(tiny_noeos_dir, max_seq_len=trained, dtype="float32").close()
+        assert not caplog.records
+        specrt.LLM(tiny_noeos_dir, max_seq_len=trained + 1, dtype="float32").close()
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert f"max_seq_len {trained + 1} is past the {trained} positions" in said
+    assert f"max_seq_len={trained}" in said

@@ -16,6 +16,7 @@ see `specrt.AsyncLLM`.
 """
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 import threading
@@ -42,6 +43,7 @@ from specrt.spec.drafters.draft_model import draft_head_rows
 from specrt.spec.sampling import SamplingParams
 
 __all__ = ["LLM", "GenerationResult", "StreamChunk"]
+log = logging.getLogger(__name__)
 MAX_DRAFT_ENGINES = 2    # engines kept for drafts named per request (each holds a draft model)
 
 
@@ -93,6 +95,14 @@ class LLM:
         self.scheduler = Scheduler(build, self.max_queue)
         self.engine = self.scheduler.engine
         self.target = self.engine.target
+        trained = self.target.cfg.max_position_embeddings
+        if self.max_seq_len > trained:
+            # as vLLM refuses by default: rotary positions past those the model was trained on
+            # run, but what the model says there degrades
+            log.warning("max_seq_len %d is past the %d positions %s was trained for: text "
+                        "beyond them runs but its quality degrades; pass max_seq_len=%d "
+                        "(CLI: --max-seq-len, server: --max-model-len) to stay within them",
+                        self.max_seq_len, trained, self.model_dir, trained)
         self.eos_ids = set(self.target.cfg.eos_token_ids)
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
         self._schedulers_lock = threading.Lock()     # callers' threads add engines
