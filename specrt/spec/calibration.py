@@ -334,14 +334,24 @@ def valid_entry(key, value) -> bool:
 def foreign_text(text: str) -> bool:
     """Text no calibration file holds, even damaged: not empty, and neither a JSON object's
     start nor an object with a calibration's key (one naming a scheme, `|calN`) or none."""
+    return _foreign(text, _parsed(text)[0])
+
+
+def _parsed(text: str):
+    """(the JSON value of `text`, None) or (None, the error that parsing it raised)."""
+    try:
+        return json.loads(text), None
+    except (ValueError, RecursionError) as e:
+        return None, e
+
+
+def _foreign(text: str, raw) -> bool:
+    """foreign_text, given `raw`, the text's JSON value (None where it has none: a damaged
+    object is ours, and rewritten)."""
     if not text.strip():
         return False
     if not text.lstrip().startswith("{"):
         return True
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):         # a damaged object: ours, rewritten
-        return False
     return bool(raw) and not any(isinstance(k, str) and re.search(r"\|cal\d+", k)
                                  for k in raw)
 
@@ -367,16 +377,15 @@ def _load_disk(quiet: bool = False) -> tuple[dict, bool, bool]:
         return {}, False, False
     except ValueError:                        # not UTF-8: not a file this module wrote
         text = "\0"
-    if foreign_text(text):
+    raw, error = _parsed(text)
+    if _foreign(text, raw):
         warn("calibration path %s holds a file that is not a calibration file (no JSON "
-             "object of calibrations); it is left alone and calibrations are kept in memory only: set "
-             "SPECRT_CALIBRATION to a new file's path", path)
+             "object of calibrations); it is left alone and calibrations are kept in memory "
+             "only: set SPECRT_CALIBRATION to a new file's path", path)
         return {}, False, True
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:   # a damaged JSON object
+    if error is not None:                     # a damaged JSON object
         warn("ignoring calibration file %s (%s); it is rewritten after the next "
-             "calibration", path, str(e)[:100])
+             "calibration", path, str(error)[:100])
         return {}, True, False
     good = {k: [float(x) for x in v] for k, v in raw.items() if valid_entry(k, v)}
     if len(good) < len(raw):
