@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import sys
 
 from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
@@ -124,8 +125,7 @@ def check_flags(args) -> _Request:
         check_text("--system", args.system)
     if args.prompt_ids is not None:
         items = [t.strip() for t in args.prompt_ids.split(",") if t.strip()]
-        if not all(t.removeprefix("-").isascii() and t.removeprefix("-").isdigit()
-                   for t in items):                          # int() takes 1_0 and ١ too
+        if not all(re.fullmatch(r"-?[0-9]+", t) for t in items):   # int() takes 1_0, ١ too
             raise ArgumentError(f"--prompt-ids must be comma-separated integers, got "
                                 f"{show(args.prompt_ids)}")
         prompt = [int(t) for t in items]
