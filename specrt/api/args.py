@@ -85,6 +85,11 @@ def check_device(device):
                             "or 'cuda:N'") from None
     if dev.type not in DEVICE_TYPES:
         raise ArgumentError(f"device {show(device)} is not supported; use 'cpu' or 'cuda'")
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):      # torch takes 'cpu:5' and runs on the one CPU
+            raise ArgumentError(f"device {show(device)}: the CPU is one device and has no "
+                                "index; use 'cpu'")
+        return torch.device("cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ArgumentError(f"device {show(device)} requested but CUDA is not available; "
