@@ -122,3 +122,39 @@ def test_request_joining_a_running_batch_gives_its_solo_tokens(llm):
         got_a += [t for chunk in stream for t in chunk.token_ids]
     assert busy_at_reserve == [0, 1], "b did not join a running batch"
     assert got_a == solo_a and got_b == solo_b
+
+
+def test_chat_template_options_continue_a_prefilled_reply(llm):
+    """continue_final_message leaves the assistant's last message open (vLLM's prefill), and
+    add_generation_prompt=False ends after the last turn; the answer continues those ids."""
+    tok = llm.tokenizer._tok
+    turns = [{"role": "user", "content": "def add(a, b):"},
+             {"role": "assistant", "content": "return a"}]
+    ids = llm.encode(messages=turns, add_generation_prompt=False, continue_final_message=True)
+    assert tok.decode(ids) == ("<|im_start|>user\ndef add(a, b):<|im_end|>\n"
+                               "<|im_start|>assistant\nreturn a")
+    closed = llm.encode(messages=turns[:1], add_generation_prompt=False)
+    assert tok.decode(closed) == "<|im_start|>user\ndef add(a, b):<|im_end|>\n"
+    assert llm.generate(messages=turns[:1], max_new_tokens=6).token_ids == \
+        llm.generate(llm.encode(messages=turns[:1]), max_new_tokens=6).token_ids
+    with pytest.raises(specrt.SpecrtError, match="set add_generation_prompt=False"):
+        llm.encode(messages=turns, continue_final_message=True)
+    with pytest.raises(specrt.SpecrtError, match="must be the assistant's; it is the user's"):
+        llm.encode(messages=turns[:1], add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(specrt.SpecrtError, match="apply to chat messages"):
+        llm.encode("hi", continue_final_message=True)
+    with pytest.raises(specrt.SpecrtError, match="may not set 'tokenize'"):
+        llm.encode(messages=turns[:1], chat_template_kwargs={"tokenize": True})
+    with pytest.raises(specrt.SpecrtError, match="must be an object"):
+        llm.encode(messages=turns[:1], chat_template_kwargs=["x"])
+
+
+def test_chat_flag_that_cannot_apply_is_refused_not_ignored(llm):
+    """chat=True on token ids, or chat=False with messages, asked for something that would not
+    happen: each is an error naming why."""
+    ids = llm.encode("def add(a, b):")
+    with pytest.raises(specrt.SpecrtError, match="chat=True .* token ids"):
+        llm.generate(ids, max_new_tokens=2, chat=True)
+    with pytest.raises(specrt.SpecrtError, match="chat=False sends raw text"):
+        llm.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=2, chat=False)
+    assert llm.generate(ids, max_new_tokens=2, chat=False).token_ids    # no-op: still fine

@@ -429,3 +429,22 @@ def test_a_tokenizer_of_another_model_is_refused_at_load(tiny_dir, tmp_path):
     with pytest.raises(TokenizerFileError, match="emits ids up to 399, past the model's "
                                                  "vocab_size 320"):
         specrt.LLM(d, dtype="float32", max_seq_len=32)
+
+
+def test_chat_template_kwargs_reach_the_template_and_their_failures_blame_them(tiny_dir):
+    d = copy_model(tiny_dir)
+    (d / "chat_template.jinja").write_text(
+        "{% if terse %}T:{% endif %}{{ messages[0]['content'] }}{{ 10 // (width if width is defined else 1) }}")
+    llm = specrt.LLM(d, max_seq_len=32, dtype="float32")
+    try:
+        turns = [{"role": "user", "content": "hi"}]
+        assert llm.tokenizer.chat_text(turns) == "hi10"
+        assert llm.tokenizer.chat_text(turns, template_kwargs={"terse": True, "width": 5}) == \
+            "T:hi2"
+        with pytest.raises(SpecrtError) as caught:
+            llm.encode(messages=turns, chat_template_kwargs={"width": 0})
+        assert not isinstance(caught.value, TokenizerFileError)
+        assert "fails with chat_template_kwargs ['width'] (ZeroDivisionError" in \
+            str(caught.value)
+    finally:
+        llm.close()

@@ -1252,3 +1252,30 @@ def test_a_bad_temperature_or_top_p_says_what_the_field_takes(server, field, raw
     error = json.loads(text)["error"]
     assert status == 400 and error["param"] == field, error
     assert error["message"].startswith(f"{field} must be a finite number in "), error
+
+
+def test_chat_template_fields_and_stream_options_as_in_vllm(server, client):
+    """A prefilled reply (continue_final_message) is continued, not answered anew; a field the
+    template cannot take, or stream_options on an unstreamed request, is a 400 naming it."""
+    turns = [{"role": "user", "content": "def add(a, b):"},
+             {"role": "assistant", "content": "return a"}]
+    res = client.chat.completions.create(
+        model="tiny", messages=turns, max_tokens=6, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True,
+                    "chat_template_kwargs": {"unused": 1}, "speculative": False})
+    ids = server.llm.encode(messages=turns, add_generation_prompt=False,
+                            continue_final_message=True)
+    assert res.usage.prompt_tokens == len(ids)
+    assert res.choices[0].message.content == server.llm.generate(ids, max_new_tokens=6).text
+    chat = {"model": "tiny", "messages": turns[:1], "max_tokens": 2}
+    for extra, param in [({"continue_final_message": True}, None),
+                         ({"chat_template_kwargs": {"tokenize": True}}, None),
+                         ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+                         ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+                         ({"stream_options": {"include_usage": True}}, "stream_options")]:
+        error = _error(server.raw("POST", "/v1/chat/completions", {**chat, **extra}))
+        assert error["message"] and (param is None or error["param"] == param), (extra, error)
+    error = _error(server.raw("POST", "/v1/completions", {
+        "model": "tiny", "prompt": "hi", "stream": False, "stream_options": {}}))
+    assert error["param"] == "stream_options" and "stream" in error["message"], error
+    assert complete(client, "hi", max_tokens=2).usage.completion_tokens == 2    # still serving

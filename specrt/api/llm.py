@@ -187,9 +187,18 @@ class LLM:
 
     # --- text -> ids ------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | None = None, chat: bool = False,
-               messages: list[dict] | None = None) -> list[int]:
+               messages: list[dict] | None = None, *, add_generation_prompt: bool = True,
+               continue_final_message: bool = False,
+               chat_template_kwargs: dict | None = None) -> list[int]:
         """Token ids of a text prompt (chat: through the chat template), of chat `messages`
-        ([{"role": "system" | "user" | "assistant", "content": str}]), or a token-id list."""
+        ([{"role": "system" | "user" | "assistant", "content": str}]), or a token-id list.
+        The keywords after `messages` shape the template's output as in vLLM (see
+        `Tokenizer.chat_text`): continue_final_message=True (with add_generation_prompt=False)
+        leaves the last assistant message open for the model to continue."""
+        if messages is None and (not add_generation_prompt or continue_final_message
+                                 or chat_template_kwargs):
+            raise SpecrtError("add_generation_prompt, continue_final_message and "
+                              "chat_template_kwargs apply to chat messages: pass messages=[...]")
         if messages is not None:
             if prompt is not None:
                 raise SpecrtError("give a prompt or messages, not both")
@@ -199,7 +208,14 @@ class LLM:
             for text in texts:
                 check_text("a message's content", text)
             self._check_fits(sum(map(len, texts)), "the messages")
-            return self._need_tokenizer().encode_messages(messages)
+            return self._need_tokenizer().encode_messages(
+                messages, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                template_kwargs=chat_template_kwargs)
+        if chat and prompt is not None and not isinstance(prompt, str):
+            raise SpecrtError("chat=True applies the chat template to a text prompt, and this "
+                              "one is token ids, which are sent as they are: leave chat out, "
+                              "or pass the text")
         if isinstance(prompt, str):
             self._check_fits(len(prompt), "the prompt")
             ids = self._need_tokenizer().encode(check_text("the prompt", prompt), chat=chat)
@@ -249,6 +265,9 @@ class LLM:
         chat = check_bool("chat", chat, allow_none=True)
         if isinstance(prompt, str) and not prompt:     # before a template wraps it in turns
             raise SpecrtError("the prompt is empty: give some text or at least one token id")
+        if chat is False and messages is not None:
+            raise SpecrtError("chat=False sends raw text, and messages always go through the "
+                              "chat template: leave chat out, or pass the text as the prompt")
         if chat is None:
             chat = isinstance(prompt, str) and self.tokenizer is not None \
                 and self.tokenizer.has_chat_template

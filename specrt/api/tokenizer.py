@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specrt.checks import check_bool
 from specrt.errors import SpecrtError, TokenizerFileError
 from specrt.model.files import check_model_dir, read_json
 
@@ -72,14 +73,20 @@ class Tokenizer:
             return self.encode_messages([{"role": "user", "content": text}])
         return self._tok.encode(text)
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], **options) -> list[int]:
         """Chat messages [{"role": "system" | "user" | "assistant", "content": str}, ...]
-        through the chat template, ending with the prompt for the assistant's next turn."""
-        return self._tok.encode(self.chat_text(messages), add_special_tokens=False)
+        through the chat template, ending with the prompt for the assistant's next turn (the
+        options: `chat_text`'s)."""
+        return self._tok.encode(self.chat_text(messages, **options), add_special_tokens=False)
 
-    def chat_text(self, messages: list[dict]) -> str:
-        """The text encode_messages() tokenizes: the messages through the chat template, with
-        the prompt for the assistant's next turn (for tools that take formatted text)."""
+    def chat_text(self, messages: list[dict], add_generation_prompt: bool = True,
+                  continue_final_message: bool = False,
+                  template_kwargs: dict | None = None) -> str:
+        """The text encode_messages() tokenizes: the messages through the chat template (for
+        tools that take formatted text). As in vLLM and transformers: add_generation_prompt
+        ends it with the prompt for the assistant's next turn; continue_final_message leaves
+        the last message, an assistant's, open so the answer continues it (a prefilled reply);
+        template_kwargs are more variables for the template (e.g. a flag it reads)."""
         if not self.has_chat_template:
             raise SpecrtError("chat messages need a chat template, and this tokenizer has none; "
                               "pass a plain prompt instead")
@@ -90,10 +97,22 @@ class Tokenizer:
                     or not isinstance(m.get("content"), str):
                 raise SpecrtError(f"message {i} must be {{\"role\": one of {', '.join(ROLES)}, "
                                   f"\"content\": a string}}, got {m!r}")
+        add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
+        continue_final_message = check_bool("continue_final_message", continue_final_message)
+        if continue_final_message and add_generation_prompt:
+            raise SpecrtError("continue_final_message=True continues the last message, and "
+                              "add_generation_prompt=True starts a new one: set "
+                              "add_generation_prompt=False")
+        if continue_final_message and messages[-1]["role"] != "assistant":
+            raise SpecrtError("continue_final_message=True continues the last message, which "
+                              f"must be the assistant's; it is the {messages[-1]['role']}'s")
+        extra = check_template_kwargs(template_kwargs)
         try:
             text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
-                                                  for m in messages],
-                                                 tokenize=False, add_generation_prompt=True)
+                                                  for m in messages], tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 continue_final_message=continue_final_message,
+                                                 **extra)
         except Exception as e:  # noqa: BLE001 - the template is user code run by jinja2
             from jinja2 import TemplateError
 
@@ -102,6 +121,17 @@ class Tokenizer:
                 # refusing these messages on purpose, e.g. roles that do not alternate
                 raise SpecrtError(f"the model's chat template refuses these messages: "
                                   f"{_first_line(e)}") from None
+            if continue_final_message or extra:
+                try:       # the template works without the options: they are to blame
+                    self.chat_text(messages, add_generation_prompt)
+                except SpecrtError:
+                    pass
+                else:
+                    raise SpecrtError(
+                        "the model's chat template fails with "
+                        + " and ".join(["continue_final_message"] * continue_final_message
+                                       + [f"chat_template_kwargs {sorted(extra)}"] * bool(extra))
+                        + f" ({type(e).__name__}: {_first_line(e)}); leave them out") from None
             # a syntax error, an undefined name, or anything its expressions raise ({{ 1/0 }}):
             # the file's fault
             raise TokenizerFileError(
@@ -143,6 +173,35 @@ class Tokenizer:
         """Ids of the special and added tokens (chat markers, EOS, tool tags, ...)."""
         added = getattr(self._tok, "added_tokens_decoder", {}) or {}
         return sorted(set(self.special_tokens().values()) | set(added))
+
+
+# apply_chat_template's own parameters: a template variable of one of these names would change
+# how it runs, not what the template reads
+_TEMPLATE_RESERVED = frozenset(("conversation", "messages", "tools", "documents",
+                                "chat_template", "add_generation_prompt",
+                                "continue_final_message", "tokenize", "padding", "truncation",
+                                "max_length", "return_tensors", "return_dict",
+                                "return_assistant_tokens_mask", "tokenizer_kwargs"))
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """chat_template_kwargs: None or {name: JSON-like value}, named like a template variable
+    and none of apply_chat_template's own parameters."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise SpecrtError(f"chat_template_kwargs must be an object of template variables, got "
+                          f"{type(kwargs).__name__}")
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SpecrtError(f"chat_template_kwargs: {name!r} is not a template variable name")
+        if name in _TEMPLATE_RESERVED:
+            raise SpecrtError(f"chat_template_kwargs may not set {name!r}: it is a parameter of "
+                              "the template's call, not a variable"
+                              + ("; use the request's field of that name"
+                                 if name in ("add_generation_prompt", "continue_final_message")
+                                 else ""))
+    return dict(kwargs)
 
 
 def _first_line(e: BaseException) -> str:

@@ -230,8 +230,12 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         name, value = unsupported
         raise APIError(f"{name} is not supported by this server (got {value!r}); leave it out",
                        param=name)
+    if body.stream_options is not None and not body.stream:
+        raise APIError("stream_options applies to streamed responses: set \"stream\": true "
+                       "or leave stream_options out", param="stream_options")
     if chat:
-        ids = state.llm.encode(messages=[m.as_dict() for m in body.messages])
+        ids = state.llm.encode(messages=[m.as_dict() for m in body.messages],
+                               **body.template_options())
     else:
         ids = state.llm.encode(body.prompt, chat=False)
     if body.speculative is None:

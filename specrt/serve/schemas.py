@@ -117,6 +117,17 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[StrictInt] = None        # None: room left, at most CHAT_MAX_TOKENS
     max_completion_tokens: Optional[StrictInt] = None        # OpenAI's newer name for it
+    # vLLM's chat-template fields (Tokenizer.chat_text): a prefilled reply to continue, and
+    # variables for the template
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: Optional[dict] = None
+
+    def template_options(self) -> dict:
+        """LLM.encode's keywords for the messages' template."""
+        return dict(add_generation_prompt=self.add_generation_prompt,
+                    continue_final_message=self.continue_final_message,
+                    chat_template_kwargs=self.chat_template_kwargs)
 
     def token_budget(self) -> tuple[Optional[int], str]:
         if self.max_completion_tokens is not None:
