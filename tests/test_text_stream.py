@@ -39,22 +39,37 @@ class Counting:
 
 
 def reference_deltas(tok, stop, pushes):
-    """(deltas, stopped, ids kept, final text): the whole text decoded after every token."""
-    ids, shown, deltas = [], 0, []
+    """(deltas, stopped, ids kept, final text): the whole text decoded after every token.
+
+    The first stop string in the text stops it, unless it ends in the text's last character
+    and that is U+FFFD, the placeholder of a character that may be unfinished: then it stops
+    the text once a later token leaves it in place (or no token follows), its ids counted up
+    to the token that first completed it."""
+    ids, shown, deltas, pending = [], 0, [], None
     for chunk, final in pushes:
         text, stopped_at = None, None
-        for t in chunk:
+        for i, t in enumerate(chunk):
             ids.append(t)
             text = tok.decode(ids)
-            hits = [i for i in (text.find(s) for s in stop) if i >= 0]
-            if hits:
-                stopped_at = min(hits)
-                break
+            hits = [(at, at + len(s)) for s in stop for at in (text.find(s),) if at >= 0]
+            if not hits:
+                pending = None
+                continue
+            at, end = min(hits)
+            if end == len(text) and text.endswith("\ufffd") and not (final and
+                                                                     i == len(chunk) - 1):
+                pending = pending if pending and pending[0] == at else (at, len(ids))
+                continue
+            stopped_at = at
+            break
         if text is None:
             text = tok.decode(ids)
+        if stopped_at is None and final and pending:
+            stopped_at = pending[0]
         if stopped_at is not None:
             deltas.append(text[shown:stopped_at])
-            return deltas, True, len(ids), text[:stopped_at]
+            count = pending[1] if pending and pending[0] == stopped_at else len(ids)
+            return deltas, True, count, text[:stopped_at]
         end = len(text)
         if not final:
             if text.endswith("\ufffd"):
@@ -64,6 +79,8 @@ def reference_deltas(tok, stop, pushes):
                     if text[:end].endswith(s[:n]):
                         end -= n
                         break
+        if pending:
+            end = min(end, pending[0])
         end = max(end, shown)
         deltas.append(text[shown:end])
         shown = end
@@ -100,7 +117,8 @@ def cases(tok, encode, seed):
     rng = random.Random(seed)
     for text in TEXTS:
         ids = encode(text)
-        for stop in ([], ["STOP"], ["\n\n\n"], ["晴れ", "🚀"], [text[150:190]], ["never there"]):
+        for stop in ([], ["STOP"], ["\n\n\n"], ["晴れ", "🚀"], [text[150:190]], ["never there"],
+                     ["\ufffd", "STOP"]):
             yield ids, stop, pushes_of(ids, rng)
 
 
@@ -186,3 +204,19 @@ def test_incomplete_utf8_is_held_back():
     euro = list("€".encode())
     assert ts.push([ord("a")] + euro[:2]) == "a"
     assert ts.push(euro[2:]) == "€"
+
+
+def test_a_stop_string_over_an_unfinished_character_waits_for_it():
+    """U+FFFD at the end of the text may be a character whose bytes have not all arrived: a
+    stop string ending in it stops the text only once the placeholder is shown to be real,
+    its ids counted to the token that completed it."""
+    x, lead, rest = ord("x"), 0xE4, [0xB8, 0xAD]          # "中" is E4 B8 AD
+    ts = TextStream(ByteTok(), ["x\ufffd"])
+    shown = ts.push([x, lead]) + ts.push(rest)
+    assert not ts.stopped and shown == "x中"              # a placeholder, not a stop
+    for pushes in ([([x, lead], False), ([ord("y")], True)],   # a later byte: it was real
+                   [([x, lead], True)],                    # the end: it was real
+                   [([x], False), ([lead], False), ([], True)]):
+        ts = TextStream(ByteTok(), ["x\ufffd"])
+        shown = "".join(ts.push(ids, final=final) for ids, final in pushes)
+        assert ts.stopped and ts.text == shown == "" and ts.stop_token_count == 2, pushes

@@ -48,6 +48,11 @@ class TextStream:
         self._recent_at = 0          # not yet shown or a stop string may still reach into
         self._settle_at = _SETTLE_AT
         self._final: str | None = None
+        # (offset, ids) of a stop string found ending in the text's last character while that
+        # is U+FFFD: the placeholder of a character whose bytes may not all have arrived. It
+        # stops the text once a later token (or the end) shows the placeholder is real; its
+        # ids are counted up to the token that first completed it.
+        self._pending: tuple[int, int] | None = None
 
     @property
     def text(self) -> str:
@@ -64,17 +69,33 @@ class TextStream:
             self.ids += ids
             self._decode_window()
             return self._release(final)
-        for t in ids:      # token by token, so a stop string is cut at the token completing it
+        for i, t in enumerate(ids):   # one by one: a stop string is cut at the token completing it
             settled = self._length() - (len(self._tail) - len(self._tail.rstrip("\ufffd")))
             self.ids.append(t)
             self._decode_window()
             hit = self._find_stop(settled)
-            if hit is not None:
-                self._final = self.text[:hit]
-                self.stopped = True
-                self.stop_token_count = len(self.ids)
-                return self._release(final=True)
+            if hit is None:
+                self._pending = None
+                continue
+            offset, end = hit
+            if end == self._length() and self._tail.endswith("\ufffd") \
+                    and not (final and i == len(ids) - 1):
+                if self._pending is None or self._pending[0] != offset:
+                    self._pending = (offset, len(self.ids))
+                continue
+            return self._stop(offset)
+        if final and self._pending is not None:     # the placeholder was the last character
+            return self._stop(self._pending[0])
         return self._release(final)
+
+    def _stop(self, offset: int) -> str:
+        """Cut the text before the stop string found at `offset` (see `_pending`)."""
+        pending = self._pending is not None and self._pending[0] == offset
+        self._final = self.text[:offset]
+        self.stopped = True
+        self.stop_token_count = self._pending[1] if pending else len(self.ids)
+        self._pending = None
+        return self._release(final=True)
 
     # --- the window ---------------------------------------------------------------------------
     def _length(self) -> int:
@@ -111,12 +132,16 @@ class TextStream:
             self._recent = self._recent[cut:]
             self._recent_at += cut
 
-    def _find_stop(self, searched: int) -> int | None:
-        """Offset in the text of the first stop string ending past `searched` characters."""
+    def _find_stop(self, searched: int) -> tuple[int, int] | None:
+        """(offset, end) in the text of the first stop string ending past `searched`
+        characters (of those found there, the one ending first)."""
         recent = self._recent + self._tail
         start = max(searched - self._reach, self._recent_at) - self._recent_at
-        hits = [i for i in (recent.find(s, start) for s in self.stop) if i >= 0]
-        return self._recent_at + min(hits) if hits else None
+        hits = [(i, i + len(s)) for s in self.stop for i in (recent.find(s, start),) if i >= 0]
+        if not hits:
+            return None
+        offset, end = min(hits)
+        return self._recent_at + offset, self._recent_at + end
 
     # --- what may be shown --------------------------------------------------------------------
     def _release(self, final: bool) -> str:
@@ -134,6 +159,8 @@ class TextStream:
                     if shown.endswith(s[:n]):
                         end -= n
                         break
+        if self._pending is not None:              # a stop string that may be real
+            end = min(end, self._pending[0] - at)
         end = max(at + end, self.emitted)
         delta = recent[self.emitted - at:end - at]
         self.emitted = end
