@@ -1279,3 +1279,17 @@ def test_chat_template_fields_and_stream_options_as_in_vllm(server, client):
         "model": "tiny", "prompt": "hi", "stream": False, "stream_options": {}}))
     assert error["param"] == "stream_options" and "stream" in error["message"], error
     assert complete(client, "hi", max_tokens=2).usage.completion_tokens == 2    # still serving
+
+
+def test_bad_message_content_gets_one_message_saying_what_content_takes(server):
+    """pydantic names each shape of the content union it tried ("messages.0.content.str: ...;
+    messages.0.content.list[TextPart].0.type: ..."): the client is told the forms once."""
+    for content in (5, None, [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                    [{"type": "text"}]):
+        error = _error(server.raw("POST", "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"},
+                                          {"role": "user", "content": content}]}))
+        assert error["param"] == "messages.1.content", error
+        assert error["message"].startswith("messages.1.content must be a string or a list of "
+                                           "{\"type\": \"text\"") and "[" not in \
+            error["message"].split("must be")[0], error

@@ -113,9 +113,9 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     parts, said, param = [], set(), None
     for e in errors[:5]:
         loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        field = loc[0] if loc else ""
-        if field in FIELD_FORMS and e.get("type") != "missing":
-            name, part = field, f"{field} must be {FIELD_FORMS[field]}"
+        form = _form_of(loc, missing=e.get("type") == "missing")
+        if form is not None:
+            name, part = form, f"{form} must be {FIELD_FORMS[_form_key(form.split('.'))]}"
         else:
             name, part = ".".join(loc) or None, f"{'.'.join(loc) or 'body'}: {e['msg']}"
         if part not in said:
@@ -123,3 +123,17 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
             parts.append(part)
         param = param or name
     return "; ".join(parts), param
+
+
+def _form_key(loc: list[str]) -> str:
+    return ".".join("N" if p.isdigit() else p for p in loc)      # messages.0.content -> .N.
+
+
+def _form_of(loc: list[str], missing: bool) -> str | None:
+    """The field of FIELD_FORMS that an error at `loc` is in (pydantic's path, which names
+    each union shape it tried: messages.0.content.list[TextPart].0.type), or None; a field
+    that is itself missing is said as pydantic says it."""
+    for n in range(len(loc), 0, -1):
+        if _form_key(loc[:n]) in FIELD_FORMS:
+            return None if missing and n == len(loc) else ".".join(loc[:n])
+    return None

@@ -50,6 +50,9 @@ FIELD_FORMS = {
     "top_p": "a finite number in (0, 1], or null (1.0)",
     "speculative": "an object of vLLM's speculative-config keys, false (plain decoding) or "
                    "null (the server's --speculative-config)",
+    # N: any message's index
+    "messages.N.content": "a string or a list of {\"type\": \"text\", \"text\": a string} "
+                          "parts (text only: this server takes no images or audio)",
 }
 
 
