@@ -79,11 +79,12 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     tokenizer = allm.llm.tokenizer
-    if tokenizer is not None:
-        # the longest prompt that can fit, each character as JSON's longest escape (a
-        # surrogate pair's "\ud83d\ude00": 12 bytes), and room for the other fields
-        limit = 12 * tokenizer.max_chars(allm.llm.max_seq_len) + (1 << 20)
-        app.add_middleware(_BodyLimit, limit=limit, on_refused=state.metrics.failed)
+    # the longest prompt that can fit, each character as JSON's longest escape (a surrogate
+    # pair's "\ud83d\ude00": 12 bytes), and room for the other fields (without a tokenizer
+    # prompts are ids, which the app's own checks bound)
+    limit = None if tokenizer is None else \
+        12 * tokenizer.max_chars(allm.llm.max_seq_len) + (1 << 20)
+    app.add_middleware(_BodyLimit, limit=limit, on_refused=state.metrics.failed)
 
     return app
 
@@ -154,25 +155,29 @@ class _BodyLimit:
     """A request body past `limit` bytes is answered 413 before the app sees it: past what
     any prompt that fits the cache needs, it would only cost memory and tokenizing time
     (a 100 MB body was read whole and its prompt tokenized for half a minute). The body is
-    read here, up to the limit, and handed to the app as it arrived."""
+    read here, up to the limit, and handed to the app as it arrived; a client gone before
+    its body is whole never reaches the app (which counted it a malformed body, a 400)."""
 
-    def __init__(self, app, limit: int, on_refused):
+    def __init__(self, app, limit: int | None, on_refused):     # None: no size limit
         self.app, self.limit, self.on_refused = app, limit, on_refused
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
+        limit = float("inf") if self.limit is None else self.limit
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
+        if declared.isdigit() and int(declared) > limit:
             return await self._refuse(scope, receive, send)
         messages, size = [], 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return          # gone before its body was whole: nothing to answer or count
             messages.append(message)
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
-            if size > self.limit:
+            if size > limit:
                 return await self._refuse(scope, receive, send)
             if not message.get("more_body", False):
                 break
