@@ -158,3 +158,13 @@ def test_chat_flag_that_cannot_apply_is_refused_not_ignored(llm):
     with pytest.raises(specrt.SpecrtError, match="chat=False sends raw text"):
         llm.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=2, chat=False)
     assert llm.generate(ids, max_new_tokens=2, chat=False).token_ids    # no-op: still fine
+
+
+def test_decode_keeps_special_tokens_unless_told_and_checks_ids(llm):
+    ids = llm.encode(messages=[{"role": "user", "content": "hi"}])
+    assert llm.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert llm.decode(ids, skip_special_tokens=True) == "user\nhi\nassistant\n"
+    for bad, match in [([0, 10**6], "outside the model's vocabulary"), ([-1], "outside"),
+                       ("12", "list of token ids"), ([1.0], "list of token ids")]:
+        with pytest.raises(specrt.SpecrtError, match=match):
+            llm.decode(bad)

@@ -1325,3 +1325,38 @@ def test_a_model_without_a_tokenizer_serves_token_id_prompts(tmp_path):
         assert json.loads(body)["usage"]["completion_tokens"] == 4
         error = _error(s.raw("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}))
         assert "token ids" in error["message"], error
+
+
+def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
+    """/tokenize gives the ids the completion and chat endpoints run (their usage counts
+    them), /detokenize the text back, special tokens included; bad input is a 400."""
+    def post(path, body):
+        status, _, raw = server.raw("POST", path, {"model": "tiny", **body})
+        assert status == 200, raw
+        return json.loads(raw)
+
+    out = post("/tokenize", {"prompt": "def add(a, b):", "return_token_strs": True})
+    assert out["tokens"] == server.llm.encode("def add(a, b):", chat=False)
+    assert out["count"] == len(out["tokens"]) and out["max_model_len"] == 2048
+    assert len(out["token_strs"]) == out["count"] and all(isinstance(t, str)
+                                                          for t in out["token_strs"])
+    assert complete(client, "def add(a, b):", max_tokens=1).usage.prompt_tokens == out["count"]
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "def"}]
+    chat = post("/tokenize", {"messages": turns, "add_generation_prompt": False,
+                              "continue_final_message": True})
+    assert chat["token_strs"] is None
+    assert post("/detokenize", {"tokens": chat["tokens"]})["prompt"] == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\ndef"
+    res = client.chat.completions.create(model="tiny", messages=turns[:1], max_tokens=1)
+    assert res.usage.prompt_tokens == post("/tokenize", {"messages": turns[:1]})["count"]
+    for path, body, param in [("/tokenize", {}, None),
+                              ("/tokenize", {"prompt": "x", "messages": turns}, None),
+                              ("/tokenize", {"messages": []}, "messages"),
+                              ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                              ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
+                              ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/detokenize", {"tokens": "12"}, "tokens")]:
+        error = _error(server.raw("POST", path, {"model": "tiny", **body}))
+        assert error["message"] and error["param"] == param, (path, body, error)
+    status, _, raw = server.raw("GET", "/version")
+    assert status == 200 and json.loads(raw) == {"version": specrt.__version__}

@@ -235,6 +235,20 @@ class LLM:
             raise SpecrtError("the prompt is empty: give some text or at least one token id")
         return ids
 
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of token ids, special tokens included unless skip_special_tokens (as
+        Hugging Face's decode; a generation's own text skips them)."""
+        skip = check_bool("skip_special_tokens", skip_special_tokens)
+        if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+            raise SpecrtError("decode takes a list of token ids (ints)")
+        vocab = self.target.cfg.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise SpecrtError(f"token id {int(bad[0])} is outside the model's vocabulary "
+                              f"0..{vocab - 1}")
+        return self._need_tokenizer().decode([int(t) for t in ids], skip_special_tokens=skip)
+
     def _check_fits(self, chars: int, what: str) -> None:
         """CapacityError for text too long to fit max_seq_len tokens, before tokenizing it."""
         most = self._need_tokenizer().max_chars(self.max_seq_len)

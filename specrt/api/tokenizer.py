@@ -146,8 +146,12 @@ class Tokenizer:
                 return self.model_dir / name
         return self.model_dir / "tokenizer_config.json"
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        """Each id's vocabulary entry, as stored (byte-level BPE: "Ġthe" for " the")."""
+        return self._tok.convert_ids_to_tokens(ids)
 
     def token_text(self, token_id: int) -> str:
         """How one token reads on its own (for traces)."""

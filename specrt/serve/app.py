@@ -2,7 +2,8 @@
 
     POST /v1/completions        prompt: text (no chat template) or token ids
     POST /v1/chat/completions   messages through the model's chat template
-    GET  /v1/models, /health, /metrics (Prometheus text)
+    POST /tokenize, /detokenize  vLLM's: the ids a prompt or messages run as, and back
+    GET  /v1/models, /health, /metrics (Prometheus text), /version
 
 `build_app` takes a ready `AsyncLLM`; it neither loads nor closes models (the CLI, or a test,
 owns them). Text is encoded here, on a worker thread (a long prompt takes seconds to tokenize;
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+
+import specrt
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -60,6 +63,22 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: schemas.ChatCompletionRequest):
         return await _respond(state, request, body, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(body: schemas.TokenizeRequest):
+        return await asyncio.to_thread(_tokenize, state, body)      # seconds for a long one
+
+    @app.post("/detokenize")
+    async def detokenize(body: schemas.DetokenizeRequest):
+        _check_model(state, body)
+        try:
+            return {"prompt": state.llm.decode(body.tokens)}
+        except SpecrtError as e:
+            raise APIError(str(e), param="tokens") from None
+
+    @app.get("/version")
+    async def version():
+        return {"version": specrt.__version__}
 
     # HEAD wherever GET (health checkers send it), kept out of the OpenAPI schema, whose
     # operation ids would repeat
@@ -221,13 +240,35 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
-    """(prompt ids, keyword arguments of AsyncLLM.stream) for an OpenAI request; raises
-    APIError or SpecrtError (both 400) for one that cannot run."""
+def _check_model(state: _State, body) -> None:
     if body.model is not None and body.model != state.config.served_model_name:
         raise APIError(f"the model {body.model!r} does not exist; this server serves "
                        f"{state.config.served_model_name!r}", param="model",
                        code="model_not_found")
+
+
+def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
+    """/tokenize's answer: the ids the completion or chat endpoint would run."""
+    _check_model(state, body)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError("send a \"prompt\" (tokenized as /v1/completions does) or "
+                       "\"messages\" (as /v1/chat/completions does), one of the two")
+    try:
+        if body.messages is not None:
+            ids = state.llm.encode(messages=[m.as_dict() for m in body.messages],
+                                   **body.template_options())
+        else:
+            ids = state.llm.encode(body.prompt, chat=False)
+        strs = state.llm.tokenizer.token_strs(ids) if body.return_token_strs else None
+    except SpecrtError as e:
+        raise as_api_error(e) from None
+    return schemas.tokenized(ids, state.llm.max_seq_len, strs)
+
+
+def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
+    """(prompt ids, keyword arguments of AsyncLLM.stream) for an OpenAI request; raises
+    APIError or SpecrtError (both 400) for one that cannot run."""
+    _check_model(state, body)
     if body.n != 1:
         raise APIError(f"n must be 1 (one choice per request), got {body.n}", param="n")
     unsupported = body.unsupported()

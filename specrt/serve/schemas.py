@@ -138,6 +138,26 @@ class ChatCompletionRequest(_Sampling):
         return self.max_tokens, "max_tokens"
 
 
+class TokenizeRequest(_Base):
+    """vLLM's /tokenize: a prompt as /v1/completions reads it, or chat messages as
+    /v1/chat/completions does (with its template fields)."""
+
+    model: Optional[StrictStr] = None
+    prompt: Optional[StrictStr] = None
+    messages: Optional[list[ChatMessage]] = Field(None, min_length=1)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: Optional[dict] = None
+    return_token_strs: StrictBool = False
+
+    template_options = ChatCompletionRequest.template_options
+
+
+class DetokenizeRequest(_Base):
+    model: Optional[StrictStr] = None
+    tokens: list[StrictInt]
+
+
 # --- responses ---------------------------------------------------------------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
@@ -175,6 +195,11 @@ def chat_chunk(rid: str, model: str, delta: dict | None, finish: str | None,
     if use is not None:
         body["usage"] = use
     return body
+
+
+def tokenized(ids: list[int], max_model_len: int, token_strs: list[str] | None) -> dict:
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
+            "token_strs": token_strs}
 
 
 def models_list(name: str, created: int, max_model_len: int) -> dict:
