@@ -139,12 +139,17 @@ def test_chat_template_options_continue_a_prefilled_reply(llm):
         llm.generate(llm.encode(messages=turns[:1]), max_new_tokens=6).token_ids
     with pytest.raises(specrt.SpecrtError, match="set add_generation_prompt=False"):
         llm.encode(messages=turns, continue_final_message=True)
-    with pytest.raises(specrt.SpecrtError, match="must be the assistant's; it is the user's"):
-        llm.encode(messages=turns[:1], add_generation_prompt=False, continue_final_message=True)
+    # any last message may be continued, as in vLLM and transformers
+    assert tok.decode(llm.encode(messages=turns[:1], add_generation_prompt=False,
+                                 continue_final_message=True)) == \
+        "<|im_start|>user\ndef add(a, b):"
     with pytest.raises(specrt.SpecrtError, match="apply to chat messages"):
         llm.encode("hi", continue_final_message=True)
-    with pytest.raises(specrt.SpecrtError, match="may not set 'tokenize'"):
-        llm.encode(messages=turns[:1], chat_template_kwargs={"tokenize": True})
+    with pytest.raises(specrt.SpecrtError, match="must be True or False"):
+        llm.encode("hi", add_generation_prompt="yes")
+    for name in ("tokenize", "self", "conversations", "messages"):
+        with pytest.raises(specrt.SpecrtError, match=f"may not set '{name}'"):
+            llm.encode(messages=turns[:1], chat_template_kwargs={name: True})
     with pytest.raises(specrt.SpecrtError, match="must be an object"):
         llm.encode(messages=turns[:1], chat_template_kwargs=["x"])
 

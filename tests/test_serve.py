@@ -1276,8 +1276,16 @@ def test_chat_template_fields_and_stream_options_as_in_vllm(server, client):
         error = _error(server.raw("POST", "/v1/chat/completions", {**chat, **extra}))
         assert error["message"] and (param is None or error["param"] == param), (extra, error)
     error = _error(server.raw("POST", "/v1/completions", {
-        "model": "tiny", "prompt": "hi", "stream": False, "stream_options": {}}))
+        "model": "tiny", "prompt": "hi", "stream": False,
+        "stream_options": {"continuous_usage_stats": True}}))
     assert error["param"] == "stream_options" and "stream" in error["message"], error
+    # ... but options that ask for nothing pass, as in vLLM
+    assert server.raw("POST", "/v1/completions", {"model": "tiny", "prompt": "hi",
+                                                  "max_tokens": 2, "stream_options": {}})[0] == 200
+    for field, value in [("chat_template", "{{ raise_exception('mine') }}"),
+                         ("documents", [{"text": "x"}])]:     # refused, not ignored
+        error = _error(server.raw("POST", "/v1/chat/completions", {**chat, field: value}))
+        assert error["param"] == field and "not supported" in error["message"], error
     assert complete(client, "hi", max_tokens=2).usage.completion_tokens == 2    # still serving
 
 
@@ -1353,6 +1361,8 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
                               ("/tokenize", {"prompt": "x", "messages": turns}, None),
                               ("/tokenize", {"messages": []}, "messages"),
                               ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                              ("/tokenize", {"prompt": "x", "continue_final_message": True},
+                               None),
                               ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
                               ("/detokenize", {"tokens": [-1]}, "tokens"),
                               ("/detokenize", {"tokens": "12"}, "tokens")]:

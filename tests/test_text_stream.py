@@ -42,34 +42,33 @@ def reference_deltas(tok, stop, pushes):
     """(deltas, stopped, ids kept, final text): the whole text decoded after every token.
 
     The first stop string in the text stops it, unless it ends in the text's last character
-    and that is U+FFFD, the placeholder of a character that may be unfinished: then it stops
-    the text once a later token leaves it in place (or no token follows), its ids counted up
-    to the token that first completed it."""
-    ids, shown, deltas, pending = [], 0, [], None
+    and that is U+FFFD, the placeholder of a character that may be unfinished: then the text
+    stops once a later token leaves it in place (or no token follows), and nothing from it on
+    is shown meanwhile. Each stop string's place counts its ids up to the token that first
+    completed it there."""
+    ids, shown, deltas, seen = [], 0, [], {}
     for chunk, final in pushes:
         text, stopped_at = None, None
         for i, t in enumerate(chunk):
             ids.append(t)
             text = tok.decode(ids)
-            hits = [(at, at + len(s)) for s in stop for at in (text.find(s),) if at >= 0]
+            hits = [(at, at + len(s), s) for s in stop for at in (text.find(s),) if at >= 0]
+            seen = {h: seen.get(h, len(ids)) for h in hits}
             if not hits:
-                pending = None
                 continue
-            at, end = min(hits)
-            if end == len(text) and text.endswith("\ufffd") and not (final and
-                                                                     i == len(chunk) - 1):
-                pending = pending if pending and pending[0] == at else (at, len(ids))
+            first = min(hits)
+            if first[1] == len(text) and text.endswith("\ufffd") and not (final and
+                                                                          i == len(chunk) - 1):
                 continue
-            stopped_at = at
+            stopped_at = first
             break
         if text is None:
             text = tok.decode(ids)
-        if stopped_at is None and final and pending:
-            stopped_at = pending[0]
+        if stopped_at is None and final and seen:
+            stopped_at = min(seen)
         if stopped_at is not None:
-            deltas.append(text[shown:stopped_at])
-            count = pending[1] if pending and pending[0] == stopped_at else len(ids)
-            return deltas, True, count, text[:stopped_at]
+            deltas.append(text[shown:stopped_at[0]])
+            return deltas, True, seen[stopped_at], text[:stopped_at[0]]
         end = len(text)
         if not final:
             if text.endswith("\ufffd"):
@@ -79,8 +78,8 @@ def reference_deltas(tok, stop, pushes):
                     if text[:end].endswith(s[:n]):
                         end -= n
                         break
-        if pending:
-            end = min(end, pending[0])
+        if seen:
+            end = min(end, min(seen)[0])
         end = max(end, shown)
         deltas.append(text[shown:end])
         shown = end
@@ -220,3 +219,35 @@ def test_a_stop_string_over_an_unfinished_character_waits_for_it():
         ts = TextStream(ByteTok(), ["x\ufffd"])
         shown = "".join(ts.push(ids, final=final) for ids, final in pushes)
         assert ts.stopped and ts.text == shown == "" and ts.stop_token_count == 2, pushes
+    ok = list(b"ok")
+    for stop, ids, text, count in [
+            (["\ufffd", "。"], ok + [0xE3, 0x80, 0x82], "ok", 5),   # the placeholder was "。"
+            (["a\ufffd", "a中"], [0x61, 0xE4, 0xB8, 0xAD], "", 4),    # ... the "中" of "a中"
+            # an invalid byte's real U+FFFD waits while an earlier match may still be real
+            (["a\ufffd\ufffd", "\ufffd"], [0x61, 0xE4, 0xF0, 0x9F, 0x98, 0x80], "a", 2)]:
+        ts = TextStream(ByteTok(), stop)
+        shown = "".join(ts.push([t]) for t in ids)
+        assert ts.stopped and ts.text == shown == text and ts.stop_token_count == count, stop
+
+
+def test_a_run_hands_out_no_ids_past_a_stop_string_that_may_be_real():
+    """The ids of a round past a stop string still in doubt wait with its text: handed out
+    at once, they could not be taken back once it proves real."""
+    from specrt.api.run import TextRun
+    from specrt.engine.request import Step
+
+    class Handle:
+        request_id, cancelled = "r", False
+
+        def cancel(self):
+            self.cancelled = True
+
+    rounds = [[0x78, 0xF0, 0x9F], [0x79, 0x7A]]     # "x" + an unfinished 4-byte character
+    for stop, kept, shown in [(["x\ufffd"], [[0x78, 0xF0], []], ""),
+                              (["zz"], rounds, "x\ufffdyz")]:
+        run = TextRun(Handle(), TextStream(ByteTok(), stop))
+        chunks = [run._chunk(Step("r", i + 1, ids, "plain", [], 0)) for i, ids in
+                  enumerate(rounds)]
+        assert [c.token_ids for c in chunks] == kept, stop
+        assert "".join(c.text for c in chunks) + run.stream.push([], final=True) == shown
+        assert (chunks[-1].finish_reason == "stop") == (stop == ["x\ufffd"])

@@ -27,7 +27,7 @@ from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs
                               check_stop, check_text, keywords_checked)
 from specrt.api.run import Chunks, GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
-from specrt.api.tokenizer import Tokenizer, check_compatible
+from specrt.api.tokenizer import Tokenizer, check_compatible, check_template_kwargs
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
@@ -195,6 +195,9 @@ class LLM:
         The keywords after `messages` shape the template's output as in vLLM (see
         `Tokenizer.chat_text`): continue_final_message=True (with add_generation_prompt=False)
         leaves the last assistant message open for the model to continue."""
+        add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
+        continue_final_message = check_bool("continue_final_message", continue_final_message)
+        chat_template_kwargs = check_template_kwargs(chat_template_kwargs)
         if messages is None and (not add_generation_prompt or continue_final_message
                                  or chat_template_kwargs):
             raise SpecrtError("add_generation_prompt, continue_final_message and "

@@ -40,7 +40,8 @@ class StreamChunk:
 
     text: str                          # text delta (may be "" while a stop string is possible)
     token_ids: list[int]               # ids committed this round (a stop string's: up to the
-                                       # id completing it, the stop's own ids kept, as vLLM)
+                                       # id completing it, the stop's own ids kept, as vLLM;
+                                       # ids past one that may yet be real come with the next)
     finish_reason: str | None = None   # set on the last chunk
     stats: dict | None = None          # set on the last chunk
     step: Step | None = None           # the engine's record of the round (plan, drafts)
@@ -101,12 +102,11 @@ class TextRun:
             raise RuntimeError(f"request {step.request_id} failed: {step.error!r}") \
                 from step.error
         was_stopped = self.stream.stopped
-        ids = step.new_tokens
-        text = self.stream.push(ids, final=step.finished)
+        text = self.stream.push(step.new_tokens, final=step.finished)
+        # text past a stop string never reaches the caller; neither do its ids, nor those past
+        # one that may yet be real (held back until it is known: `TextStream.kept_ids`)
+        ids = self.stream.ids[len(self.token_ids):self.stream.kept_ids]
         if self.stream.stopped and not was_stopped:
-            # text past the stop string never reaches the caller; neither do its ids
-            keep = self.stream.stop_token_count - len(self.token_ids)
-            ids = ids[:max(keep, 0)]
             self.handle.cancel()
             self.finish_reason = "stop"
         self.token_ids += ids

@@ -48,11 +48,11 @@ class TextStream:
         self._recent_at = 0          # not yet shown or a stop string may still reach into
         self._settle_at = _SETTLE_AT
         self._final: str | None = None
-        # (offset, ids) of a stop string found ending in the text's last character while that
-        # is U+FFFD: the placeholder of a character whose bytes may not all have arrived. It
-        # stops the text once a later token (or the end) shows the placeholder is real; its
-        # ids are counted up to the token that first completed it.
-        self._pending: tuple[int, int] | None = None
+        # {(offset, end, stop): ids} of the stop strings in the text while the first of them ends
+        # in its last character, and that is U+FFFD: the placeholder of a character whose bytes
+        # may not all have arrived. The first stops the text once a later token (or the end)
+        # shows it real; each match's ids count up to the token that first completed it.
+        self._pending: dict[tuple[int, int, str], int] = {}
 
     @property
     def text(self) -> str:
@@ -73,28 +73,33 @@ class TextStream:
             settled = self._length() - (len(self._tail) - len(self._tail.rstrip("\ufffd")))
             self.ids.append(t)
             self._decode_window()
-            hit = self._find_stop(settled)
-            if hit is None:
-                self._pending = None
+            hits = self._find_stops(settled)
+            self._pending = {h: self._pending.get(h, len(self.ids)) for h in hits}
+            if not hits:
                 continue
-            offset, end = hit
-            if end == self._length() and self._tail.endswith("\ufffd") \
+            first = min(hits)
+            if first[1] == self._length() and self._tail.endswith("\ufffd") \
                     and not (final and i == len(ids) - 1):
-                if self._pending is None or self._pending[0] != offset:
-                    self._pending = (offset, len(self.ids))
-                continue
-            return self._stop(offset)
-        if final and self._pending is not None:     # the placeholder was the last character
-            return self._stop(self._pending[0])
+                continue                           # the placeholder may become another char
+            return self._stop(first)
+        if final and self._pending:                # the placeholder was the last character
+            return self._stop(min(self._pending))
         return self._release(final)
 
-    def _stop(self, offset: int) -> str:
-        """Cut the text before the stop string found at `offset` (see `_pending`)."""
-        pending = self._pending is not None and self._pending[0] == offset
-        self._final = self.text[:offset]
+    @property
+    def kept_ids(self) -> int:
+        """How many of `ids` the answer keeps whatever comes next: all but those past a stop
+        string (once stopped) or past the earliest one may yet end at (see `_pending`)."""
+        if self.stopped:
+            return self.stop_token_count
+        return min(self._pending.values(), default=len(self.ids))
+
+    def _stop(self, hit: tuple[int, int, str]) -> str:
+        """Cut the text before the stop string found at hit = (offset, end, stop)."""
+        self._final = self.text[:hit[0]]
         self.stopped = True
-        self.stop_token_count = self._pending[1] if pending else len(self.ids)
-        self._pending = None
+        self.stop_token_count = self._pending.get(hit, len(self.ids))
+        self._pending = {}
         return self._release(final=True)
 
     # --- the window ---------------------------------------------------------------------------
@@ -132,16 +137,13 @@ class TextStream:
             self._recent = self._recent[cut:]
             self._recent_at += cut
 
-    def _find_stop(self, searched: int) -> tuple[int, int] | None:
-        """(offset, end) in the text of the first stop string ending past `searched`
-        characters (of those found there, the one ending first)."""
+    def _find_stops(self, searched: int) -> list[tuple[int, int, str]]:
+        """(offset, end, stop) in the text for each stop string's first place ending past
+        `searched` characters."""
         recent = self._recent + self._tail
         start = max(searched - self._reach, self._recent_at) - self._recent_at
-        hits = [(i, i + len(s)) for s in self.stop for i in (recent.find(s, start),) if i >= 0]
-        if not hits:
-            return None
-        offset, end = min(hits)
-        return self._recent_at + offset, self._recent_at + end
+        return [(self._recent_at + i, self._recent_at + i + len(s), s)
+                for s in self.stop for i in (recent.find(s, start),) if i >= 0]
 
     # --- what may be shown --------------------------------------------------------------------
     def _release(self, final: bool) -> str:
@@ -159,8 +161,8 @@ class TextStream:
                     if shown.endswith(s[:n]):
                         end -= n
                         break
-        if self._pending is not None:              # a stop string that may be real
-            end = min(end, self._pending[0] - at)
+        if self._pending:                          # stop strings that may be real
+            end = min(end, min(self._pending)[0] - at)
         end = max(at + end, self.emitted)
         delta = recent[self.emitted - at:end - at]
         self.emitted = end

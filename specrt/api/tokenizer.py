@@ -6,6 +6,8 @@ lives in `specrt.api.text_stream`.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from pathlib import Path
 
@@ -85,7 +87,7 @@ class Tokenizer:
         """The text encode_messages() tokenizes: the messages through the chat template (for
         tools that take formatted text). As in vLLM and transformers: add_generation_prompt
         ends it with the prompt for the assistant's next turn; continue_final_message leaves
-        the last message, an assistant's, open so the answer continues it (a prefilled reply);
+        the last message open so the answer continues it (an assistant's: a prefilled reply);
         template_kwargs are more variables for the template (e.g. a flag it reads)."""
         if not self.has_chat_template:
             raise SpecrtError("chat messages need a chat template, and this tokenizer has none; "
@@ -103,9 +105,6 @@ class Tokenizer:
             raise SpecrtError("continue_final_message=True continues the last message, and "
                               "add_generation_prompt=True starts a new one: set "
                               "add_generation_prompt=False")
-        if continue_final_message and messages[-1]["role"] != "assistant":
-            raise SpecrtError("continue_final_message=True continues the last message, which "
-                              f"must be the assistant's; it is the {messages[-1]['role']}'s")
         extra = check_template_kwargs(template_kwargs)
         try:
             text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
@@ -179,13 +178,21 @@ class Tokenizer:
         return sorted(set(self.special_tokens().values()) | set(added))
 
 
-# apply_chat_template's own parameters: a template variable of one of these names would change
-# how it runs, not what the template reads
-_TEMPLATE_RESERVED = frozenset(("conversation", "messages", "tools", "documents",
-                                "chat_template", "add_generation_prompt",
-                                "continue_final_message", "tokenize", "padding", "truncation",
-                                "max_length", "return_tensors", "return_dict",
-                                "return_assistant_tokens_mask", "tokenizer_kwargs"))
+@functools.cache
+def _template_reserved() -> frozenset[str]:
+    """Names a template variable may not take: the parameters of transformers' chat-template
+    calls (a variable of one of those names would change how they run, or fail in them),
+    and `messages`, which the template reads."""
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils import chat_template_utils
+
+    calls = [PreTrainedTokenizerBase.apply_chat_template,
+             getattr(chat_template_utils, "render_jinja_template", None)]
+    names = {"self", "messages"}
+    for call in filter(None, calls):
+        names |= {p.name for p in inspect.signature(call).parameters.values()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return frozenset(names)
 
 
 def check_template_kwargs(kwargs) -> dict:
@@ -199,7 +206,7 @@ def check_template_kwargs(kwargs) -> dict:
     for name in kwargs:
         if not isinstance(name, str) or not name.isidentifier():
             raise SpecrtError(f"chat_template_kwargs: {name!r} is not a template variable name")
-        if name in _TEMPLATE_RESERVED:
+        if name in _template_reserved():
             raise SpecrtError(f"chat_template_kwargs may not set {name!r}: it is a parameter of "
                               "the template's call, not a variable"
                               + ("; use the request's field of that name"

@@ -257,8 +257,8 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
         if body.messages is not None:
             ids = state.llm.encode(messages=[m.as_dict() for m in body.messages],
                                    **body.template_options())
-        else:
-            ids = state.llm.encode(body.prompt, chat=False)
+        else:                           # template options without messages: refused there
+            ids = state.llm.encode(body.prompt, chat=False, **body.template_options())
         strs = state.llm.tokenizer.token_strs(ids) if body.return_token_strs else None
     except SpecrtError as e:
         raise as_api_error(e) from None
@@ -276,7 +276,10 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         name, value = unsupported
         raise APIError(f"{name} is not supported by this server (got {value!r}); leave it out",
                        param=name)
-    if body.stream_options is not None and not body.stream:
+    # as vLLM: stream_options that ask for something ({} and null ask for nothing)
+    options = body.stream_options
+    if options is not None and (options.model_fields_set or options.model_extra) \
+            and not body.stream:
         raise APIError("stream_options applies to streamed responses: set \"stream\": true "
                        "or leave stream_options out", param="stream_options")
     if chat:

@@ -36,6 +36,9 @@ UNSUPPORTED: dict[str, tuple] = {
     "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
     "function_call": (None, "none", "auto"), "guided_json": (None,), "guided_regex": (None,),
     "guided_choice": (None,), "guided_grammar": (None,),
+    # a request's own template would run client code in the server (vLLM refuses it too,
+    # unless started with --trust-request-chat-template)
+    "chat_template": (None,), "documents": (None, []),
 }
 
 
