@@ -4,11 +4,12 @@ held back only where a character or a stop string is unfinished, in time bounded
 The spec is `reference_deltas`: decode all ids after every token, search the whole text."""
 from __future__ import annotations
 
+import codecs
 import random
 
 import pytest
 
-from specrt.api.text_stream import TextStream
+from specrt.api.text_stream import TextStream, unfinished
 from specrt.api.tokenizer import Tokenizer
 
 
@@ -20,6 +21,18 @@ class CharTok:      # each id is one character
 class ByteTok:      # each id is one byte
     def decode(self, ids):
         return bytes(ids).decode("utf-8", errors="replace")
+
+
+def _per_byte(error: UnicodeDecodeError):
+    return "\ufffd" * (error.end - error.start), error.end
+
+
+codecs.register_error("specrt_test_per_byte", _per_byte)
+
+
+class FallbackTok:  # each id is one byte; a U+FFFD per byte of an invalid or unfinished
+    def decode(self, ids):          # sequence, as tokenizers' ByteFallback decoder does
+        return bytes(ids).decode("utf-8", errors="specrt_test_per_byte")
 
 
 class StripTok(ByteTok):
@@ -41,10 +54,11 @@ class Counting:
 def reference_deltas(tok, stop, pushes):
     """(deltas, stopped, ids kept, final text): the whole text decoded after every token.
 
-    The first stop string in the text stops it, unless it ends in the text's last character
-    and that is U+FFFD, the placeholder of a character that may be unfinished: then the text
-    stops once a later token leaves it in place (or no token follows), and nothing from it on
-    is shown meanwhile. Each stop string's place counts its ids up to the token that first
+    Up to 3 trailing U+FFFD may be placeholders of a character whose bytes have not all
+    arrived (`unfinished`): they are not shown until later tokens leave them in place. The
+    first stop string in the text stops it, unless it ends in such a placeholder: then the
+    text stops once later tokens leave it in place (or no token follows), and nothing from it
+    on is shown meanwhile. Each stop string's place counts its ids up to the token that first
     completed it there."""
     ids, shown, deltas, seen = [], 0, [], {}
     for chunk, final in pushes:
@@ -57,8 +71,7 @@ def reference_deltas(tok, stop, pushes):
             if not hits:
                 continue
             first = min(hits)
-            if first[1] == len(text) and text.endswith("\ufffd") and not (final and
-                                                                          i == len(chunk) - 1):
+            if first[1] > len(text) - unfinished(text) and not (final and i == len(chunk) - 1):
                 continue
             stopped_at = first
             break
@@ -71,8 +84,7 @@ def reference_deltas(tok, stop, pushes):
             return deltas, True, seen[stopped_at], text[:stopped_at[0]]
         end = len(text)
         if not final:
-            if text.endswith("\ufffd"):
-                end -= 1
+            end -= unfinished(text)
             for s in stop:
                 for n in range(min(len(s) - 1, end), 0, -1):
                     if text[:end].endswith(s[:n]):
@@ -121,13 +133,17 @@ def cases(tok, encode, seed):
             yield ids, stop, pushes_of(ids, rng)
 
 
-@pytest.mark.parametrize("name", ["chars", "bytes", "strip"])
+@pytest.mark.parametrize("name", ["chars", "bytes", "strip", "fallback"])
 def test_equals_decoding_everything_at_once(name):
-    tok = {"chars": CharTok(), "bytes": ByteTok(), "strip": StripTok()}[name]
+    tok = {"chars": CharTok(), "bytes": ByteTok(), "strip": StripTok(),
+           "fallback": FallbackTok()}[name]
     encode = ((lambda s: [ord(c) for c in s]) if name == "chars"
               else (lambda s: list(s.encode())))
     for ids, stop, pushes in cases(tok, encode, seed=len(name)):
-        assert run_stream(tok, stop, pushes) == reference_deltas(tok, stop, pushes), stop
+        deltas, stopped, kept, text = run_stream(tok, stop, pushes)
+        assert (deltas, stopped, kept, text) == reference_deltas(tok, stop, pushes), stop
+        # what was shown is the text: no placeholder shown that became another character
+        assert "".join(deltas) == text, stop
 
 
 def test_equals_decoding_everything_at_once_with_a_bpe_tokenizer(tiny_noeos_dir):

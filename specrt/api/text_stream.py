@@ -18,6 +18,13 @@ _CONTEXT = 8        # ids kept in the window behind a split, as its right contex
 _SETTLE_AT = 32     # window length (ids) at which a split is tried
 
 
+def unfinished(text: str) -> int:
+    """How many of the text's last characters may be placeholders (U+FFFD) of a character
+    whose bytes have not all arrived: byte-level BPE shows one for the bytes so far, a byte
+    fallback decoder (SentencePiece models') one per byte, so up to 3."""
+    return min(3, len(text) - len(text.rstrip("\ufffd")))
+
+
 class TextStream:
     """Incremental detokenization of one row, with stop strings.
 
@@ -49,8 +56,8 @@ class TextStream:
         self._settle_at = _SETTLE_AT
         self._final: str | None = None
         # {(offset, end, stop): ids} of the stop strings in the text while the first of them ends
-        # in its last character, and that is U+FFFD: the placeholder of a character whose bytes
-        # may not all have arrived. The first stops the text once a later token (or the end)
+        # in a U+FFFD that may be the placeholder of a character whose bytes have not all
+        # arrived (`unfinished`). The first stops the text once a later token (or the end)
         # shows it real; each match's ids count up to the token that first completed it.
         self._pending: dict[tuple[int, int, str], int] = {}
 
@@ -70,7 +77,7 @@ class TextStream:
             self._decode_window()
             return self._release(final)
         for i, t in enumerate(ids):   # one by one: a stop string is cut at the token completing it
-            settled = self._length() - (len(self._tail) - len(self._tail.rstrip("\ufffd")))
+            settled = self._length() - unfinished(self._tail)
             self.ids.append(t)
             self._decode_window()
             hits = self._find_stops(settled)
@@ -78,7 +85,7 @@ class TextStream:
             if not hits:
                 continue
             first = min(hits)
-            if first[1] == self._length() and self._tail.endswith("\ufffd") \
+            if first[1] > self._length() - unfinished(self._tail) \
                     and not (final and i == len(ids) - 1):
                 continue                           # the placeholder may become another char
             return self._stop(first)
@@ -153,8 +160,7 @@ class TextStream:
             recent, at = self._recent + self._tail, self._recent_at
         end = len(recent)
         if not final:
-            if recent.endswith("\ufffd"):          # an unfinished multi-byte character
-                end -= 1
+            end -= unfinished(recent)              # an unfinished multi-byte character
             for s in self.stop:                    # a suffix that may grow into a stop string
                 shown = recent[:end]
                 for n in range(min(len(s) - 1, end), 0, -1):
