@@ -123,7 +123,7 @@ class TextStream:
         """Move the window's first ids into the head where that changes no text."""
         for k in range(len(window) - _CONTEXT, len(window) - _CONTEXT - 4, -1):
             head = self.tokenizer.decode(window[:k])
-            if head.endswith("\ufffd") or not self._tail.startswith(head):
+            if not self._tail.startswith(head):
                 continue                             # inside a character: one id back
             if self.tokenizer.decode(window[k:]) != self._tail[len(head):]:
                 continue                             # not local here (e.g. a stripped space)
