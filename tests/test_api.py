@@ -169,6 +169,10 @@ def test_decode_keeps_special_tokens_unless_told_and_checks_ids(llm):
     ids = llm.encode(messages=[{"role": "user", "content": "hi"}])
     assert llm.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert llm.decode(ids, skip_special_tokens=True) == "user\nhi\nassistant\n"
+    import numpy
+    import torch
+
+    assert llm.decode(numpy.array(ids)) == llm.decode(torch.tensor(ids)) == llm.decode(ids)
     for bad, match in [([0, 10**6], "outside the model's vocabulary"), ([-1], "outside"),
                        ("12", "list of token ids"), ([1.0], "list of token ids")]:
         with pytest.raises(specrt.SpecrtError, match=match):

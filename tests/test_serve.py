@@ -1333,6 +1333,9 @@ def test_a_model_without_a_tokenizer_serves_token_id_prompts(tmp_path):
         assert json.loads(body)["usage"]["completion_tokens"] == 4
         error = _error(s.raw("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}))
         assert "token ids" in error["message"], error
+        error = _error(s.raw("POST", "/detokenize", {"model": "tiny", "tokens": [1, 2]}))
+        assert error["message"].endswith("ids cannot be turned into text"), error
+        assert str(tmp_path) not in error["message"]          # no server paths to clients
 
 
 def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
@@ -1370,3 +1373,15 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
         assert error["message"] and error["param"] == param, (path, body, error)
     status, _, raw = server.raw("GET", "/version")
     assert status == 200 and json.loads(raw) == {"version": specrt.__version__}
+    # fields the chat endpoint refuses, /tokenize refuses too; special tokens as they add them
+    for body, param in [({"messages": turns, "chat_template": "{{ 'X' }}"}, "chat_template"),
+                        ({"messages": turns, "tools": [{"type": "function"}]}, "tools"),
+                        ({"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
+                        ({"messages": turns, "add_special_tokens": True},
+                         "add_special_tokens")]:
+        error = _error(server.raw("POST", "/tokenize", {"model": "tiny", **body}))
+        assert error["param"] == param, (body, error)
+    assert post("/tokenize", {"prompt": "x", "add_special_tokens": True})["count"] == \
+        len(server.llm.encode("x", chat=False))
+    assert post("/tokenize", {"prompt": "", "return_token_strs": True}) == {
+        "count": 0, "max_model_len": 2048, "tokens": [], "token_strs": []}

@@ -4,7 +4,6 @@ held back only where a character or a stop string is unfinished, in time bounded
 The spec is `reference_deltas`: decode all ids after every token, search the whole text."""
 from __future__ import annotations
 
-import codecs
 import random
 
 import pytest
@@ -23,16 +22,33 @@ class ByteTok:      # each id is one byte
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-def _per_byte(error: UnicodeDecodeError):
-    return "\ufffd" * (error.end - error.start), error.end
+class FallbackTok:
+    """A byte-fallback decoder as tokenizers' ByteFallback: ids below 256 are byte tokens,
+    the others the piece chr(id - 256); a run of byte tokens decodes as a whole, and if it is
+    not UTF-8 (a character cut at its end included) every byte of it becomes U+FFFD."""
+    def decode(self, ids):
+        out, run = [], []
+        for t in [*ids, None]:
+            if t is not None and t < 256:
+                run.append(t)
+                continue
+            if run:
+                try:
+                    out.append(bytes(run).decode("utf-8"))
+                except UnicodeDecodeError:
+                    out.append("\ufffd" * len(run))
+                run = []
+            if t is not None:
+                out.append(chr(t - 256))
+        return "".join(out)
 
+    def byte_ids(self):
+        return frozenset(range(256))
 
-codecs.register_error("specrt_test_per_byte", _per_byte)
-
-
-class FallbackTok:  # each id is one byte; a U+FFFD per byte of an invalid or unfinished
-    def decode(self, ids):          # sequence, as tokenizers' ByteFallback decoder does
-        return bytes(ids).decode("utf-8", errors="specrt_test_per_byte")
+    @staticmethod
+    def encode(text):           # as SentencePiece models with byte fallback: ASCII pieces,
+        return [i for c in text for i in ([256 + ord(c)] if c.isascii()    # other characters
+                                          else list(c.encode()))]           # as bytes
 
 
 class StripTok(ByteTok):
@@ -51,14 +67,24 @@ class Counting:
         return self.tok.decode(ids)
 
 
+def open_chars(tok, ids, text):
+    """How many of the text's last characters later tokens may still change."""
+    run = 0
+    while run < len(ids) and ids[-1 - run] in getattr(tok, "byte_ids", frozenset)():
+        run += 1
+    ahead = len(text) - len(tok.decode(ids[:len(ids) - run])) if run else 0
+    return max(unfinished(text), ahead)
+
+
 def reference_deltas(tok, stop, pushes):
     """(deltas, stopped, ids kept, final text): the whole text decoded after every token.
 
-    Up to 3 trailing U+FFFD may be placeholders of a character whose bytes have not all
-    arrived (`unfinished`): they are not shown until later tokens leave them in place. The
-    first stop string in the text stops it, unless it ends in such a placeholder: then the
-    text stops once later tokens leave it in place (or no token follows), and nothing from it
-    on is shown meanwhile. Each stop string's place counts its ids up to the token that first
+    The text's last characters that later tokens may still change (`open_chars`: up to 3
+    U+FFFD placeholders of a character whose bytes have not all arrived, or all that a
+    byte-fallback decoder's trailing run of byte tokens decodes to) are not shown until
+    later tokens leave them in place. The first stop string in the text stops it, unless it
+    ends in them: then the text stops once later tokens leave it in place (or no token
+    follows), and nothing from it on is shown meanwhile. Each stop string's place counts its ids up to the token that first
     completed it there."""
     ids, shown, deltas, seen = [], 0, [], {}
     for chunk, final in pushes:
@@ -71,7 +97,8 @@ def reference_deltas(tok, stop, pushes):
             if not hits:
                 continue
             first = min(hits)
-            if first[1] > len(text) - unfinished(text) and not (final and i == len(chunk) - 1):
+            if first[1] > len(text) - open_chars(tok, ids, text) and not (final and
+                                                                          i == len(chunk) - 1):
                 continue
             stopped_at = first
             break
@@ -84,7 +111,7 @@ def reference_deltas(tok, stop, pushes):
             return deltas, True, seen[stopped_at], text[:stopped_at[0]]
         end = len(text)
         if not final:
-            end -= unfinished(text)
+            end -= open_chars(tok, ids, text)
             for s in stop:
                 for n in range(min(len(s) - 1, end), 0, -1):
                     if text[:end].endswith(s[:n]):
@@ -137,8 +164,8 @@ def cases(tok, encode, seed):
 def test_equals_decoding_everything_at_once(name):
     tok = {"chars": CharTok(), "bytes": ByteTok(), "strip": StripTok(),
            "fallback": FallbackTok()}[name]
-    encode = ((lambda s: [ord(c) for c in s]) if name == "chars"
-              else (lambda s: list(s.encode())))
+    encode = {"chars": lambda s: [ord(c) for c in s], "fallback": FallbackTok.encode}.get(
+        name, lambda s: list(s.encode()))
     for ids, stop, pushes in cases(tok, encode, seed=len(name)):
         deltas, stopped, kept, text = run_stream(tok, stop, pushes)
         assert (deltas, stopped, kept, text) == reference_deltas(tok, stop, pushes), stop
@@ -270,3 +297,34 @@ def test_a_run_hands_out_no_ids_past_a_stop_string_that_may_be_real():
         assert [c.token_ids for c in chunks] == kept, stop
         assert "".join(c.text for c in chunks) + run.stream.push([], final=True) == shown
         assert (chunks[-1].finish_reason == "stop") == (stop == ["x\ufffd"])
+
+
+def test_a_real_byte_fallback_tokenizer_streams_its_text(tmp_path):
+    """tokenizers' ByteFallback decoder, through specrt's Tokenizer: a run of byte tokens
+    decodes as a whole, so an emoji already complete turns back into U+FFFD while the next
+    one's bytes arrive. Streamed one token at a time the text is the final text, and a U+FFFD
+    stop string never fires on those placeholders (before: 'a😀���' shown for 'a😀😀',
+    and the stop cut the answer to 'a')."""
+    from tokenizers import Tokenizer as RawTokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "a": 1, "b": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True,
+                                  unk_token="<unk>"))
+    raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>").save_pretrained(
+        str(tmp_path))
+    tok = Tokenizer(tmp_path)
+    assert len(tok.byte_ids()) == 256
+    for text in ("a😀😀b", "ab中文a🚀", "😀😀"):
+        ids = raw.encode(text).ids
+        for stop in ([], ["\ufffd"], ["\ufffdb"]):
+            ts = TextStream(tok, stop)
+            shown = "".join(ts.push([t]) for t in ids) + ts.push([], final=True)
+            assert not ts.stopped and shown == ts.text == text, (text, stop)
+        cut = ids[:max(i for i, t in enumerate(ids) if t > 2)]    # ends inside a character:
+        ts = TextStream(tok, ["\ufffd"])          # all its run is U+FFFD, and the stop is real
+        shown = "".join(ts.push([t]) for t in cut) + ts.push([], final=True)
+        whole = tok.decode(cut)
+        assert ts.stopped and shown == ts.text == whole[:whole.index("\ufffd")], text

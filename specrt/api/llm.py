@@ -242,6 +242,8 @@ class LLM:
         """The text of token ids, special tokens included unless skip_special_tokens (as
         Hugging Face's decode; a generation's own text skips them)."""
         skip = check_bool("skip_special_tokens", skip_special_tokens)
+        if hasattr(ids, "tolist") and getattr(ids, "ndim", None) == 1:
+            ids = ids.tolist()                       # a numpy array or a tensor of ids
         if not isinstance(ids, (list, tuple)) or not all(
                 isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
             raise SpecrtError("decode takes a list of token ids (ints)")
@@ -250,7 +252,8 @@ class LLM:
         if bad:
             raise SpecrtError(f"token id {int(bad[0])} is outside the model's vocabulary "
                               f"0..{vocab - 1}")
-        return self._need_tokenizer().decode([int(t) for t in ids], skip_special_tokens=skip)
+        return self._need_tokenizer("ids cannot be turned into text").decode(
+            [int(t) for t in ids], skip_special_tokens=skip)
 
     def _check_fits(self, chars: int, what: str) -> None:
         """CapacityError for text too long to fit max_seq_len tokens, before tokenizing it."""
@@ -260,10 +263,11 @@ class LLM:
                                 f"({self.max_seq_len}) tokens can hold (at most {most:,} with "
                                 "this tokenizer); shorten it or raise max_seq_len")
 
-    def _need_tokenizer(self) -> Tokenizer:
+    def _need_tokenizer(self, without: str = "pass token ids instead of text") -> Tokenizer:
+        """The tokenizer, or an error saying what cannot be done `without` it."""
         if self.tokenizer is None:
-            raise SpecrtError(f"{self.model_dir} has no tokenizer.json: pass token ids "
-                              "instead of text")
+            raise SpecrtError(f"this model has no tokenizer (no tokenizer.json in its "
+                              f"directory): {without}")
         return self.tokenizer
 
     # --- requests ---------------------------------------------------------------------------

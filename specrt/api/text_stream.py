@@ -60,6 +60,11 @@ class TextStream:
         # arrived (`unfinished`). The first stops the text once a later token (or the end)
         # shows it real; each match's ids count up to the token that first completed it.
         self._pending: dict[tuple[int, int, str], int] = {}
+        # a byte-fallback decoder's byte tokens ("<0xE4>"), and how many of the text's last
+        # characters later tokens may still change (`_unsettled`)
+        self._bytes: frozenset[int] = tokenizer.byte_ids() if hasattr(tokenizer, "byte_ids") \
+            else frozenset()
+        self._open = 0
 
     @property
     def text(self) -> str:
@@ -77,7 +82,7 @@ class TextStream:
             self._decode_window()
             return self._release(final)
         for i, t in enumerate(ids):   # one by one: a stop string is cut at the token completing it
-            settled = self._length() - unfinished(self._tail)
+            settled = self._length() - self._open
             self.ids.append(t)
             self._decode_window()
             hits = self._find_stops(settled)
@@ -85,9 +90,8 @@ class TextStream:
             if not hits:
                 continue
             first = min(hits)
-            if first[1] > self._length() - unfinished(self._tail) \
-                    and not (final and i == len(ids) - 1):
-                continue                           # the placeholder may become another char
+            if first[1] > self._length() - self._open and not (final and i == len(ids) - 1):
+                continue                           # its end may yet become other text
             return self._stop(first)
         if final and self._pending:                # the placeholder was the last character
             return self._stop(min(self._pending))
@@ -118,10 +122,27 @@ class TextStream:
         self._tail = self.tokenizer.decode(window)
         if len(window) >= self._settle_at and not self._settle(window):
             self._settle_at = 2 * len(window)        # not splittable here: try again later
+        self._open = self._unsettled()
+
+    def _unsettled(self) -> int:
+        """How many of the text's last characters later tokens may still change: the
+        placeholders of an unfinished character (`unfinished`) or, for a byte-fallback
+        decoder, all a trailing run of byte tokens decodes to (it decodes the run as a whole:
+        one bad byte, a character cut at the end included, turns all of it into U+FFFD)."""
+        n = unfinished(self._tail)
+        window = self.ids[self._base:]
+        run = 0
+        while run < len(window) and window[-1 - run] in self._bytes:
+            run += 1
+        if run:
+            n = max(n, len(self._tail) - len(self.tokenizer.decode(window[:-run])))
+        return n
 
     def _settle(self, window: list[int]) -> bool:
         """Move the window's first ids into the head where that changes no text."""
         for k in range(len(window) - _CONTEXT, len(window) - _CONTEXT - 4, -1):
+            if window[k - 1] in self._bytes and window[k] in self._bytes:
+                continue                             # inside a run of byte tokens
             head = self.tokenizer.decode(window[:k])
             if not self._tail.startswith(head):
                 continue                             # inside a character: one id back
@@ -160,7 +181,7 @@ class TextStream:
             recent, at = self._recent + self._tail, self._recent_at
         end = len(recent)
         if not final:
-            end -= unfinished(recent)              # an unfinished multi-byte character
+            end -= self._open                      # text later tokens may yet change
             for s in self.stop:                    # a suffix that may grow into a stop string
                 shown = recent[:end]
                 for n in range(min(len(s) - 1, end), 0, -1):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 from pathlib import Path
 
 from specrt.checks import check_bool
@@ -17,6 +18,7 @@ from specrt.model.files import check_model_dir, read_json
 
 
 ROLES = ("system", "user", "assistant")
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 
 
 _TOKEN_FIELDS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
@@ -52,6 +54,7 @@ class Tokenizer:
         self.model_dir = model_dir
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
         self._longest: int | None = None      # characters of the longest vocabulary entry
+        self._byte_ids: frozenset[int] | None = None
 
     def max_chars(self, tokens: int) -> int:
         """More characters than any text of `tokens` tokens has: each token stands for at most
@@ -147,6 +150,17 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def byte_ids(self) -> frozenset[int]:
+        """Ids of byte-fallback tokens ("<0xE4>"), which the decoder joins into characters
+        (SentencePiece models: Llama, Mistral); none for byte-level BPE (Qwen2's)."""
+        if self._byte_ids is None:
+            vocab = self._tok.get_vocab()
+            ids = frozenset(i for t, i in vocab.items() if _BYTE_TOKEN.fullmatch(t))
+            probe = vocab.get("<0x41>")               # decodes to "A" where bytes are joined
+            self._byte_ids = ids if probe is not None and self._tok.decode([probe]) == "A" \
+                else frozenset()
+        return self._byte_ids
 
     def token_strs(self, ids: list[int]) -> list[str]:
         """Each id's vocabulary entry, as stored (byte-level BPE: "Ġthe" for " the")."""

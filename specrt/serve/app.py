@@ -72,7 +72,7 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     async def detokenize(body: schemas.DetokenizeRequest):
         _check_model(state, body)
         try:
-            return {"prompt": state.llm.decode(body.tokens)}
+            return {"prompt": await asyncio.to_thread(state.llm.decode, body.tokens)}
         except SpecrtError as e:
             raise APIError(str(e), param="tokens") from None
 
@@ -253,6 +253,18 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise APIError("send a \"prompt\" (tokenized as /v1/completions does) or "
                        "\"messages\" (as /v1/chat/completions does), one of the two")
+    _refuse_unsupported(body)
+    # as those endpoints tokenize: a prompt with its special tokens (a BOS, where the
+    # tokenizer adds one), messages without (the template writes them)
+    added = body.messages is None
+    if body.add_special_tokens not in (None, added):
+        raise APIError(f"add_special_tokens={str(not added).lower()} is not supported: "
+                       f"{'a prompt' if added else 'messages'} are tokenized as "
+                       f"{'/v1/completions' if added else '/v1/chat/completions'} does; "
+                       "leave it out", param="add_special_tokens")
+    if body.prompt == "":
+        return schemas.tokenized([], state.llm.max_seq_len, [] if body.return_token_strs
+                                 else None)
     try:
         if body.messages is not None:
             ids = state.llm.encode(messages=[m.as_dict() for m in body.messages],
@@ -265,17 +277,21 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
     return schemas.tokenized(ids, state.llm.max_seq_len, strs)
 
 
+def _refuse_unsupported(body) -> None:
+    unsupported = body.unsupported()
+    if unsupported is not None:
+        name, value = unsupported
+        raise APIError(f"{name} is not supported by this server (got {value!r}); leave it out",
+                       param=name)
+
+
 def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
     """(prompt ids, keyword arguments of AsyncLLM.stream) for an OpenAI request; raises
     APIError or SpecrtError (both 400) for one that cannot run."""
     _check_model(state, body)
     if body.n != 1:
         raise APIError(f"n must be 1 (one choice per request), got {body.n}", param="n")
-    unsupported = body.unsupported()
-    if unsupported is not None:
-        name, value = unsupported
-        raise APIError(f"{name} is not supported by this server (got {value!r}); leave it out",
-                       param=name)
+    _refuse_unsupported(body)
     # as vLLM: stream_options that ask for something ({} and null ask for nothing)
     options = body.stream_options
     if options is not None and (options.model_fields_set or options.model_extra) \

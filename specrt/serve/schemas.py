@@ -152,6 +152,7 @@ class TokenizeRequest(_Base):
     continue_final_message: StrictBool = False
     chat_template_kwargs: Optional[dict] = None
     return_token_strs: StrictBool = False
+    add_special_tokens: Optional[StrictBool] = None     # None: as the endpoint would
 
     template_options = ChatCompletionRequest.template_options
 
