@@ -337,6 +337,39 @@ def test_a_shutdown_cancels_what_still_runs_after_its_timeout(tiny_noeos_dir):
     assert len(events) < 500, "the answer ran on after the shutdown's timeout"
 
 
+def test_a_body_still_arriving_at_shutdown_is_answered_503_at_once(tiny_noeos_dir):
+    """A client still sending its body when SIGTERM came held the shutdown for its whole
+    timeout plus the handlers' grace, then got a 500; it gets a 503 (shutting down) at once,
+    and the server exits 0 without waiting out the timeout."""
+    import socket
+    import time
+
+    proc = _popen("import runpy; runpy.run_module('specrt.serve', run_name='__main__', "
+                  "alter_sys=True)", "--model", tiny_noeos_dir, "--port", "0",
+                  "--shutdown-timeout", "8")
+    try:
+        log = _read_until(proc, "serving")
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1))
+        client = socket.create_connection(("127.0.0.1", port), timeout=30)
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        time.sleep(0.5)                         # the server is waiting for the rest
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    with client:
+        answer = client.makefile("rb").read()   # until the server closes the connection
+    took = time.monotonic() - sent
+    rc, err = _finish(proc, timeout=30)
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+    assert b'"code":"shutting_down"' in answer, answer
+    assert took < 4, f"answered {took:.1f} s after SIGTERM (the timeout is 8 s)"
+    assert rc == 0 and "Traceback" not in err, err
+
+
 # A library user's script (no CLI around it) that ends while a request still runs.
 ENDS_WITH_A_STREAM = """
 import sys, specrt

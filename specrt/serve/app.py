@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from specrt.api.async_llm import AsyncLLM
 from specrt.engine.request import check_length, positions_needed
-from specrt.errors import SpecrtError
+from specrt.errors import ClosedError, SpecrtError
 from specrt.serve import schemas
 from specrt.serve.errors import APIError, as_api_error, error_response, install_handlers
 from specrt.serve.generation import Generation, chat_events, collect, completion_events
@@ -49,6 +49,7 @@ class _State:
                                      lambda: allm.llm.running, lambda: allm.llm.kv_cache_usage,
                                      allm.llm.max_seq_len)
         self.created = int(time.time())
+        self.stopping = asyncio.Event()     # set when the server's shutdown begins
 
 
 def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
@@ -103,9 +104,16 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
     # prompts are ids, which the app's own checks bound)
     limit = None if tokenizer is None else \
         12 * tokenizer.max_chars(allm.llm.max_seq_len) + (1 << 20)
-    app.add_middleware(_BodyLimit, limit=limit, on_refused=state.metrics.failed)
+    app.add_middleware(_BodyLimit, limit=limit, on_refused=state.metrics.failed,
+                       stopping=state.stopping)
 
     return app
+
+
+def begin_shutdown(app: FastAPI) -> None:
+    """The server's shutdown has begun: a request still sending its body is answered 503
+    now (it would otherwise hold the shutdown until its timeout, then get a 500)."""
+    app.state.serve.stopping.set()
 
 
 async def _respond(state: _State, request: Request, body, chat: bool):
@@ -175,10 +183,12 @@ class _BodyLimit:
     any prompt that fits the cache needs, it would only cost memory and tokenizing time
     (a 100 MB body was read whole and its prompt tokenized for half a minute). The body is
     read here, up to the limit, and handed to the app as it arrived; a client gone before
-    its body is whole never reaches the app (which counted it a malformed body, a 400)."""
+    its body is whole never reaches the app (which counted it a malformed body, a 400), and
+    one still sending when the server's shutdown begins is answered 503 at once."""
 
-    def __init__(self, app, limit: int | None, on_refused):     # None: no size limit
-        self.app, self.limit, self.on_refused = app, limit, on_refused
+    def __init__(self, app, limit: int | None, on_refused, stopping: asyncio.Event):
+        self.app, self.limit, self.on_refused = app, limit, on_refused    # limit None: none
+        self.stopping = stopping
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -186,10 +196,13 @@ class _BodyLimit:
         limit = float("inf") if self.limit is None else self.limit
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            return await self._refuse(scope, receive, send)
+            return await self._refuse(self._too_large(), scope, receive, send)
         messages, size = [], 0
         while True:
-            message = await receive()
+            message = await self._receive(receive)
+            if message is None:                 # the shutdown began with the body half sent
+                return await self._refuse(as_api_error(ClosedError("shutting down")), scope,
+                                          receive, send)
             if message["type"] == "http.disconnect":
                 return          # gone before its body was whole: nothing to answer or count
             messages.append(message)
@@ -197,7 +210,7 @@ class _BodyLimit:
                 break
             size += len(message.get("body", b""))
             if size > limit:
-                return await self._refuse(scope, receive, send)
+                return await self._refuse(self._too_large(), scope, receive, send)
             if not message.get("more_body", False):
                 break
 
@@ -206,11 +219,25 @@ class _BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope, receive, send) -> None:
-        self.on_refused(413)
-        err = APIError(f"the request body is larger than {self.limit:,} bytes, more than the "
-                       "longest prompt that fits --max-model-len needs; send a shorter prompt",
-                       413, "invalid_request_error", code="request_too_large")
+    async def _receive(self, receive):
+        """The next message, or None if the server's shutdown begins before it comes."""
+        message = asyncio.ensure_future(receive())
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({message, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not message.done():
+                message.cancel()            # also when this handler is cancelled
+        return message.result() if message.done() and not message.cancelled() else None
+
+    def _too_large(self) -> APIError:
+        return APIError(f"the request body is larger than {self.limit:,} bytes, more than the "
+                        "longest prompt that fits --max-model-len needs; send a shorter prompt",
+                        413, "invalid_request_error", code="request_too_large")
+
+    async def _refuse(self, err: APIError, scope, receive, send) -> None:
+        self.on_refused(err.status)
         await error_response(err)(scope, receive, send)
 
 

@@ -242,8 +242,11 @@ def _server(config, allm, timeout: float):
 
     import uvicorn
 
+    from specrt.serve.app import begin_shutdown
+
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None) -> None:
+            begin_shutdown(config.app)      # bodies still arriving: 503 now
             loop = asyncio.get_running_loop()
             closing = []
             timer = loop.call_later(timeout, lambda: closing.append(
