@@ -23,6 +23,20 @@ class CapacityError(SpecrtError, ValueError):
     """A request does not fit in the preallocated KV cache."""
 
 
+class TextTooLongError(CapacityError):
+    """Text with more characters than max_seq_len tokens can hold: refused before it is
+    tokenized. `describe(limit)` words it for the setting a caller raises (the server's flag)."""
+
+    def __init__(self, what: str, chars: int, most: int, max_seq_len: int):
+        self.what, self.chars, self.most, self.max_seq_len = what, chars, most, max_seq_len
+        super().__init__(self.describe("max_seq_len"))
+
+    def describe(self, limit: str) -> str:
+        return (f"{self.what} is {self.chars:,} characters, more than {limit} "
+                f"({self.max_seq_len}) tokens can hold (at most {self.most:,} with this "
+                f"tokenizer); shorten it or raise {limit}")
+
+
 class ModelFetchError(SpecrtError):
     """Fetching or converting a model failed; the message says what to do."""
 

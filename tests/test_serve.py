@@ -1199,14 +1199,20 @@ def test_rounds_run_past_a_stop_string_are_counted_in_the_speculative_counters(l
 
 def test_a_body_or_prompt_too_long_to_fit_is_refused_before_it_is_read_or_tokenized(server):
     """A prompt with more characters than max_seq_len tokens can hold is a 400 without
-    tokenizing it, and a body past what such a prompt needs a 413 before the app reads it
-    (megabytes of prompt took tens of seconds to tokenize, only to be refused); the server
-    goes on serving."""
+    tokenizing it, naming the field and the server's flag, and a body past what such a prompt
+    needs a 413 before the app reads it (megabytes of prompt took tens of seconds to
+    tokenize, only to be refused); the server goes on serving."""
     most = server.llm.tokenizer.max_chars(server.llm.max_seq_len)
     status, _, body = server.raw("POST", "/v1/completions",
                                  {"model": "tiny", "prompt": "a" * (most + 1), "max_tokens": 1})
     error = json.loads(body)["error"]
     assert status == 400 and f"the prompt is {most + 1:,} characters" in error["message"]
+    assert error["param"] == "prompt" and "raise the server's --max-model-len" in \
+        error["message"] and "max_seq_len" not in error["message"], error
+    error = _error(server.raw("POST", "/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "user", "content": "a" * (most + 1)}]}))
+    assert error["param"] == "messages" and error["message"].startswith(
+        f"the messages' content is {most + 1:,} characters"), error
     m0 = server.metrics()
     huge = json.dumps({"model": "tiny", "prompt": "hi", "user": "x" * (13 * most + (1 << 20))})
     status, _, body = server.raw("POST", "/v1/completions", huge)
@@ -1373,6 +1379,7 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
         assert error["message"] and error["param"] == param, (path, body, error)
     status, _, raw = server.raw("GET", "/version")
     assert status == 200 and json.loads(raw) == {"version": specrt.__version__}
+    assert server.raw("HEAD", "/version")[0] == 200
     # fields the chat endpoint refuses, /tokenize refuses too; special tokens as they add them
     for body, param in [({"messages": turns, "chat_template": "{{ 'X' }}"}, "chat_template"),
                         ({"messages": turns, "tools": [{"type": "function"}]}, "tools"),
@@ -1385,3 +1392,19 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
         len(server.llm.encode("x", chat=False))
     assert post("/tokenize", {"prompt": "", "return_token_strs": True}) == {
         "count": 0, "max_model_len": 2048, "tokens": [], "token_strs": []}
+
+
+def test_served_name_defaults_to_a_hub_id_as_given(tmp_path):
+    """vLLM serves --model ORG/NAME as "ORG/NAME"; its snapshot directory is a commit hash,
+    which clients sending the id were told does not exist."""
+    from specrt.serve.cli import default_served_name
+
+    snapshot = tmp_path / "snapshots" / ("ab" * 20)
+    assert default_served_name("Qwen/Qwen2.5-0.5B", snapshot) == "Qwen/Qwen2.5-0.5B"
+    assert default_served_name("Qwen/Qwen2.5-0.5B@main", snapshot) == "Qwen/Qwen2.5-0.5B"
+    assert default_served_name(str(tmp_path / "mymodel"), tmp_path / "mymodel") == "mymodel"
+    assert default_served_name(None, tmp_path / "qwen2.5-coder-1.5b-instruct") == \
+        "qwen2.5-coder-1.5b-instruct"
+    assert default_served_name("qwen2.5-coder-1.5b-instruct",
+                               tmp_path / "qwen2.5-coder-1.5b-instruct") == \
+        "qwen2.5-coder-1.5b-instruct"

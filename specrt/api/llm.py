@@ -31,7 +31,7 @@ from specrt.api.tokenizer import Tokenizer, check_compatible, check_template_kwa
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
-from specrt.errors import CapacityError, ClosedError, ConfigError, SpecrtError
+from specrt.errors import ClosedError, ConfigError, SpecrtError, TextTooLongError
 from specrt.checks import check_bool, check_int
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
@@ -210,7 +210,7 @@ class LLM:
                      and isinstance(m.get("content"), str)]
             for text in texts:
                 check_text("a message's content", text)
-            self._check_fits(sum(map(len, texts)), "the messages")
+            self._check_fits(sum(map(len, texts)), "the messages' content")
             return self._need_tokenizer().encode_messages(
                 messages, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -259,9 +259,7 @@ class LLM:
         """CapacityError for text too long to fit max_seq_len tokens, before tokenizing it."""
         most = self._need_tokenizer().max_chars(self.max_seq_len)
         if chars > most:
-            raise CapacityError(f"{what} is {chars:,} characters, more than max_seq_len "
-                                f"({self.max_seq_len}) tokens can hold (at most {most:,} with "
-                                "this tokenizer); shorten it or raise max_seq_len")
+            raise TextTooLongError(what, chars, most, self.max_seq_len)
 
     def _need_tokenizer(self, without: str = "pass token ids instead of text") -> Tokenizer:
         """The tokenizer, or an error saying what cannot be done `without` it."""

@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from specrt.api.async_llm import AsyncLLM
 from specrt.engine.request import check_length, positions_needed
-from specrt.errors import ClosedError, SpecrtError
+from specrt.errors import ClosedError, SpecrtError, TextTooLongError
 from specrt.serve import schemas
 from specrt.serve.errors import APIError, as_api_error, error_response, install_handlers
 from specrt.serve.generation import Generation, chat_events, collect, completion_events
@@ -78,6 +78,7 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
             raise APIError(str(e), param="tokens") from None
 
     @app.get("/version")
+    @app.head("/version", include_in_schema=False)
     async def version():
         return {"version": specrt.__version__}
 
@@ -293,15 +294,24 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
         return schemas.tokenized([], state.llm.max_seq_len, [] if body.return_token_strs
                                  else None)
     try:
-        if body.messages is not None:
-            ids = state.llm.encode(messages=[m.as_dict() for m in body.messages],
-                                   **body.template_options())
-        else:                           # template options without messages: refused there
-            ids = state.llm.encode(body.prompt, chat=False, **body.template_options())
+        # a prompt with template options: refused in LLM.encode
+        ids = _encode(state, body, chat=body.messages is not None, **body.template_options())
         strs = state.llm.tokenizer.token_strs(ids) if body.return_token_strs else None
     except SpecrtError as e:
         raise as_api_error(e) from None
     return schemas.tokenized(ids, state.llm.max_seq_len, strs)
+
+
+def _encode(state: _State, body, chat: bool, **options) -> list[int]:
+    """The ids of a request's messages (chat) or prompt; text too long to fit is a 400 naming
+    the request's field and the server's flag."""
+    try:
+        if chat:
+            return state.llm.encode(messages=[m.as_dict() for m in body.messages], **options)
+        return state.llm.encode(body.prompt, chat=False, **options)
+    except TextTooLongError as e:
+        raise APIError(e.describe("the server's --max-model-len"),
+                       param="messages" if chat else "prompt") from None
 
 
 def _refuse_unsupported(body) -> None:
@@ -325,11 +335,7 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
             and not body.stream:
         raise APIError("stream_options applies to streamed responses: set \"stream\": true "
                        "or leave stream_options out", param="stream_options")
-    if chat:
-        ids = state.llm.encode(messages=[m.as_dict() for m in body.messages],
-                               **body.template_options())
-    else:
-        ids = state.llm.encode(body.prompt, chat=False)
+    ids = _encode(state, body, chat, **(body.template_options() if chat else {}))
     if body.speculative is None:
         spec = state.config.default_speculative
     elif body.speculative and "model" in body.speculative:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 from specrt.api.cli import add_weights_args
 from specrt.commands import interruptible, named_flags
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model directory or known name (default with no "
                    "--model: qwen2.5-coder-0.5b-instruct)")
     p.add_argument("--served-model-name", help="the model name clients send "
-                   "(default: the model directory's name)")
+                   "(default: a Hugging Face id as given, else the model directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="(default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="(default 8000)")
     p.add_argument("--speculative-config", default=None,
@@ -207,7 +208,7 @@ def _serve(args) -> int:
     try:
         model, draft = resolve_pair(args.model, args.draft, progress=True)
         spec = speculative_from_flag(args.speculative_config, draft is not None)
-        name = args.served_model_name or model.name
+        name = args.served_model_name or default_served_name(args.model, model)
         log.info("loading %s%s (%s, %s)", model, f" with draft {draft}" if draft else "",
                  str(checked.dtype).removeprefix("torch."), checked.device)
         allm = AsyncLLM(model, draft=draft, dtype=checked.dtype, device=checked.device,
@@ -231,6 +232,17 @@ def _serve(args) -> int:
     finally:
         sock.close()
     return 0
+
+
+def default_served_name(model_arg: str | None, model_dir: Path) -> str:
+    """The name clients send when --served-model-name is not given: a Hugging Face id as
+    given (vLLM's default), without an @revision; otherwise the model directory's name (a
+    hub snapshot's directory is a commit hash)."""
+    from specrt.hub.resolve import is_hub_id
+
+    if model_arg is not None and is_hub_id(model_arg):
+        return model_arg.partition("@")[0]
+    return model_dir.name
 
 
 def _server(config, allm, timeout: float):
