@@ -8,6 +8,12 @@ same text as decoding them together, with `_CONTEXT` ids of right context; for b
 (Qwen2's) that is every character boundary, for a decoder that strips a leading space
 (SentencePiece's) every id that does not start with one. A split is tried at four places; where
 none is safe the window grows until one is: slower, never different from decoding at once.
+
+The text's last characters that later tokens may still change are never shown or taken as a
+stop string's end until they settle (`_unsettled`): the U+FFFD placeholders of a character whose
+bytes have not all arrived, and, for a byte-fallback decoder (SentencePiece models), all that a
+trailing run of byte tokens decodes to, since it decodes a run as a whole (one bad byte turns
+all of it into U+FFFD); no split is made inside such a run.
 """
 from __future__ import annotations
 
@@ -55,10 +61,10 @@ class TextStream:
         self._recent_at = 0          # not yet shown or a stop string may still reach into
         self._settle_at = _SETTLE_AT
         self._final: str | None = None
-        # {(offset, end, stop): ids} of the stop strings in the text while the first of them ends
-        # in a U+FFFD that may be the placeholder of a character whose bytes have not all
-        # arrived (`unfinished`). The first stops the text once a later token (or the end)
-        # shows it real; each match's ids count up to the token that first completed it.
+        # {(offset, end, stop): ids} of the stop strings in the text while the first of them
+        # ends in text later tokens may still change (`_unsettled`). The first stops the text
+        # once later tokens (or the end) leave it in place; each match's ids count up to the
+        # token that first completed it.
         self._pending: dict[tuple[int, int, str], int] = {}
         # a byte-fallback decoder's byte tokens ("<0xE4>"), and how many of the text's last
         # characters later tokens may still change (`_unsettled`)
