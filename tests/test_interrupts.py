@@ -2,6 +2,7 @@
 imported, a model loading, `auto` calibrating) a command ends at once with one line
 `interrupted` and exit status 130, no traceback and no C++ abort; a running server shuts down
 gracefully and exits 0."""
+import contextlib
 import os
 import re
 import signal
@@ -89,6 +90,23 @@ def _interrupt_busy(proc: subprocess.Popen, landing: str) -> None:
 # No command here runs this long: past it the process is killed, so a wait for a marker that
 # never comes (reading stderr) ends in a failure instead of hanging the suite.
 WATCHDOG_S = 180
+
+
+@contextlib.contextmanager
+def _killed_on_failure(proc: subprocess.Popen):
+    """A failed check before the signal must not leave the server running."""
+    try:
+        yield
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
+def _serving_port(proc: subprocess.Popen) -> tuple[int, str]:
+    """(the port the server logged it serves on, the log so far)."""
+    log = _read_until(proc, "serving")
+    return int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1)), log
 
 
 def _popen(code: str, *args, **env) -> subprocess.Popen:
@@ -268,18 +286,13 @@ def test_a_running_server_shuts_down_gracefully_and_exits_0(sig, tiny_noeos_dir)
     proc = _popen("import runpy; runpy.run_module('specrt.serve', run_name='__main__', "
                   "alter_sys=True)", "--model", tiny_noeos_dir, "--port", "0",
                   "--max-num-seqs", "1")
-    try:
-        log = _read_until(proc, "serving")
+    with _killed_on_failure(proc):
+        port, log = _serving_port(proc)
         loading = re.search(r"loading \S+ \((\w+), (\w+)\)", log)
         assert loading and loading.group(1) in ("bfloat16", "float32"), log
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1))
         assert port != 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
             assert answer.status == 200
-    except BaseException:
-        proc.kill()            # a failed check must not leave the server running
-        proc.communicate()
-        raise
     proc.send_signal(sig)
     rc, err = _finish(proc)
     assert rc == 0, log + err
@@ -312,17 +325,12 @@ def test_a_shutdown_cancels_what_still_runs_after_its_timeout(tiny_noeos_dir):
                   "none")
     body = json.dumps({"model": Path(tiny_noeos_dir).name, "prompt": "hi", "max_tokens": 2000,
                        "stream": True}).encode()
-    try:
-        log = _read_until(proc, "serving")
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1))
+    with _killed_on_failure(proc):
+        port, log = _serving_port(proc)
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
         answer = urllib.request.urlopen(request, timeout=60)
         answer.readline()                       # the stream has started
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rest = answer.read().decode()               # ends when the server cancels the request
@@ -347,17 +355,12 @@ def test_a_body_still_arriving_at_shutdown_is_answered_503_at_once(tiny_noeos_di
     proc = _popen("import runpy; runpy.run_module('specrt.serve', run_name='__main__', "
                   "alter_sys=True)", "--model", tiny_noeos_dir, "--port", "0",
                   "--shutdown-timeout", "8")
-    try:
-        log = _read_until(proc, "serving")
-        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", log).group(1))
+    with _killed_on_failure(proc):
+        port, _ = _serving_port(proc)
         client = socket.create_connection(("127.0.0.1", port), timeout=30)
         client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                        b"application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
         time.sleep(0.5)                         # the server is waiting for the rest
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     with client:
