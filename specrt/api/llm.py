@@ -195,11 +195,10 @@ class LLM:
         The keywords after `messages` shape the template's output as in vLLM (see
         `Tokenizer.chat_text`): continue_final_message=True (with add_generation_prompt=False)
         leaves the last assistant message open for the model to continue."""
-        add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
-        continue_final_message = check_bool("continue_final_message", continue_final_message)
-        chat_template_kwargs = check_template_kwargs(chat_template_kwargs)
-        if messages is None and (not add_generation_prompt or continue_final_message
-                                 or chat_template_kwargs):
+        if messages is None and (  # with messages, Tokenizer.chat_text checks the options
+                not check_bool("add_generation_prompt", add_generation_prompt)
+                or check_bool("continue_final_message", continue_final_message)
+                or check_template_kwargs(chat_template_kwargs)):
             raise SpecrtError("add_generation_prompt, continue_final_message and "
                               "chat_template_kwargs apply to chat messages: pass messages=[...]")
         if messages is not None:

@@ -99,7 +99,7 @@ class TextStream:
             if first[1] > self._length() - self._open and not (final and i == len(ids) - 1):
                 continue                           # its end may yet become other text
             return self._stop(first)
-        if final and self._pending:                # the placeholder was the last character
+        if final and self._pending:                # the end leaves the first in place
             return self._stop(min(self._pending))
         return self._release(final)
 

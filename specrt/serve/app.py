@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 
 import specrt
@@ -188,15 +189,14 @@ class _BodyLimit:
     one still sending when the server's shutdown begins is answered 503 at once."""
 
     def __init__(self, app, limit: int | None, on_refused, stopping: asyncio.Event):
-        self.app, self.limit, self.on_refused = app, limit, on_refused    # limit None: none
-        self.stopping = stopping
+        self.app, self.on_refused, self.stopping = app, on_refused, stopping
+        self.limit = math.inf if limit is None else limit               # None: no limit
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        limit = float("inf") if self.limit is None else self.limit
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(self._too_large(), scope, receive, send)
         messages, size = [], 0
         while True:
@@ -210,7 +210,7 @@ class _BodyLimit:
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
-            if size > limit:
+            if size > self.limit:
                 return await self._refuse(self._too_large(), scope, receive, send)
             if not message.get("more_body", False):
                 break

@@ -115,7 +115,8 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
         loc = [str(p) for p in e.get("loc", ()) if p != "body"]
         form = _form_of(loc, missing=e.get("type") == "missing")
         if form is not None:
-            name, part = form, f"{form} must be {FIELD_FORMS[_form_key(form.split('.'))]}"
+            name, takes = form
+            part = f"{name} must be {takes}"
         else:
             name, part = ".".join(loc) or None, f"{'.'.join(loc) or 'body'}: {e['msg']}"
         if part not in said:
@@ -125,15 +126,13 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     return "; ".join(parts), param
 
 
-def _form_key(loc: list[str]) -> str:
-    return ".".join("N" if p.isdigit() else p for p in loc)      # messages.0.content -> .N.
-
-
-def _form_of(loc: list[str], missing: bool) -> str | None:
-    """The field of FIELD_FORMS that an error at `loc` is in (pydantic's path, which names
-    each union shape it tried: messages.0.content.list[TextPart].0.type), or None; a field
-    that is itself missing is said as pydantic says it."""
+def _form_of(loc: list[str], missing: bool) -> tuple[str, str] | None:
+    """(the field of FIELD_FORMS that an error at `loc` is in, what it takes) or None.
+    pydantic's path names each union shape it tried (messages.0.content.list[TextPart].0.type);
+    FIELD_FORMS names any index N (messages.N.content). A field that is itself missing is
+    said as pydantic says it."""
     for n in range(len(loc), 0, -1):
-        if _form_key(loc[:n]) in FIELD_FORMS:
-            return None if missing and n == len(loc) else ".".join(loc[:n])
+        takes = FIELD_FORMS.get(".".join("N" if p.isdigit() else p for p in loc[:n]))
+        if takes is not None:
+            return None if missing and n == len(loc) else (".".join(loc[:n]), takes)
     return None

@@ -119,12 +119,10 @@ class ChatMessage(_Base):
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
-class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[StrictInt] = None        # None: room left, at most CHAT_MAX_TOKENS
-    max_completion_tokens: Optional[StrictInt] = None        # OpenAI's newer name for it
-    # vLLM's chat-template fields (Tokenizer.chat_text): a prefilled reply to continue, and
-    # variables for the template
+class _ChatTemplate(_Base):
+    """vLLM's chat-template fields (Tokenizer.chat_text): a prefilled reply to continue, and
+    variables for the template."""
+
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: Optional[dict] = None
@@ -135,26 +133,27 @@ class ChatCompletionRequest(_Sampling):
                     continue_final_message=self.continue_final_message,
                     chat_template_kwargs=self.chat_template_kwargs)
 
+
+class ChatCompletionRequest(_Sampling, _ChatTemplate):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[StrictInt] = None        # None: room left, at most CHAT_MAX_TOKENS
+    max_completion_tokens: Optional[StrictInt] = None        # OpenAI's newer name for it
+
     def token_budget(self) -> tuple[Optional[int], str]:
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
 
-class TokenizeRequest(_Base):
+class TokenizeRequest(_ChatTemplate):
     """vLLM's /tokenize: a prompt as /v1/completions reads it, or chat messages as
     /v1/chat/completions does (with its template fields)."""
 
     model: Optional[StrictStr] = None
     prompt: Optional[StrictStr] = None
     messages: Optional[list[ChatMessage]] = Field(None, min_length=1)
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    chat_template_kwargs: Optional[dict] = None
     return_token_strs: StrictBool = False
     add_special_tokens: Optional[StrictBool] = None     # None: as the endpoint would
-
-    template_options = ChatCompletionRequest.template_options
 
 
 class DetokenizeRequest(_Base):
