@@ -10,7 +10,11 @@ its own uniquely named module, loads both, checks that they give the same bits (
 layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights,
 2.6 GB), rounds interleaved, the order reversed every other round (--format int8: the 0.5B
 draft's shapes, 24 layers, int8; --shapes picks either model's shapes for either format), with
-the streaming read over the same tensors as the floor.
+the streaming read over the same tensors as the floor. The weights sit in huge pages where the
+kernel gives them, as the CPU backend puts a model's (specrt.kernels.cpu.huge_pages), and both
+builds read one copy when they read the same layout: with a copy each, packed one after the
+other in 4 KiB pages, the second build's int8 products read 6-9% faster than the first's,
+whichever build was second (identical code: 1.06x; benchmarks/RESULTS.md, "A new CPU ...").
 Prints GB/s (weight bytes / time; median and best of the rounds) per build and row count.
 
 Why its own modules: CPython keeps one module per extension name, so loading a second build
@@ -33,7 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import cli, machine, report, revisions
-from specrt.kernels.cpu import gemv_int8
+from specrt.kernels.cpu import gemv_int8, huge_pages
 
 # [N, K] of one layer's products and the layer count: the 1.5B target's and the 0.5B draft's;
 # each format's default (bf16: the target's format, int8: the draft's default one)
@@ -99,13 +103,18 @@ def _load(path: Path, tag: str):
     return mod
 
 
-def _packed(mod, weights: list[tuple]) -> list[tuple]:
-    """The int8 weights (row-major [N, K], scales) in the layout a build's kernel reads: packed
-    where it says int8_packed_rows() (builds before it read row-major)."""
-    rows = mod.int8_packed_rows() if hasattr(mod, "int8_packed_rows") else 0
+def _pack_rows(mod) -> int:
+    """The rows a build's int8 kernel packs to a group (0: it reads row-major, as builds before
+    int8_packed_rows() did)."""
+    return mod.int8_packed_rows() if hasattr(mod, "int8_packed_rows") else 0
+
+
+def _packed(rows: int, weights: list[tuple], place) -> list[tuple]:
+    """The int8 weights (row-major [N, K], scales) in the layout of a kernel that packs `rows`
+    to a group (0: row-major as they are), each copied by `place`."""
     if not rows:
         return weights
-    return [(gemv_int8.pack(gemv_int8.Int8Weight(w, s), rows).data, s, w.shape[0])
+    return [(place(gemv_int8.pack(gemv_int8.Int8Weight(w, s), rows).data), s, w.shape[0])
             for w, s in weights]
 
 
@@ -140,17 +149,25 @@ def main(argv=None) -> None:
 
     g = torch.Generator().manual_seed(0)
     shapes, layers = SHAPES[which], LAYERS[which]
+    arena = huge_pages.Arena() if huge_pages.enabled() else None
+    place = arena.copy if arena is not None else (lambda t: t)
     if args.format == "bf16":
-        weights = [(torch.randn(n, k, generator=g).bfloat16(), None)
+        weights = [(place(torch.randn(n, k, generator=g).bfloat16()), None)
                    for _ in range(layers) for n, k in shapes]
     else:
-        weights = [(torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8),
+        weights = [(place(torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)),
                     torch.rand(n, generator=g) * 0.01)
                    for _ in range(layers) for n, k in shapes]
     nbytes = sum(w.numel() * w.element_size() for w, *_ in weights)
-    # each build's weights, in the layout it reads (the same values)
-    laid = {tag: _packed(mod, weights) if args.format == "int8" else weights
-            for tag, mod in mods.items()}
+    # the weights in the layout each build reads (the same values), one copy per layout
+    laid = {tag: weights for tag in mods}
+    if args.format == "int8":
+        layouts: dict[int, list[tuple]] = {}
+        for tag, mod in mods.items():
+            group = _pack_rows(mod)
+            if group not in layouts:
+                layouts[group] = _packed(group, weights, place)
+            laid[tag] = layouts[group]
     for m in rows:
         xs = {k: torch.randn(m, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
         outs = {tag: [torch.empty(m, w.shape[0], dtype=torch.bfloat16) for w, _ in weights]
