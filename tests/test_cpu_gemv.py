@@ -64,7 +64,8 @@ def test_bf16_outputs_are_the_fp32_outputs_rounded_to_nearest_even(m):
 # driver against it
 @pytest.mark.parametrize("m", [2, 3, 6, 7, 9, 17, 32, 101])
 # 1000: a masked tail inside the last k-block; 2100: a decode step over rows too long to take
-# one at a time (gemv.cpp, ROW_AT_A_TIME_K), with a masked tail
+# one at a time (gemv.cpp, ROW_AT_A_TIME_K; a verify pass still takes them one at a time), with
+# a masked tail
 @pytest.mark.parametrize("k", [1536, 1000, 2100])
 def test_each_row_is_independent_of_how_many_rows(dtype, m, k):
     """A verify pass (M = K + 1) and a decode step (M = 1) give bit-identical rows; so do the

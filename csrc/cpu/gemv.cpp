@@ -113,20 +113,26 @@ SPECRT_TILES(block_f32, float)
 // weight rows x 7-17 rows of x at 0.75-0.93x (benchmarks/RESULTS.md, "AVX-512 on Zen 5" and
 // "Zen 5: the int8 draft's decode step and narrow verify passes").
 //
-// A decode step over rows of at most ROW_AT_A_TIME_K values takes them one at a time, in
-// memory order: the loads then run through memory as one linear stream, as the streaming
-// read's do. Four rows at a time make four short interleaved streams (the 0.5B's rows are 1,792
-// bytes), which the hardware prefetcher apparently does not follow (a harness over one K = 896
-// matrix: four rows without the software prefetch at 0.41-0.58 of the streaming read, one row
-// at 0.98-1.00). On a Zen 4 EPYC (2 threads) four rows read the 0.5B's K = 896 products at
-// 0.80-0.85 of the streaming read and its decode step took 1.56x the read's time when memory
-// was fast; one row at a time, 0.97-1.00 and 1.05-1.13x, bits identical (benchmarks/
-// RESULTS.md, "Decode steps over whole rows in memory order"). Longer rows keep four at a
+// Verify passes (2-6 rows of x), and a decode step over rows of at most ROW_AT_A_TIME_K
+// values, take the weight rows one at a time, in memory order: the loads then run through
+// memory as one linear stream, as the streaming read's do. Four rows at a time make four
+// short interleaved streams (the 0.5B's rows are 1,792 bytes), which the hardware prefetcher
+// apparently does not follow (a harness over one K = 896 matrix: four rows without the
+// software prefetch at 0.41-0.58 of the streaming read, one row at 0.98-1.00). On a Zen 4
+// EPYC (2 threads) four rows read the 0.5B's K = 896 products at 0.80-0.85 of the streaming
+// read and its decode step took 1.56x the read's time when memory was fast; one row at a
+// time, 0.97-1.00 and 1.05-1.13x, bits identical (benchmarks/RESULTS.md, "Decode steps over
+// whole rows in memory order"). Longer rows keep four at a
 // time, as before: one row at a time for every K measured the same (1.01-1.02x, within the
 // noise; 2,048 itself was not swept), and one row's single accumulator is a chain of K / 32
 // dependent dot products, which the CPU can overlap with the next row's only while both fit
-// its window.
-constexpr int NB_DEC = 4, MB_FEW = 6;   // 24 accumulators + 6 x + 1 weight vector
+// its window. A verify pass has a chain per row of x. On an Intel Xeon with AVX-512 BF16 (2
+// threads, weights in huge pages; kernel_ab, twice) four weight rows at a time read 2, 3, 4,
+// 5 and 6 rows of x at 0.88-0.89, 0.83, 0.74-0.75, 0.72-0.73 and 0.69-0.71 of the streaming
+// read; one at a time 1.18-1.19x, 1.13-1.14x, 1.14-1.19x, 1.09-1.13x and 1.05-1.08x that, bits
+// identical (benchmarks/RESULTS.md, "A new CPU ..."; not measured on the EPYCs, whose decode
+// steps measured the same either way).
+constexpr int NB_DEC = 4, MB_FEW = 6;   // a decode step's tile over long rows; up to 6 x rows
 constexpr int64_t ROW_AT_A_TIME_K = 2048;
 
 // x rows [MB, K] bf16 against NB whole weight rows w [NB, K]: the lane sums of each (weight
@@ -154,17 +160,17 @@ using RowsTile = void (*)(const uint16_t*, const uint16_t*, int64_t, float*);
 #define SPECRT_ROWS(NB)                                                                      \
   {rows_tile<NB, 1>, rows_tile<NB, 2>, rows_tile<NB, 3>, rows_tile<NB, 4>, rows_tile<NB, 5>, \
    rows_tile<NB, 6>}
-static const RowsTile rows_full[MB_FEW] = SPECRT_ROWS(NB_DEC), rows_one[MB_FEW] = SPECRT_ROWS(1);
+static const RowsTile rows_one[MB_FEW] = SPECRT_ROWS(1);
 
-// x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads; a
-// decode step over short rows one row a tile).
+// x [M, K] bf16 @ w [N, K].T, M <= MB_FEW (few_rows: tiles split evenly over the threads; one
+// weight row a tile, but for a decode step over long rows).
 static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N, int64_t K,
                      int threads, Vector512<Bf16Store> store) {
   const auto one = [&](int64_t n, float* sums) { rows_one[M - 1](x, w + n * K, K, sums); };
-  if (M == 1 && K <= ROW_AT_A_TIME_K)               // a tile of one row is the one-row call
-    return few_rows<1, 1, reduce16_all>(M, N, threads, one, one, store);
-  few_rows<NB_DEC, MB_FEW, reduce16_all>(
-      M, N, threads, [&](int64_t n0, float* sums) { rows_full[M - 1](x, w + n0 * K, K, sums); },
+  if (M > 1 || K <= ROW_AT_A_TIME_K)                // a tile of one row is the one-row call
+    return few_rows<1, MB_FEW, reduce16_all>(M, N, threads, one, one, store);
+  few_rows<NB_DEC, 1, reduce16_all>(
+      M, N, threads, [&](int64_t n0, float* sums) { rows_tile<NB_DEC, 1>(x, w + n0 * K, K, sums); },
       one, store);
 }
 
