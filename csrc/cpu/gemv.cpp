@@ -100,8 +100,8 @@ SPECRT_TILES(block_bf16, uint16_t)
 SPECRT_TILES(block_f32, float)
 
 // --- decode steps and narrow verify passes (M <= MB_FEW) ------------------------------------
-// A few rows of x take whole weight rows, NB_DEC at a time (few_rows, gemv_tiled.h), with the
-// accumulators in registers for the whole of K and the next tile (which follows this one in
+// A few rows of x take whole weight rows (few_rows, gemv_tiled.h; how many at a time below), with
+// the accumulators in registers for the whole of K and the next tile (which follows this one in
 // memory) prefetched as this one is consumed: the AVX2 kernels' decode design (gemv_avx2.cpp).
 // Each lane sums its pairs in the same k order as block_bf16 above (32-value steps, the last
 // K % 32 masked), and the 16 lanes are reduced by the same reduce16, so the bits are the tiled
@@ -122,11 +122,11 @@ SPECRT_TILES(block_f32, float)
 // EPYC (2 threads) four rows read the 0.5B's K = 896 products at 0.80-0.85 of the streaming
 // read and its decode step took 1.56x the read's time when memory was fast; one row at a
 // time, 0.97-1.00 and 1.05-1.13x, bits identical (benchmarks/RESULTS.md, "Decode steps over
-// whole rows in memory order"). Longer rows keep four at a
-// time, as before: one row at a time for every K measured the same (1.01-1.02x, within the
-// noise; 2,048 itself was not swept), and one row's single accumulator is a chain of K / 32
-// dependent dot products, which the CPU can overlap with the next row's only while both fit
-// its window. A verify pass has a chain per row of x. On an Intel Xeon with AVX-512 BF16 (2
+// whole rows in memory order"). A decode step over longer rows keeps four (NB_DEC) at a time,
+// as before: one row at a time for every K measured the same (1.01-1.02x, within the noise;
+// 2,048 itself was not swept), and one row's single accumulator is a chain of K / 32 dependent
+// dot products, which the CPU can overlap with the next row's only while both fit its window.
+// A verify pass has a chain per row of x. On an Intel Xeon with AVX-512 BF16 (2
 // threads, weights in huge pages; kernel_ab, twice) four weight rows at a time read 2, 3, 4,
 // 5 and 6 rows of x at 0.88-0.89, 0.83, 0.74-0.75, 0.72-0.73 and 0.69-0.71 of the streaming
 // read; one at a time 1.18-1.19x, 1.13-1.14x, 1.14-1.19x, 1.09-1.13x and 1.05-1.08x that, bits
