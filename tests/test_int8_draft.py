@@ -1,5 +1,12 @@
 """The int8 draft: its kernel against its reference (and the int4 kernel's, the same tests), and
 exactness of speculation with it."""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -53,16 +60,44 @@ def test_packed_layout_holds_16_rows_a_group_and_round_trips():
 @pytest.mark.skipif(not gemv_int8.PACK_ROWS, reason="the packed int8 kernel needs AVX-512 VNNI; "
                     "the AVX2 kernel sums in another order (test_kernel_matches_reference)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-# 1: a decode step; 5: one row tile; 17: three; 23 / 24: either side of the prompt schedule
-@pytest.mark.parametrize("M", [1, 2, 5, 17, 23, 24, 40])
+# 1: a decode step; 5: one row tile; 17: three; 23 / 24: either side of the prompt schedule;
+# where the CPU has AMX (gemv_int8.AMX_ROWS = 16): 16 one tile of x, 17 / 23 / 24 / 32 two, 40 and
+# 100 two and a last one
+@pytest.mark.parametrize("M", [1, 2, 5, 16, 17, 23, 24, 32, 40, 100])
 def test_packed_kernel_gives_the_reference_bits(dtype, M):
-    # N = 75 and 130: partial groups and a partial tile; K = 2304: 36 blocks
+    # N = 75 and 130: partial groups and a partial tile (on AMX 5 and 9 groups: a last pair of
+    # one); K = 2304: 36 blocks
     for N, K in ((75, 384), (130, 2304)):
         x, qw, b, _ = _operands(dtype, M, N, K, seed=M)
         for bias in (None, b):
             for out_dtype in (None, torch.float32):
                 want = gemv_int8.reference_linear(x, qw, bias, out_dtype)
                 assert torch.equal(gemv_int8.kernel_linear(x, qw, bias, out_dtype), want)
+
+
+@pytest.mark.skipif(not gemv_int8.AMX_ROWS, reason="this CPU (or its OS) runs no AMX tiles")
+def test_amx_tiles_and_vnni_tiles_give_the_same_bits():
+    """The same prompt-sized products with AMX (this process) and without (SPECRT_AMX=0 in a
+    child process: the switch is read once per process)."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from specrt.kernels.cpu import gemv_int8
+        from tests.test_int8_draft import _operands
+        assert gemv_int8.AMX_ROWS == 0, gemv_int8.AMX_ROWS
+        outs = []
+        for M in (16, 40, 100):
+            x, qw, b, _ = _operands(torch.bfloat16, M, 130, 2304, seed=M)
+            outs.append(gemv_int8.kernel_linear(x, qw, b, torch.float32))
+        torch.save(outs, sys.argv[1])
+        """)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "vnni.pt"
+        subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120,
+                       cwd=Path(__file__).parent.parent, env={**os.environ, "SPECRT_AMX": "0"})
+        vnni = torch.load(path)
+    for M, want in zip((16, 40, 100), vnni):
+        x, qw, b, _ = _operands(torch.bfloat16, M, 130, 2304, seed=M)
+        assert torch.equal(gemv_int8.kernel_linear(x, qw, b, torch.float32), want), M
 
 
 @needs_kernel
@@ -132,12 +167,14 @@ def test_kernel_rows_do_not_depend_on_their_neighbours(kernel, dtype, M):
 @KERNELS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_a_non_finite_input_makes_its_row_nan_as_in_the_reference(kernel, dtype, bad):
+@pytest.mark.parametrize("M", [3, 20])          # 20: a prompt's pass (AMX tiles where there)
+def test_a_non_finite_input_makes_its_row_nan_as_in_the_reference(kernel, dtype, bad, M):
     """The block maximum (vmaxps) dropped a NaN operand and an infinity gave an infinite scale:
     the kernels turned a NaN row into finite numbers (or +-inf) where the reference gives NaN,
     so a draft gone NaN looked healthy. Every position of a 64-value block is tried (the
     maximum is taken over four vectors, then across lanes)."""
-    x, qw, b = _quantized(kernel, dtype, 3, 40, 256)
+    x, qw, b = _quantized(kernel, dtype, M, 40, 256)
+    rest = [m for m in range(M) if m != 1]
     for col in (0, 5, 16, 31, 47, 63, 64 + 17, 255):
         xb = x.clone()
         xb[1, col] = bad
@@ -145,7 +182,7 @@ def test_a_non_finite_input_makes_its_row_nan_as_in_the_reference(kernel, dtype,
         got = kernel.kernel_linear(xb, qw, b, torch.float32)
         assert want[1].isnan().all(), col                      # the reference's answer
         assert got[1].isnan().all(), (col, got[1, :4])
-        torch.testing.assert_close(got[[0, 2]], want[[0, 2]], rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(got[rest], want[rest], rtol=2e-3, atol=2e-3)
 
 
 def test_reference_is_close_to_the_float_product():

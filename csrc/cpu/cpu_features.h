@@ -16,6 +16,10 @@
 #define SPECRT_AVX512_VNNI __attribute__((target(SPECRT_AVX512_TARGET ",avx512vnni")))
 #define SPECRT_INLINE __attribute__((always_inline)) inline
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -46,5 +50,35 @@ inline const char* cpu_level() { return cpu_avx512() ? "avx512" : cpu_avx2() ? "
 
 // The int8 and int4 kernels of gemv_int8.cpp / gemv_int4.cpp: AVX-512 and its VNNI.
 inline bool cpu_avx512_vnni() { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
+
+// AMX tiles with int8 dot products (gemv_int8_amx.cpp), with VNNI for the rest of the int8
+// kernels: the CPU has them (CPUID leaf 7: AMX-TILE, AMX-INT8) and Linux lets this process use
+// the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, asked once; Linux >= 5.16).
+// SPECRT_AMX=0, or SPECRT_CPU_LEVEL=avx2, leaves them unused (read once per process).
+#if (defined(__clang__) && __clang_major__ >= 12) || \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define SPECRT_HAS_AMX 1           // the compiler targets AMX (GCC 11, Clang 12)
+#else
+#define SPECRT_HAS_AMX 0           // an older one builds without the AMX kernel
+#endif
+#define SPECRT_AMX_INT8 \
+  __attribute__((target(SPECRT_AVX512_TARGET ",avx512vnni,amx-tile,amx-int8")))
+inline bool cpu_amx_int8() {
+  static const bool yes = [] {
+    const char* amx = std::getenv("SPECRT_AMX");
+    if (!SPECRT_HAS_AMX || (amx && std::strcmp(amx, "0") == 0) || !cpu_avx512_vnni())
+      return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+      return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
 
 }  // namespace specrt

@@ -17,6 +17,7 @@
 // Only the draft model runs this: its outputs decide which tokens are proposed, never which are
 // emitted, so a quantized draft leaves greedy output identical and sampling exact.
 #include "gemv_int8.h"
+#include "gemv_int8_amx.h"
 #include "gemv_int8_avx2.h"
 
 #include <immintrin.h>
@@ -49,17 +50,6 @@ namespace {
 // vectors of the 32 registers (2 x 6: 26).
 constexpr int PACK_ROWS = 16;
 constexpr int G_WIDE = 2, MB_WIDE = 6;   // passes of 2 or more rows of x
-
-// x as the packed tiles read it: bytes [M, K], block scales and block corrections [M, K / 64].
-struct QBlocks {
-  const int8_t* q;
-  const float* scale;
-  const int32_t* corr;
-  int64_t K;
-  QBlocks rows(int64_t m) const {
-    return {q + m * K, scale + m * (K / QBLOCK), corr + m * (K / QBLOCK), K};
-  }
-};
 
 // The tile's outputs: rows m0 .. m0 + MB - 1 of out, columns n0 .. n0 + 16 G - 1 (those < N):
 // each lane's sum x w_scale (+ bias), fp32 or bf16 (QuantStore's arithmetic, lane by lane).
@@ -172,13 +162,14 @@ static const PackedTile wide_tiles[2][G_WIDE][MB_WIDE] = {
     {{SPECRT_P_ROW(1, true)}, {SPECRT_P_ROW(2, true)}}};
 #undef SPECRT_P_ROW
 
-// x quantized (quantize_row, gemv_quant.h) with its lane corrections summed per block.
+// x quantized (quantize_row, gemv_quant.h) with its lane corrections summed per block; with
+// rows > M, rows M .. rows - 1 are zeros (the AMX kernel reads whole tiles of 16 rows).
 struct PackedX {
   QuantizedX qx;
-  std::vector<int32_t> corr;   // [M, K / 64]
+  std::vector<int32_t> corr;   // [rows, K / 64]
   QBlocks view;
-  PackedX(const void* x, bool x_f32, int64_t M, int64_t K)
-      : qx(x, x_f32, M, K, 128), corr(size_t(M * (K / QBLOCK))) {
+  PackedX(const void* x, bool x_f32, int64_t M, int64_t K, int64_t rows = 0)
+      : qx(x, x_f32, M, K, 128, rows), corr(size_t(std::max(M, rows) * (K / QBLOCK))) {
     for (size_t b = 0; b < corr.size(); ++b) {
       int32_t sum = 0;
       for (int i = 0; i < QBLOCK / 4; ++i) sum += qx.corr[b * (QBLOCK / 4) + i];
@@ -188,6 +179,12 @@ struct PackedX {
   }
 };
 
+// Passes of this many rows of x or more run on AMX tiles where the CPU has them
+// (gemv_int8_amx.cpp; the same bits). kernel_ab against the VNNI tiles on a Xeon with AMX:
+// 0.77x at 6 rows, 0.96 at 9, 1.02 at 12, 1.04 at 17, 1.14 at 20, 1.23 at 24, 1.31 at 50, 1.26 at
+// 137 (benchmarks/RESULTS.md, "AMX for the int8 draft's prompt").
+constexpr int64_t AMX_MIN_ROWS = 16;
+
 // The packed product. A decode step: its groups in one run a thread (step_group). Wider passes:
 // tiles of G_WIDE groups, each running every row tile of x (near-equal parts of at most MB_WIDE
 // rows) while its 32 rows' weights sit in L1 or L2. Each output element is its row's blocks
@@ -195,6 +192,10 @@ struct PackedX {
 SPECRT_AVX512_VNNI static void gemv_int8_packed(const void* x, bool x_f32, const uint8_t* w,
                                                 const QuantStore& s, int64_t M, int64_t N,
                                                 int64_t K, int threads) {
+  if (M >= AMX_MIN_ROWS && cpu_amx_int8()) {
+    const PackedX px(x, x_f32, M, K, (M + 15) / 16 * 16);   // whole tiles of 16 rows
+    return gemv_int8_amx(px.view, w, s, M, N, K, threads);
+  }
   const PackedX px(x, x_f32, M, K);
   const int64_t groups = (N + PACK_ROWS - 1) / PACK_ROWS, group = PACK_ROWS * K;
   if (M == 1) {
@@ -229,6 +230,8 @@ SPECRT_AVX512_VNNI static void gemv_int8_packed(const void* x, bool x_f32, const
 bool cpu_supports_int8() { return cpu_avx512_vnni() || cpu_avx2(); }
 
 int int8_packed_rows() { return cpu_avx512_vnni() ? PACK_ROWS : 0; }
+
+int int8_amx_rows() { return cpu_amx_int8() ? int(AMX_MIN_ROWS) : 0; }
 
 void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -33,6 +34,18 @@ struct QRows {
   int64_t K;
   QRows rows(int64_t m) const {
     return {q + m * K, corr + m * (K / 4), scale + m * (K / QBLOCK), K};
+  }
+};
+
+// x as the packed int8 kernels read it (gemv_int8.cpp, gemv_int8_amx.cpp): bytes [M, K], block
+// scales and block corrections [M, K / 64].
+struct QBlocks {
+  const int8_t* q;
+  const float* scale;
+  const int32_t* corr;
+  int64_t K;
+  QBlocks rows(int64_t m) const {
+    return {q + m * K, scale + m * (K / QBLOCK), corr + m * (K / QBLOCK), K};
   }
 };
 
@@ -90,8 +103,10 @@ struct QuantizedX {
   std::vector<float> scale;
   QRows view;
 
-  QuantizedX(const void* x, bool x_f32, int64_t M, int64_t K, uint8_t offset)
-      : q(size_t(M * K)), corr(size_t(M * (K / 4))), scale(size_t(M * (K / QBLOCK))) {
+  // rows > M: room for that many rows, those past M zeros.
+  QuantizedX(const void* x, bool x_f32, int64_t M, int64_t K, uint8_t offset, int64_t rows = 0)
+      : q(size_t(std::max(M, rows) * K)), corr(size_t(std::max(M, rows) * (K / 4))),
+        scale(size_t(std::max(M, rows) * (K / QBLOCK))) {
     for (int64_t m = 0; m < M; ++m) {
       if (x_f32)
         quantize_row(static_cast<const float*>(x) + m * K, K, offset, &q[m * K],

@@ -8,8 +8,9 @@ the sum over b taken in block order in fp32, each product and each sum rounded.
 `reference_linear` is that definition in PyTorch (the specification, and the path where the C++
 kernel does not run); `kernel_linear` is csrc/cpu/gemv_int8.cpp. With AVX-512 VNNI it stores the
 weight packed 16 rows to a group (PACK_ROWS; `quantize` packs) and gives the reference's bits; on
-AVX2 (row-major weight) its fp32 sums run in another fixed order. Either way each row's bits are
-independent of M.
+AVX2 (row-major weight) its fp32 sums run in another fixed order. Where the CPU has AMX,
+passes of AMX_ROWS rows or more run on its tiles (csrc/cpu/gemv_int8_amx.cpp), with the same
+bits. Either way each row's bits are independent of M.
 
 Only a draft model runs this. The draft's numbers decide which tokens are proposed, never which
 are emitted, so greedy speculative output stays identical to plain decoding of the unquantized
@@ -33,6 +34,9 @@ BLOCK = 64          # activation values per scale; K must be a multiple of it fo
 # data [ceil(N / 16), K / 4, 16, 4] with w[g, k / 4, r, k % 4] = W[16 g + r, k] (AVX-512 VNNI),
 # or 0: row-major [N, K] (AVX2, and where no kernel runs).
 PACK_ROWS = int(_gemv.int8_packed_rows()) if AVAILABLE else 0
+# From how many rows of x (a prompt's pass) the packed kernel runs on AMX tiles, with the same
+# bits (csrc/cpu/gemv_int8_amx.cpp); 0: never here (no AMX-INT8, or SPECRT_AMX=0).
+AMX_ROWS = int(_gemv.int8_amx_rows()) if PACK_ROWS else 0
 
 
 def data_shape(N: int, K: int, packed_rows: int = PACK_ROWS) -> tuple[int, ...]:
