@@ -71,3 +71,38 @@ def test_bad_pass_arguments_raise_value_error_naming_them(tiny_noeos_dir):
         stack.run(x[:1], cache, [0, 0], [1])
     with pytest.raises(ValueError, match=r"counts must be one entry per row of starts \(1\)"):
         stack.run(x, model.new_cache(1, 32), [0], [1, 2])
+
+
+@needs_kernel
+@needs_int8
+def test_a_quantized_prompt_runs_in_the_cpp_loop_and_agrees_with_the_reference(
+        tiny_noeos_dir, monkeypatch):
+    """An int8 model's prompt of up to QUANT_PROMPT_ROWS tokens takes the C++ loop (its products
+    are the int8 kernel on either path); a longer one, and a bf16 model's prompt past
+    ops.MAX_ROWS, the reference. Its logits and the decode step after it agree with the
+    reference backend's (bf16: to its rounding; SDPA sums in another order)."""
+    from specrt.model.backends import cpu_native
+    from specrt.kernels.cpu import ops
+
+    runs = []
+    real_run = cpu_layers.Stack.run
+    monkeypatch.setattr(cpu_layers.Stack, "run",
+                        lambda self, x, *a, **k: runs.append(x.shape[0]) or real_run(self, x, *a,
+                                                                                     **k))
+    g = torch.Generator().manual_seed(3)
+    most = cpu_native.QUANT_PROMPT_ROWS
+    for quant, T, fused in (("int8", 100, True), ("int8", most, True), ("int8", most + 1, False),
+                            (None, ops.MAX_ROWS + 1, False)):
+        prompt = torch.randint(0, 300, (1, T), generator=g)
+        step = torch.randint(0, 300, (1, 1), generator=g)
+        outs = []
+        for backend in ("cpu_native", "torch_ref"):
+            model = Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=T + 8,
+                                         quant=quant, backend=backend)
+            cache = model.new_cache(1, T + 8)
+            runs.clear()
+            first = model.forward(prompt, cache)[:, -1]
+            if backend == "cpu_native":
+                assert runs == ([T] if fused else []), (quant, T, runs)
+            outs.append(torch.cat([first, model.forward(step, cache)[:, -1]]).float())
+        torch.testing.assert_close(outs[0], outs[1], rtol=0.0, atol=0.05)   # logits' std ~0.6

@@ -10,7 +10,7 @@ token on its own in a fixed order, so a verify pass of K + 1 tokens gives the bi
 K + 1 decode steps it replaces, in bf16 too, whatever other rows share the batch. Only real
 tokens are computed: a batch's rows are packed, so a row with fewer drafts (or none) costs
 only its own tokens. Passes of more than MAX_ROWS tokens per row (prefills) take the
-reference.
+reference, except a quantized model's prompts of up to QUANT_PROMPT_ROWS tokens.
 """
 from __future__ import annotations
 
@@ -31,6 +31,15 @@ DTYPES = (torch.bfloat16, torch.float32)
 def available(dtype: torch.dtype) -> bool:
     """The C++ layer ops are built, this CPU runs them, and they serve this dtype."""
     return ops.AVAILABLE and dtype in DTYPES
+
+
+# A quantized model's prompt of up to this many tokens a row also runs here: its products are
+# specrt's int8 / int4 kernels on either path, and the reference's PyTorch glue around them (SDPA,
+# norms, rotary, ~30 dispatches a layer) cost more than this loop's. The int8 0.5B draft's prompt
+# of 50 tokens on a Xeon: 0.60-0.65 target decode steps through the reference, 0.49-0.52 here;
+# 137 tokens: 1.50-1.54 and 1.27-1.36; 300: about even (benchmarks/RESULTS.md, "AMX for the int8
+# draft's prompt"). A bf16 prompt keeps the reference, whose products are oneDNN's.
+QUANT_PROMPT_ROWS = 256
 
 
 class GemvLinear(TorchLinear):
@@ -77,7 +86,7 @@ class CpuNative(TorchReference):
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
-        if T > ops.MAX_ROWS:
+        if T > self._most_rows(model):
             return super().hidden(model, input_ids, cache, rows, last_only)
         # Only real tokens are computed, packed row after row (a row without drafts in a
         # verify pass costs one token, not K + 1). Passes of more than MAX_ROWS tokens run in
@@ -109,6 +118,12 @@ class CpuNative(TorchReference):
         if stack is not None:
             return stack.run(x, cache, starts, counts)
         return self.layers_per_op(model, x, cache, starts, counts)
+
+    @staticmethod
+    def _most_rows(model) -> int:
+        """The most new tokens a row a pass of `model` may have on this path."""
+        quantized = isinstance(model.layers[0].qkv, (Int8Linear, Int4Linear))
+        return QUANT_PROMPT_ROWS if quantized else ops.MAX_ROWS
 
     def _stack(self, model) -> layer_stack.Stack | None:
         """The model's C++ layer loop (built once), or None: the per-op loop then."""
