@@ -75,7 +75,8 @@ def test_packed_kernel_gives_the_reference_bits(dtype, M):
                 assert torch.equal(gemv_int8.kernel_linear(x, qw, bias, out_dtype), want)
 
 
-@pytest.mark.skipif(not gemv_int8.AMX_ROWS, reason="this CPU (or its OS) runs no AMX tiles")
+@pytest.mark.skipif(not gemv_int8.AMX_ROWS, reason="no AMX tiles here: they need AVX-512 VNNI, "
+                    "AMX-INT8 and the OS's leave (and not SPECRT_AMX=0)")
 def test_amx_tiles_and_vnni_tiles_give_the_same_bits():
     """The same prompt-sized products with AMX (this process) and without (SPECRT_AMX=0 in a
     child process: the switch is read once per process)."""
