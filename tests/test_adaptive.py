@@ -12,7 +12,7 @@ from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
 from specrt.spec.calibration import forward_seconds
-from specrt.spec.costs import CostModel
+from specrt.spec.costs import PROMPT_ROWS, CostModel
 from tests.helpers import PAYING, pin_costs, slots_held_at_reserve
 from specrt.spec.drafters.base import NO_DRAFT, Proposal
 
@@ -232,8 +232,9 @@ def test_calibration_times_every_forward_size_in_each_repeat(llm, tmp_path, monk
     real = target.forward
     monkeypatch.setattr(target, "forward",
                         lambda ids, *a, **kw: (sizes.append(ids.shape[1]), real(ids, *a, **kw))[1])
-    CostModel.calibrate(target, draft, 15)                 # max_t = max(16, chunk rows)
-    points = calibration.timed_points(max(16, target.backend.batch_invariant_tokens))
+    costs = CostModel.calibrate(target, draft, 15)   # max_t = max(16, chunk rows, PROMPT_ROWS)
+    assert len(costs.verify) == max(16, target.backend.batch_invariant_tokens, PROMPT_ROWS)
+    points = calibration.timed_points(len(costs.verify))
     assert points[:calibration._DENSE_T] == list(range(1, calibration._DENSE_T + 1))
     timed = sizes[1:]                                      # after the prefix forward
     dense = [t for t in points if t <= calibration._DENSE_T]
@@ -553,6 +554,19 @@ def test_a_cost_curve_extended_past_its_end_never_falls():
     assert _at([1.0, 2.0, 3.0], 5) == 5.0
     assert _at([2.0, 2.0], 9) == 2.0
     assert _at([3.0, 1.0], 4) == 1.0           # never below the curve's last point
+    # at the slope of its last token, not from its first: narrow passes' tokens are cheaper
+    assert _at([1.0, 1.1, 1.2, 1.5, 2.0], 7) == pytest.approx(3.0)
+
+
+def test_calibration_times_powers_of_two_up_to_a_prompt_with_a_draft():
+    """Past the dense points, 16, 32, 64 ...: the draft's prompt pass (up to PROMPT_ROWS tokens)
+    is timed, not extended from 32 tokens at the slope of a decode step's."""
+    from specrt.spec import calibration
+
+    assert calibration.timed_points(32) == [*range(1, 10), 16, 32]
+    assert calibration.timed_points(128) == [*range(1, 10), 16, 32, 64, 128]
+    assert calibration.timed_points(17) == [*range(1, 10), 16, 17]
+    assert calibration.timed_points(5) == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])

@@ -43,10 +43,10 @@ _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
 _DENSE_REPEATS = 9    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
                       # to 16, a long prompt-lookup match, whose wider passes are interpolated)
-_SCHEME = "cal6"      # how a calibration times and is keyed (in its key: another scheme's entries
+_SCHEME = "cal7"      # how a calibration times and is keyed (in its key: another scheme's entries
                       # are redone, and dropped from the file at its next save; cal4 entries may
                       # have been timed off the rounds' thread by a benchmark, cal5 keys lack
-                      # the model's shape)
+                      # the model's shape, cal6 timed one point between _DENSE_T and max_t)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 or the backend's batch-invariant
                       # pass size, whichever is larger: a few dozen)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
@@ -255,10 +255,11 @@ def paired(times: dict[int, list[list[float]]], i: int) -> dict[int, float]:
 def timed_points(max_t: int) -> list[int]:
     """The forward sizes a calibration times: every T up to _DENSE_T (the verify passes auto
     chooses between most, and where a CPU's cost is not linear in T: its matmul kernels work
-    on tiles of rows, so e.g. 5 rows can cost a tile more than 4), then the middle and max_t,
-    the rest interpolated (a wide forward grows close to linearly in T)."""
-    middle = {(max_t + 1) // 2} if _DENSE_T < (max_t + 1) // 2 < max_t else set()
-    return sorted(set(range(1, min(_DENSE_T, max_t) + 1)) | middle | {max_t})
+    on tiles of rows, so e.g. 5 rows can cost a tile more than 4), then 16, 32, 64, ... below
+    max_t, and max_t, the rest interpolated (a wide forward grows close to linearly in T, but
+    not at one slope from 16 tokens to a prompt's hundreds: its kernels change on the way)."""
+    doubling = {1 << e for e in range(max_t.bit_length()) if _DENSE_T < 1 << e < max_t}
+    return sorted(set(range(1, min(_DENSE_T, max_t) + 1)) | doubling | {max_t})
 
 
 def _pass(model: Transformer, cache, ids: torch.Tensor, graphed: bool) -> Callable[[], None]:

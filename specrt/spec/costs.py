@@ -14,6 +14,14 @@ from specrt.model.transformer import Transformer
 from specrt.spec.calibration import timed_together
 
 
+# With a draft model the curves are timed up to this many tokens: the draft reads a request's
+# whole prompt before its first guess, and `auto` weighs that against the answer. Extended from
+# 32 tokens at the slope from 1 to 32, the int8 draft's 252-token prompt was priced at 1.89
+# target steps on a Xeon with AMX, where it took ~2.9 (benchmarks/RESULTS.md, "AMX for the int8
+# draft's prompt").
+PROMPT_ROWS = 128
+
+
 @dataclasses.dataclass
 class CostModel:
     verify: list[float]           # [R] seconds of a target pass over r = index + 1 new tokens
@@ -26,7 +34,7 @@ class CostModel:
                   graphed: bool = False) -> "CostModel":
         """graphed: an engine with graphs; its passes are timed as its rounds run them."""
         chunk = target.backend.batch_invariant_tokens
-        rows = max(max_k + 1, chunk)
+        rows = max(max_k + 1, chunk, PROMPT_ROWS if draft is not None else 0)
         # Timed together: what auto weighs is the draft's cost against the target's.
         curves = timed_together([target] if draft is None else [target, draft], rows, graphed)
         return cls(verify=curves[0], draft=curves[1] if draft is not None else [],
@@ -56,11 +64,12 @@ def _pass(curve: list[float], tokens: list[int], chunk: int) -> float:
 
 
 def _at(curve: list[float], t: int) -> float:
-    """curve[t - 1], extended linearly past its end (a forward's cost grows ~linearly in T);
-    nothing for no tokens."""
+    """curve[t - 1], extended linearly past its end at the slope of its last token (the
+    widest timed passes' cost per token; from the first point instead, the cheap tokens of
+    narrow passes priced a prompt of hundreds); nothing for no tokens."""
     if t <= 0:
         return 0.0
     if t <= len(curve):
         return curve[t - 1]
-    slope = (curve[-1] - curve[0]) / (len(curve) - 1) if len(curve) > 1 else curve[0]
+    slope = curve[-1] - curve[-2] if len(curve) > 1 else curve[0]
     return curve[-1] + max(slope, 0.0) * (t - len(curve))
