@@ -11,8 +11,10 @@
 // has the bits of the specification, specrt.kernels.cpu.gemv_int8.reference_linear: per block
 // the exact integer dot, converted to fp32, times s_x (rounded), added to the row's sum in block
 // order (rounded), then times s_w and + bias. So each row's bits are independent of the rows
-// beside it. CPUs without it take gemv_int8_avx2.cpp (row-major weights, the same integer
-// dots, their fp32 sums in another fixed order).
+// beside it. Where the CPU also has AMX, passes of AMX_MIN_ROWS rows or more run on its tiles
+// (gemv_int8_amx.cpp: the same integer dots and fp32 steps, so the same bits). CPUs without
+// VNNI take gemv_int8_avx2.cpp (row-major weights, the same integer dots, their fp32 sums in
+// another fixed order).
 //
 // Only the draft model runs this: its outputs decide which tokens are proposed, never which are
 // emitted, so a quantized draft leaves greedy output identical and sampling exact.
