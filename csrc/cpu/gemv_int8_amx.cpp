@@ -72,7 +72,7 @@ SPECRT_AVX512 SPECRT_INLINE void add_block(const int32_t* dots, const QBlocks& x
 // rows < M. With `next`, the G groups after these (the thread's next) are requested a block per
 // block: a tile load waits for the TDPBSUD before it (the tile registers are not renamed), so
 // without the request a weight's first read, from memory, went a block's 16 lines at a time
-// (M = 24: 1.13x in the product).
+// (the int8 draft's 24-token prompt, one TDPBSUD a block: 46 ms without, 36 with).
 template <int R, int G>
 SPECRT_AMX_INT8 static void amx_tile(const QBlocks& x, const uint8_t* w, int64_t group,
                                      const uint8_t* next, const QuantStore& s, int64_t m0,

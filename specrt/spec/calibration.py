@@ -42,7 +42,7 @@ _PREFIX = 32          # calibration context length
 _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
 _DENSE_REPEATS = 9    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
-                      # to 16, a long prompt-lookup match, whose wider passes are interpolated)
+                      # to 16, a long prompt-lookup match: 10-15 are interpolated, 16 timed)
 _SCHEME = "cal7"      # how a calibration times and is keyed (in its key: another scheme's entries
                       # are redone, and dropped from the file at its next save; cal4 entries may
                       # have been timed off the rounds' thread by a benchmark, cal5 keys lack

@@ -38,7 +38,8 @@ def available(dtype: torch.dtype) -> bool:
 # norms, rotary, ~30 dispatches a layer) cost more than this loop's. The int8 0.5B draft's prompt
 # of 50 tokens on a Xeon: 0.60-0.65 target decode steps through the reference, 0.49-0.52 here;
 # 137 tokens: 1.50-1.54 and 1.27-1.36; 300: about even (benchmarks/RESULTS.md, "AMX for the int8
-# draft's prompt"). A bf16 prompt keeps the reference, whose products are oneDNN's.
+# draft's prompt"; int4 by the same reasoning, not timed). A bf16 prompt keeps the reference,
+# whose products are oneDNN's.
 QUANT_PROMPT_ROWS = 256
 
 
