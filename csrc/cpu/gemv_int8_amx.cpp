@@ -69,14 +69,14 @@ SPECRT_AVX512 SPECRT_INLINE void add_block(const int32_t* dots, const QBlocks& x
 // G groups of weight rows (w: the first group's first block; G = 1, 2) against R tiles of 16
 // rows of x (x: their first row; zero rows past M), all K, four TDPBSUD a block at most: each x
 // tile is loaded once for both groups and each weight block once for both x tiles. Stores the
-// rows < M. With `next`, the G groups after these (the thread's next) are requested a block per
-// block: a tile load waits for the TDPBSUD before it (the tile registers are not renamed), so
+// rows < M. With `next`, the next_groups groups after these (the thread's next unit) are
+// requested a block per block: a tile load waits for the TDPBSUD before it (the tile registers are not renamed), so
 // without the request a weight's first read, from memory, went a block's 16 lines at a time
 // (the int8 draft's 24-token prompt, one TDPBSUD a block: 46 ms without, 36 with).
 template <int R, int G>
 SPECRT_AMX_INT8 static void amx_tile(const QBlocks& x, const uint8_t* w, int64_t group,
-                                     const uint8_t* next, const QuantStore& s, int64_t m0,
-                                     int64_t M, int64_t n0) {
+                                     const uint8_t* next, int next_groups, const QuantStore& s,
+                                     int64_t m0, int64_t M, int64_t n0) {
   const int64_t B = x.K / QBLOCK;
   alignas(64) int32_t dots[R * G][TILE * TILE];
   alignas(64) float acc[R * G][TILE * TILE] = {};
@@ -84,7 +84,7 @@ SPECRT_AMX_INT8 static void amx_tile(const QBlocks& x, const uint8_t* w, int64_t
   for (int64_t b = 0; b < B; ++b) {
     if (next) {
 #pragma GCC unroll 16
-      for (int line = 0; line < G * QBLOCK * TILE / 64; ++line)
+      for (int line = 0; line < next_groups * QBLOCK * TILE / 64; ++line)
         __builtin_prefetch(next + (line / 16) * group + b * QBLOCK * TILE + 64 * (line % 16), 0,
                            3);
     }
@@ -139,16 +139,18 @@ SPECRT_AMX_INT8 void gemv_int8_amx(const QBlocks& x, const uint8_t* w, const Qua
       const int64_t g0 = 2 * u;
       const bool two = g0 + 1 < groups;
       const uint8_t* wu = w + g0 * group;
-      const uint8_t* next = u + 1 < units ? wu + 2 * group : nullptr;
+      const int next_groups = int(std::min<int64_t>(2, groups - g0 - 2));   // <= 0: none
+      const uint8_t* next = next_groups > 0 ? wu + 2 * group : nullptr;
       for (int64_t t = 0; t < row_tiles; t += 2) {
         const uint8_t* ahead = t == 0 ? next : nullptr;
         const QBlocks xt = x.rows(t * TILE);
+        const int64_t m0 = t * TILE, n0 = g0 * TILE;
         if (t + 1 < row_tiles) {
-          if (two) amx_tile<2, 2>(xt, wu, group, ahead, s, t * TILE, M, g0 * TILE);
-          else amx_tile<2, 1>(xt, wu, group, ahead, s, t * TILE, M, g0 * TILE);
+          if (two) amx_tile<2, 2>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
+          else amx_tile<2, 1>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
         } else {
-          if (two) amx_tile<1, 2>(xt, wu, group, ahead, s, t * TILE, M, g0 * TILE);
-          else amx_tile<1, 1>(xt, wu, group, ahead, s, t * TILE, M, g0 * TILE);
+          if (two) amx_tile<1, 2>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
+          else amx_tile<1, 1>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
         }
       }
     }
