@@ -22,7 +22,7 @@ import torch
 from specrt.kernels.cpu import gemv, huge_pages, ops
 from specrt.kernels.cpu import layers as layer_stack
 from specrt.model.backends.base import Pass, chunks
-from specrt.model.backends.quantized import Int4Linear, Int8Linear
+from specrt.model.backends.quantized import Int4Linear, Int8Linear, QuantLinear
 from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -123,7 +123,7 @@ class CpuNative(TorchReference):
     @staticmethod
     def _most_rows(model) -> int:
         """The most new tokens a row a pass of `model` may have on this path."""
-        quantized = isinstance(model.layers[0].qkv, (Int8Linear, Int4Linear))
+        quantized = isinstance(model.layers[0].qkv, QuantLinear)
         return QUANT_PROMPT_ROWS if quantized else ops.MAX_ROWS
 
     def _stack(self, model) -> layer_stack.Stack | None:
