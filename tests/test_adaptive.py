@@ -752,6 +752,14 @@ def _ctx(batch, remaining, history=4, generated=None):
                         generated=None if generated is None else [generated] * batch)
 
 
+def _lost_on_merit(planner, row):
+    """Row `row`'s draft model as after a request's worth of rejections: its estimates low,
+    and its mean acceptance lower still, so sitting out does not relax them (`_relax`)."""
+    state = planner.states["draft_model"]
+    state.alphas[row][:] = [0.05] * planner.max_k
+    state.tally[row][:] = [0, 40]
+
+
 def _plans(planner, ctx, rounds):
     plans = []
     for _ in range(rounds):
@@ -787,8 +795,8 @@ def test_probes_run_only_where_the_draft_could_win(batch):
     costs = CostModel(verify=curve, draft=[0.05] * 39)
     planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
     planner.reset(list(range(batch)))
-    for alphas in planner.states["draft_model"].alphas:
-        alphas[:] = [0.05] * 8               # it lost on merit: only probes can bring it back
+    for row in range(batch):
+        _lost_on_merit(planner, row)         # only probes can bring it back
     plans = _plans(planner, _ctx(batch, remaining=500), 3 * PROBE_BASE)
     probes = [p for p in plans if p != "plain"]
     if batch == 1:
@@ -917,10 +925,44 @@ def test_a_probe_never_pays_a_long_catch_up():
     for lag in (1, 300):
         planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(lag), ngram=None)
         planner.reset([0])
-        planner.states["draft_model"].alphas[0][:] = [0.05] * 8
+        _lost_on_merit(planner, 0)
         plans = _plans(planner, _ctx(1, remaining=500, history=lag), 3 * PROBE_BASE)
         probed[lag] = [p for p in plans if p != "plain"]
     assert probed[1] and not probed[300]
+
+
+@pytest.mark.parametrize("wrong_all_along", [False, True])
+def test_a_bad_stretch_is_not_held_against_the_draft_model(wrong_all_along):
+    """A draft model right in a request's first rounds, then wrong until it sits out: each
+    round sat out moves its estimates back up toward the request's mean acceptance, so it
+    drafts again on merit well before its first probe (PROBE_BASE rounds). The same estimates
+    with a mean as low as they are (a draft wrong all along) stay out until the probe."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)],
+                      draft=[0.2 + 0.01 * t for t in range(9)])
+    planner = AdaptivePlanner(8, costs, draft_model=LaggingDraft(1), ngram=None)
+    planner.reset([0])
+    ctx = _ctx(1, remaining=500)
+    for right in [True] * 6 + [False] * 20:
+        plan = planner.choose(ctx)
+        if plan.k == 0:
+            break
+        planner.observe(plan, [plan.k if right else 0], [plan.k], 0.0, 0.0)
+    assert plan.k == 0, "the bad stretch should have sidelined the draft model"
+    state = planner.states["draft_model"]
+    if wrong_all_along:
+        state.tally[0][:] = [0, 40]
+    low = list(state.alphas[0])
+    sat_out = 0
+    while plan.k == 0 and sat_out < 2 * PROBE_BASE:
+        planner.observe(plan, [0], [0], 0.0, 0.0)
+        sat_out += 1
+        plan = planner.choose(ctx)
+    if wrong_all_along:
+        assert state.alphas[0] == low
+        assert plan.notes.probe == "draft_model" and sat_out == PROBE_BASE - 1
+    else:
+        assert plan.label.startswith("draft_model:") and plan.notes.probe is None
+        assert sat_out < PROBE_BASE // 2
 
 
 def test_pooled_weighs_later_positions_by_the_earlier_ones():
