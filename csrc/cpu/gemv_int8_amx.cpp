@@ -70,9 +70,10 @@ SPECRT_AVX512 SPECRT_INLINE void add_block(const int32_t* dots, const QBlocks& x
 // rows of x (x: their first row; zero rows past M), all K, four TDPBSUD a block at most: each x
 // tile is loaded once for both groups and each weight block once for both x tiles. Stores the
 // rows < M. With `next`, the next_groups groups after these (the thread's next unit) are
-// requested a block per block: a tile load waits for the TDPBSUD before it (the tile registers are not renamed), so
-// without the request a weight's first read, from memory, went a block's 16 lines at a time
-// (the int8 draft's 24-token prompt, one TDPBSUD a block: 46 ms without, 36 with).
+// requested a block per block: a tile load waits for the TDPBSUD before it (the tile registers
+// are not renamed), so without the request a weight's first read, from memory, went a block's
+// 16 lines at a time (the int8 draft's 24-token prompt, one TDPBSUD a block: 46 ms without, 36
+// with).
 template <int R, int G>
 SPECRT_AMX_INT8 static void amx_tile(const QBlocks& x, const uint8_t* w, int64_t group,
                                      const uint8_t* next, int next_groups, const QuantStore& s,
