@@ -401,6 +401,61 @@ def test_an_unsupported_field_is_refused_by_name_unless_it_asks_for_nothing(serv
     assert res.usage.completion_tokens == 4
 
 
+def test_vllms_sampling_extensions_are_refused_by_name_unless_they_ask_for_nothing(server):
+    """stop_token_ids, include_stop_str_in_output, allowed_token_ids, beam search, ...: vLLM
+    fields this server does not implement were ignored (a 200 answering another question)."""
+    for field, value in [("stop_token_ids", [5]), ("include_stop_str_in_output", True),
+                         ("skip_special_tokens", False), ("allowed_token_ids", [5]),
+                         ("bad_words", ["x"]), ("use_beam_search", True),
+                         ("prompt_logprobs", 1), ("truncate_prompt_tokens", 1)]:
+        error = _error(server.raw("POST", "/v1/completions",
+                                  {"model": "tiny", "prompt": "hi", field: value}))
+        assert error["param"] == field and "not supported" in error["message"], error
+    neutral = {"stop_token_ids": [], "include_stop_str_in_output": False,
+               "skip_special_tokens": True, "use_beam_search": False, "length_penalty": 1.0,
+               "priority": 0}
+    status, _, body = server.raw("POST", "/v1/completions", {
+        "model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0, **neutral})
+    assert status == 200, body
+
+
+def test_vllms_null_and_minus_one_defaults_are_taken(server):
+    """null for n, stream, include_usage and the template switches means their default, and
+    top_k -1 means no top-k, as in vLLM: the same answer as without them."""
+    base = {"model": "tiny", "prompt": "Once upon", "max_tokens": 6, "temperature": 0}
+    status, _, plain = server.raw("POST", "/v1/completions", base)
+    assert status == 200, plain
+    status, _, body = server.raw("POST", "/v1/completions", {
+        **base, "n": None, "stream": None, "stream_options": {"include_usage": None},
+        "top_k": -1})
+    assert status == 200, body
+    assert json.loads(body)["choices"][0]["text"] == json.loads(plain)["choices"][0]["text"]
+    status, _, body = server.raw("POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+        "add_generation_prompt": None, "continue_final_message": None})
+    assert status == 200, body
+    error = _error(server.raw("POST", "/v1/completions", {**base, "top_k": -2}))
+    assert error["param"] == "top_k" and "-1" in error["message"], error
+
+
+def test_a_number_is_not_a_speculative_config(server):
+    """0 == False in Python, so 0 passed as `false` (plain decoding) in a strict schema."""
+    for value in (0, 0.0, 1):
+        error = _error(server.raw("POST", "/v1/completions",
+                                  {"model": "tiny", "prompt": "hi", "speculative": value}))
+        assert error["param"] == "speculative", error
+
+
+def test_an_unparseable_body_says_why(server):
+    """A body of valid UTF-8 JSON that Python cannot read: the reason, not "not UTF-8?"."""
+    deep = b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    long = b'{"model": "tiny", "prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}"
+    for body, reason in [(deep, "nested too deeply"), (long, "more digits"),
+                         (b'{"prompt": "\xff"}', "not UTF-8")]:
+        error = _error(server.raw("POST", "/v1/completions", body))
+        assert reason in error["message"], error
+
+
 def test_length_errors_name_the_requests_fields_and_the_servers_flag(server):
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
     error = _error(server.raw("POST", "/v1/chat/completions",

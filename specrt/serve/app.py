@@ -361,4 +361,4 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         max_new_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else float(body.temperature),
         top_p=1.0 if body.top_p is None else float(body.top_p),
-        top_k=body.top_k or 0, seed=body.seed, stop=body.stops(), speculative=parsed)
+        top_k=body.top_k_or_off(), seed=body.seed, stop=body.stops(), speculative=parsed)

@@ -25,6 +25,17 @@ log = logging.getLogger("specrt.serve")
 RETRY_AFTER_S = 1
 
 
+def _unreadable(cause: BaseException | None) -> str:
+    """Why a body that is not malformed JSON could not be parsed (FastAPI chains the cause)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return "not UTF-8"
+    if isinstance(cause, RecursionError):
+        return "JSON nested too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "a number with more digits than any field takes"
+    return "not UTF-8 JSON"
+
+
 class APIError(Exception):
     """A request the server refuses, with its status and OpenAI error type."""
 
@@ -88,7 +99,8 @@ def install_handlers(app: FastAPI, failed: Callable[[int], None]) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         message = str(exc.detail)
         if exc.status_code == 400 and message == "There was an error parsing the body":
-            message = f"the request body could not be read (not UTF-8?); {SEND_JSON}"
+            message = f"the request body could not be read ({_unreadable(exc.__cause__)}); " \
+                      + SEND_JSON
         type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
         failed(exc.status_code)
         return JSONResponse(error_body(message, type_), status_code=exc.status_code,

@@ -13,7 +13,8 @@ import time
 import uuid
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      field_validator, model_validator)
 
 from specrt.spec.sampling import MAX_TEMPERATURE
 
@@ -35,7 +36,13 @@ UNSUPPORTED: dict[str, tuple] = {
     "ignore_eos": (None, False), "response_format": (None, {"type": "text"}),
     "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
     "function_call": (None, "none", "auto"), "guided_json": (None,), "guided_regex": (None,),
-    "guided_choice": (None,), "guided_grammar": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,), "structured_outputs": (None,),
+    # vLLM's sampling extensions (the text already skips special tokens, as theirs does)
+    "stop_token_ids": (None, []), "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+    "prompt_logprobs": (None,), "truncate_prompt_tokens": (None,), "allowed_token_ids": (None,),
+    "bad_words": (None, []), "use_beam_search": (None, False), "length_penalty": (None, 1),
+    "priority": (None, 0), "logits_processors": (None,), "return_tokens_as_token_ids": (None, False),
     # a request's own template would run client code in the server (vLLM refuses it too,
     # unless started with --trust-request-chat-template)
     "chat_template": (None,), "documents": (None, []),
@@ -51,6 +58,7 @@ FIELD_FORMS = {
     # a number's range errors too: NaN was told "should be greater than or equal to 0"
     "temperature": f"a finite number in [0, {MAX_TEMPERATURE:g}], or null (1.0)",
     "top_p": "a finite number in (0, 1], or null (1.0)",
+    "top_k": "an integer >= 1, or 0, -1 or null (no top-k)",
     "speculative": "an object of vLLM's speculative-config keys, false (plain decoding) or "
                    "null (the server's --speculative-config)",
     # N: any message's index
@@ -59,8 +67,21 @@ FIELD_FORMS = {
 }
 
 
+# Fields that take null for their default, as vLLM's Optional fields do ("stream": null is a
+# stream of nothing: false).
+NULL_IS_DEFAULT = frozenset({"n", "stream", "include_usage", "add_generation_prompt",
+                             "continue_final_message", "return_token_strs"})
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)   # extras: see `unsupported`
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in NULL_IS_DEFAULT}
+        return data
 
     def unsupported(self) -> tuple[str, object] | None:
         """The first field of UNSUPPORTED set to a value that asks for something."""
@@ -80,7 +101,7 @@ class _Sampling(_Base):
     model: Optional[StrictStr] = None
     temperature: Optional[Number] = Field(None, ge=0.0, le=MAX_TEMPERATURE)  # None: 1.0
     top_p: Optional[Number] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[StrictInt] = Field(None, ge=0)          # an extension, as in vLLM
+    top_k: Optional[StrictInt] = Field(None, ge=-1)   # an extension, as in vLLM (-1: off)
     seed: Optional[StrictInt] = None
     stop: Union[StrictStr, list[StrictStr], None] = None
     n: StrictInt = 1
@@ -89,6 +110,17 @@ class _Sampling(_Base):
     # specrt's extension: absent or null = the server's --speculative-config; false = plain
     # decoding; an object = that config (vLLM's keys) for this request.
     speculative: Union[dict, Literal[False], None] = None
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _false_not_zero(cls, value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError("a number is not a speculative config")   # 0 == False in Python
+        return value
+
+    def top_k_or_off(self) -> int:
+        """top_k for the engine: 0 (off) for null or vLLM's -1."""
+        return 0 if self.top_k in (None, -1) else self.top_k
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
