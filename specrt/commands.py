@@ -17,7 +17,8 @@ def run_command(body, interrupted: str = "interrupted", forced: str = "interrupt
 
     0 success; 2 bad input (a SpecrtError: one line `error: ...` on stderr, no traceback;
     argparse's usage errors are 2 as well); 1 a runtime failure (ModelFetchError: network or
-    disk; any other exception: one line `error: internal error: ...`, or the full traceback
+    disk; OutputError: stdout cannot be written; any other exception: one line `error:
+    internal error: ...`, or the full traceback
     when the environment sets SPECRT_DEBUG=1); 130 on Ctrl-C. A reader that closes the pipe
     early (`... | head -c 5`) ends the command quietly with 0, as the Python docs advise
     (stdout is pointed at /dev/null so the exit flush cannot fail again).
@@ -97,6 +98,37 @@ def import_torch(interrupted: str = "interrupted") -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+class OutputError(Exception):
+    """Standard output could not take the answer (a full disk, an I/O error): a runtime
+    failure, exit 1. A closed pipe is BrokenPipeError instead (a reader that had enough)."""
+
+
+def write_out(text: str) -> None:
+    """Write text to standard output and flush it; a failure other than a closed pipe is an
+    OutputError."""
+    import sys
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OutputError(f"cannot write to standard output ({e.strerror or e})") from None
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit cannot fail again."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # stdout is not a real file (tests)
+        pass
+
+
 def _answer(body, interrupted: str) -> int:
     import os
     import sys
@@ -124,12 +156,12 @@ def _answer(body, interrupted: str) -> int:
             _exit_now(130)
         return 130
     except BrokenPipeError:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):   # stdout is not a real file (tests)
-            pass
+        _quiet_stdout()
         return 0
+    except OutputError as e:
+        _say(f"error: {e}")
+        _quiet_stdout()
+        return 1
     except Exception as e:                 # noqa: BLE001 - the last line of defence
         if os.environ.get("SPECRT_DEBUG") == "1":
             raise

@@ -257,3 +257,39 @@ def test_the_trace_shows_every_round_the_summary_counts_rounds_past_a_stop_too(
     assert len(rounds) == stats["target_passes"] - 1           # the prefill is no round
     past = [r for r in rounds if r.endswith("| past the stop string: dropped")]
     assert past and rounds[-len(past):] == past
+
+
+def test_a_text_prompt_past_max_seq_len_names_the_flag_after_the_load(tiny_dir):
+    """A text prompt's length is known only once it is tokenized, after the load: the error
+    still names --max-seq-len (the engine's own says max_seq_len, the API's name)."""
+    proc = run_cli("--model", tiny_dir, "--prompt", "Once upon a time " * 20, "--no-chat",
+                   "--max-new-tokens", 40, "--max-seq-len", 64, "--dtype", "float32",
+                   "--no-spec", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "exceeds max_seq_len (64); raise --max-seq-len" in proc.stderr, proc.stderr
+
+
+def _run_with_fds(args, stdin=None, stdout=subprocess.PIPE, close_fds=()):
+    """The CLI started with some of its standard descriptors closed (`<&-`, `>&-`)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    closes = " ".join(f"{fd}>&-" for fd in close_fds)
+    cmd = " ".join([sys.executable, "-m", "specrt.generate", *map(str, args)])
+    return subprocess.run(f"exec {cmd} {closes}", shell=True, stdin=stdin, stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_closed_or_full_standard_streams_are_one_line_not_an_internal_error(tiny_noeos_dir):
+    """stdin closed under --prompt-file - and stdout closed are bad input (2), said before
+    the load; a full stdout (/dev/full) is a runtime failure (1): never "internal error"."""
+    common = ["--model", tiny_noeos_dir, "--max-new-tokens", 4, "--dtype", "float32",
+              "--no-spec"]
+    proc = _run_with_fds(common + ["--prompt-file", "-"], close_fds=(0,))
+    assert proc.returncode == 2 and "standard input is closed" in proc.stderr, proc.stderr
+    proc = _run_with_fds(common + ["--prompt-ids", "5,6"], stdout=None, close_fds=(1,))
+    assert proc.returncode == 2 and "standard output is closed" in proc.stderr, proc.stderr
+    if Path("/dev/full").exists():
+        with open("/dev/full", "w") as full:
+            proc = _run_with_fds(common + ["--prompt-ids", "5,6"], stdout=full)
+        assert proc.returncode == 1, proc.stderr
+        assert "cannot write to standard output" in proc.stderr, proc.stderr
+        assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr

@@ -22,7 +22,7 @@ import re
 import sys
 
 from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
-from specrt.commands import interruptible, named_flags
+from specrt.commands import interruptible, named_flags, write_out
 
 DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges "
                   "overlapping intervals and returns them sorted. Include a docstring.")
@@ -33,10 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = OneLineParser(prog=prog_name("specrt.generate", "specrt"),
                                 description="Generate text with speculative decoding.")
-    p.add_argument("--model", help="target model directory or known name "
-                   "(default: the fetched qwen2.5-coder-1.5b-instruct)")
-    p.add_argument("--draft", help="draft model directory or known name (default with no "
-                   "--model: qwen2.5-coder-0.5b-instruct)")
+    add_model_args(p)
     p.add_argument("--prompt", help="prompt text (default: a built-in coding prompt)")
     p.add_argument("--prompt-file", metavar="PATH", help="read the prompt text from a file "
                    "('-': standard input)")
@@ -106,6 +103,9 @@ def check_flags(args) -> _Request:
     from specrt.spec.config import SpecConfig, means_plain
     from specrt.spec.sampling import SamplingParams
 
+    if sys.stdout is None:          # started with `>&-`: the answer would go nowhere
+        raise ArgumentError("standard output is closed, and the answer goes there: redirect "
+                            "it to a file (> FILE, or > /dev/null to discard it)")
     with named_flags(_flag_of):
         llm = LLMArgs(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device,
                       max_seq_len=args.max_seq_len, cuda_graphs=args.cuda_graphs,
@@ -234,6 +234,9 @@ def _read_prompt_file(path: str) -> str:
     where = "standard input" if path == "-" else path
     try:
         if path == "-":
+            if sys.stdin is None:       # started with `<&-`
+                raise ArgumentError("--prompt-file -: standard input is closed; give the "
+                                    "prompt on standard input, or a file")
             if not hasattr(sys.stdin, "buffer"):         # a text stream put there (tests)
                 return sys.stdin.read()
             data = sys.stdin.buffer.read(MAX_PROMPT_FILE_BYTES + 1)
@@ -258,15 +261,16 @@ def _read_prompt_file(path: str) -> str:
                             f"{e.start}); save it as UTF-8 text") from None
 
 
-def _check_length(req: _Request, spec) -> None:
-    """prompt + max_new_tokens (+ K + 1) must fit in --max-seq-len: known before the load for
-    token ids (a text prompt counts as at least one token here; the engine checks the rest);
-    checked once on the flags (spec None while the default's K is unknown) before anything is
-    fetched, and again with the config the pair gives."""
+def _check_length(req: _Request, spec, prompt_tokens: int | None = None) -> None:
+    """prompt + max_new_tokens (+ K + 1) must fit in --max-seq-len: checked on the flags
+    before anything is fetched (spec None while the default's K is unknown; a text prompt
+    counts as one token), again with the config the pair gives, and after the load with the
+    prompt's ids (`prompt_tokens`)."""
     from specrt.engine.request import check_length
 
     n = len(req.prompt) if isinstance(req.prompt, list) else 1
-    check_length(n, req.max_new_tokens, spec, req.llm.max_seq_len, "--max-seq-len")
+    check_length(prompt_tokens or n, req.max_new_tokens, spec, req.llm.max_seq_len,
+                 "--max-seq-len")
 
 
 def _run(args) -> int:
@@ -297,9 +301,10 @@ def _run(args) -> int:
     p = req.params
     interrupted = written = False
     try:
-        run = llm.submit(prompt, messages=messages, max_new_tokens=req.max_new_tokens,
-                         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
-                         stop=req.stop or None, chat=False if args.no_chat else None,
+        ids = llm.request_ids(prompt, messages, chat=False if args.no_chat else None)
+        _check_length(req, spec, len(ids))
+        run = llm.submit(ids, max_new_tokens=req.max_new_tokens, temperature=p.temperature,
+                         top_k=p.top_k, top_p=p.top_p, seed=p.seed, stop=req.stop or None,
                          speculative=spec)
         for chunk in run.chunks():
             if args.trace:
@@ -316,8 +321,7 @@ def _run(args) -> int:
                 out = " " + out if out and written else out
             written = written or bool(out)
             if out:
-                sys.stdout.write(out)
-                sys.stdout.flush()
+                write_out(out)
     except KeyboardInterrupt:
         # No close: it would wait for the scheduler thread's work in progress (a calibration
         # for `auto` takes seconds); run_command ends the process without it.
@@ -328,11 +332,11 @@ def _run(args) -> int:
             llm.close()
     result = run.result()
     if args.json:
-        print(json.dumps({"token_ids": result.token_ids, "text": result.text,
-                          "finish_reason": result.finish_reason, "stats": result.stats}))
+        write_out(json.dumps({"token_ids": result.token_ids, "text": result.text,
+                              "finish_reason": result.finish_reason, "stats": result.stats})
+                  + "\n")
     else:
-        print()
-    sys.stdout.flush()                 # a closed pipe surfaces here, inside run_command
+        write_out("\n")               # a closed pipe surfaces here, inside run_command
     print(summary_line(result.stats, spec), file=sys.stderr)
     return 0
 
@@ -360,6 +364,15 @@ def _trace_line(llm, step, dropped: bool = False) -> str:
     return (f"round {step.index} | {step.plan} | draft: {show(drafts) or '-'} | "
             f"kept {kept}/{len(drafts)} | target: {show(target) or '-'}"
             + (" | past the stop string: dropped" if dropped else ""))
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model and --draft, shared by this CLI and specrt-serve."""
+    p.add_argument("--model", help="target model: a directory, a known name or a Hugging "
+                   "Face id org/name[@revision] (default: the fetched "
+                   "qwen2.5-coder-1.5b-instruct)")
+    p.add_argument("--draft", help="draft model, given as --model is (default with no "
+                   "--model: qwen2.5-coder-0.5b-instruct)")
 
 
 def add_weights_args(p: argparse.ArgumentParser) -> None:

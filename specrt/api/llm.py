@@ -280,6 +280,15 @@ class LLM:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         spec = SpecConfig.parse(speculative)
         stops = check_stop(stop)
+        ids = self.request_ids(prompt, messages, chat)
+        text = TextStream(self.tokenizer, stops)
+        request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))
+        return TextRun(self._scheduler_for(spec).submit(request), text)
+
+    def request_ids(self, prompt=None, messages: list[dict] | None = None,
+                    chat: bool | None = None) -> list[int]:
+        """The token ids `submit` runs for a prompt or chat messages. chat None: a text prompt
+        goes through the chat template when the tokenizer has one; chat=False: raw text."""
         chat = check_bool("chat", chat, allow_none=True)
         if isinstance(prompt, str) and not prompt:     # before a template wraps it in turns
             raise SpecrtError("the prompt is empty: give some text or at least one token id")
@@ -289,10 +298,7 @@ class LLM:
         if chat is None:
             chat = isinstance(prompt, str) and self.tokenizer is not None \
                 and self.tokenizer.has_chat_template
-        text = TextStream(self.tokenizer, stops)
-        ids = self.encode(prompt, chat, messages)
-        request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))
-        return TextRun(self._scheduler_for(spec).submit(request), text)
+        return self.encode(prompt, chat, messages)
 
     def submit_all(self, prompt=None, **kwargs) -> list[TextRun]:
         """generate's requests (LLM's and AsyncLLM's): the keywords checked, then a run per

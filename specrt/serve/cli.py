@@ -19,7 +19,7 @@ import json
 import logging
 from pathlib import Path
 
-from specrt.api.cli import add_weights_args
+from specrt.api.cli import add_model_args, add_weights_args
 from specrt.commands import interruptible, named_flags
 
 log = logging.getLogger("specrt.serve")
@@ -37,12 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog_name("specrt.serve", "specrt-serve"),
                                 description="Serve a model over OpenAI's HTTP API, with "
                                             "speculative decoding.")
-    p.add_argument("--model", help="target model directory or known name "
-                   "(default: the fetched qwen2.5-coder-1.5b-instruct)")
-    p.add_argument("--draft", help="draft model directory or known name (default with no "
-                   "--model: qwen2.5-coder-0.5b-instruct)")
+    add_model_args(p)
     p.add_argument("--served-model-name", help="the model name clients send "
-                   "(default: a Hugging Face id as given, else the model directory's name)")
+                   "(default: a Hugging Face id as given, without its @revision, else the "
+                   "model directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="(default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="(default 8000)")
     p.add_argument("--speculative-config", default=None,
