@@ -274,7 +274,7 @@ def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypat
     """AsyncLLM encoded the prompt on the event loop: a 2 MB prompt (2.35 s to tokenize)
     froze every other coroutine. Here encoding can only finish once another coroutine on the
     loop runs: encoded on the loop it would wait for a watchdog (10 s) and the test fails.
-    A request cancelled while it is encoded is cancelled once submitted, and frees its slot."""
+    A request cancelled while it is encoded is never queued."""
     from specrt.api.llm import LLM
     real_encode = LLM.encode
     in_encode, release, watchdog_fired = threading.Event(), threading.Event(), []
@@ -287,15 +287,13 @@ def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypat
         return real_encode(self, *args, **kwargs)
 
     monkeypatch.setattr(LLM, "encode", held_encode)
-    real_submit_all, submitted = LLM.submit_all, []
+    real_start, started = LLM._start, []
 
-    def recorded_submit_all(self, prompt, **kwargs):
-        runs = real_submit_all(self, prompt, **kwargs)
-        if kwargs.get("max_new_tokens") == 60:      # the request cancelled mid-encode
-            submitted.append(runs)
-        return runs
+    def recorded_start(prepared):
+        started.append(prepared.request.max_new_tokens)
+        return real_start(prepared)
 
-    monkeypatch.setattr(LLM, "submit_all", recorded_submit_all)
+    monkeypatch.setattr(LLM, "_start", staticmethod(recorded_start))
 
     async def main():
         async with specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32") as allm:
@@ -316,14 +314,12 @@ def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypat
                 await task
             release.set()
             after = await asyncio.wait_for(allm.generate([5, 6, 7], max_new_tokens=4), 60)
-            ((cancelled,),) = submitted        # submitted after its cancel: cancelled, not run
-            # on (read before the `async with` ends: closing cancels whatever still runs)
-            return res, after, await asyncio.wait_for(asyncio.to_thread(cancelled.result), 60)
+            return res, after
 
-    res, after, cancelled = asyncio.run(main())
+    res, after = asyncio.run(main())
     assert not watchdog_fired, "the prompt was encoded on the event loop"
     assert len(res.token_ids) == 4 and len(after.token_ids) == 4
-    assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) < 60
+    assert started == [4, 4], started        # the one cancelled mid-encode never queued
 
 
 @pytest.fixture(scope="module")
@@ -521,6 +517,48 @@ def test_a_burst_free_slots_will_take_is_not_refused_as_a_full_queue(tiny_noeos_
             llm.submit([5, 6, 7], max_new_tokens=2)
     assert [r.result().finish_reason for r in runs] == ["length"] * 4
     llm.close()
+
+
+def test_a_batch_larger_than_the_queue_waits_for_room_and_equals_its_single_runs(
+        tiny_noeos_dir, monkeypatch):
+    """generate([...]) of more prompts than slots + max_queue was refused at once with
+    QueueFullError "retry later" on an idle LLM, though retrying could never pass. A batch
+    now feeds the queue as its own requests end, sync and async, each result that of its
+    single run; a bad prompt anywhere in it runs none of it."""
+    from specrt.api.llm import LLM
+    from specrt.errors import QueueFullError
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1, max_queue=2,
+                     dtype="float32")
+    try:
+        prompts = [[5 + i, 6, 7] for i in range(7)]
+        single = [llm.generate(p, max_new_tokens=3).token_ids for p in prompts]
+        assert [r.token_ids for r in llm.generate(prompts, max_new_tokens=3)] == single
+        sampled = [llm.generate(p, max_new_tokens=3, temperature=0.8, seed=1).token_ids
+                   for p in prompts]
+        assert [r.token_ids for r in llm.generate(prompts, max_new_tokens=3, temperature=0.8,
+                                                  seed=1)] == sampled
+
+        async def batch():
+            async with specrt.AsyncLLM(llm=llm) as allm:     # closes llm at the end
+                return await asyncio.wait_for(allm.generate(prompts, max_new_tokens=3), 120)
+
+        assert [r.token_ids for r in asyncio.run(batch())] == single
+        llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1, max_queue=2,
+                         dtype="float32")
+        real_start, started = LLM._start, []
+        monkeypatch.setattr(LLM, "_start", staticmethod(
+            lambda prepared: started.append(prepared) or real_start(prepared)))
+        with pytest.raises(SpecrtError, match="vocabulary"):
+            llm.generate(prompts + [[10**6]], max_new_tokens=3)
+        assert started == []
+        with _scheduler_held(llm):            # the queue full of other callers' requests
+            others = [llm.submit([5, 6], max_new_tokens=2) for _ in range(3)]   # 1 slot + 2
+            with pytest.raises(QueueFullError):
+                llm.generate(prompts, max_new_tokens=3)
+        assert [r.result().finish_reason for r in others] == ["length"] * 3
+    finally:
+        llm.close()
 
 
 def test_unknown_keywords_of_llm_submit_and_asyncllm_get_a_did_you_mean(tiny_noeos_dir):

@@ -78,10 +78,19 @@ class AsyncLLM:
     async def generate(self, prompt=None, **kwargs):
         """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
         GenerationResult, a list of prompts -> list[GenerationResult], each equal to its
-        single run (all submitted at once; cancelling the await cancels every one)."""
+        single run (a batch of any size: what the queue cannot hold waits for room;
+        cancelling the await cancels every one)."""
         await self._prepare(kwargs)
-        runs = await _submitted(functools.partial(self.llm.submit_all, prompt, **kwargs))
+        prepared = await asyncio.to_thread(self.llm.prepare_all, prompt, **kwargs)
+        runs: list[TextRun] = []
+        waits: list[TextRun] = []         # the run start_or_wait asked to wait for
+
         try:
+            for p in prepared:        # a batch larger than the queue waits for room in it
+                while (run := self.llm.start_or_wait(p, runs, waits.append)) is None:
+                    async for _ in _chunks(waits.pop()):
+                        pass
+                runs.append(run)
             for run in runs:
                 async for _ in _chunks(run):
                     pass

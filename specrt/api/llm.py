@@ -16,12 +16,14 @@ see `specrt.AsyncLLM`.
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import numbers
 import os
 import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
                               check_stop, check_text, keywords_checked)
@@ -31,7 +33,8 @@ from specrt.api.tokenizer import Tokenizer, check_compatible, check_template_kwa
 from specrt.engine.engine import Engine
 from specrt.engine.request import Request
 from specrt.engine.scheduler import Scheduler
-from specrt.errors import ClosedError, ConfigError, SpecrtError, TextTooLongError
+from specrt.errors import (ClosedError, ConfigError, QueueFullError, SpecrtError,
+                           TextTooLongError)
 from specrt.checks import check_bool, check_int
 from specrt.hub.resolve import resolve_model_dir, resolve_pair
 from specrt.model.backends.quantized import auto_draft_format
@@ -275,7 +278,15 @@ class LLM:
                chat: bool | None = None, speculative=None) -> TextRun:
         """Start one request; its chunks come from the returned run (`chunks()`). chat None:
         a text prompt goes through the chat template when the tokenizer has one (instruct
-        models); chat=False sends the raw text."""
+        models); chat=False sends the raw text. QueueFullError when `max_queue` requests
+        already wait."""
+        return self._start(self._prepare(prompt, messages, max_new_tokens, temperature, top_k,
+                                         top_p, seed, stop, chat, speculative))
+
+    def _prepare(self, prompt, messages, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                 chat, speculative) -> _Prepared:
+        """`submit`'s request checked (as the engine that runs it will: its length too) and
+        encoded, not queued yet."""
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         spec = SpecConfig.parse(speculative)
@@ -283,7 +294,14 @@ class LLM:
         ids = self.request_ids(prompt, messages, chat)
         text = TextStream(self.tokenizer, stops)
         request = Request(tuple(ids), max_new_tokens, params, spec, frozenset(self.eos_ids))
-        return TextRun(self._scheduler_for(spec).submit(request), text)
+        scheduler = self._scheduler_for(spec)
+        scheduler.check(request)
+        return _Prepared(scheduler, request, text)
+
+    @staticmethod
+    def _start(prepared: _Prepared) -> TextRun:
+        """Queue a prepared request (QueueFullError when the queue is full)."""
+        return TextRun(prepared.scheduler.submit(prepared.request), prepared.text)
 
     def request_ids(self, prompt=None, messages: list[dict] | None = None,
                     chat: bool | None = None) -> list[int]:
@@ -300,19 +318,33 @@ class LLM:
                 and self.tokenizer.has_chat_template
         return self.encode(prompt, chat, messages)
 
-    def submit_all(self, prompt=None, **kwargs) -> list[TextRun]:
-        """generate's requests (LLM's and AsyncLLM's): the keywords checked, then a run per
-        prompt of a batch, or the one prompt's; a bad prompt cancels the runs before it."""
+    def prepare_all(self, prompt=None, **kwargs) -> list[_Prepared]:
+        """generate's requests (LLM's and AsyncLLM's), every one checked and encoded before
+        any runs: a bad prompt in a batch runs none of it. `start_or_wait` queues them."""
         check_request_kwargs(kwargs)
-        runs: list[TextRun] = []
+        submit = inspect.signature(self.submit)          # its defaults, for every prompt
+
+        def prepare(p) -> _Prepared:
+            args = submit.bind(p, **kwargs)
+            args.apply_defaults()
+            return self._prepare(**args.arguments)
+
+        return [prepare(p) for p in (prompt if is_batch(prompt) else [prompt])]
+
+    def start_or_wait(self, prepared: _Prepared, runs: list[TextRun],
+                      read: Callable[[TextRun], None]) -> TextRun | None:
+        """Queue a prepared request of a batch whose earlier requests are `runs`. A full queue
+        is the batch's own back-pressure: returns None after `read` has waited for the
+        oldest of `runs` still going to end (call again); with none of them going, a queue
+        full of other callers' requests is this call's QueueFullError."""
         try:
-            for p in (prompt if is_batch(prompt) else [prompt]):
-                runs.append(self.submit(p, **kwargs))
-        except BaseException:
-            for run in runs:               # a bad prompt in a batch: the others do not run on
-                run.handle.cancel()
-            raise
-        return runs
+            return self._start(prepared)
+        except QueueFullError:
+            going = next((r for r in runs if r.finish_reason is None), None)
+            if going is None:
+                raise
+            read(going)
+            return None
 
     def submit_stream(self, prompt=None, **kwargs) -> TextRun:
         """stream's request (LLM's and AsyncLLM's): the keywords checked, one prompt."""
@@ -323,12 +355,22 @@ class LLM:
 
     def generate(self, prompt=None, **kwargs):
         """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
-        for a list of prompts -> list[GenerationResult], each equal to its single run."""
-        runs = self.submit_all(prompt, **kwargs)
+        for a list of prompts -> list[GenerationResult], each equal to its single run (a
+        batch of any size: what the queue cannot hold waits for room)."""
+        prepared = self.prepare_all(prompt, **kwargs)
+        runs: list[TextRun] = []
+
+        def read(run: TextRun) -> None:
+            for _ in run.chunks():
+                pass
+
         try:
-            for run in runs:
-                for _ in run.chunks():
+            for p in prepared:        # a batch larger than the queue waits for room in it
+                while (run := self.start_or_wait(p, runs, read)) is None:
                     pass
+                runs.append(run)
+            for run in runs:
+                read(run)
         finally:
             for run in runs:     # an error or Ctrl-C: nobody will read the others (no-op for
                 run.handle.cancel()                                  # the runs that finished)
@@ -341,6 +383,15 @@ class LLM:
         then). Closing or dropping the iterator cancels the request; several threads may step
         it at once (each chunk goes to one of them)."""
         return Chunks(lambda: self.submit_stream(prompt, **kwargs))
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """A request checked and encoded, and the scheduler it runs on (`LLM._prepare`)."""
+
+    scheduler: Scheduler
+    request: Request
+    text: TextStream
 
 
 def is_batch(prompt) -> bool:

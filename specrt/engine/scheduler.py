@@ -93,6 +93,10 @@ class Scheduler:
             raise failed[0]
 
     # --- any thread ---------------------------------------------------------------------------
+    def check(self, request: Request) -> None:
+        """SpecrtError for a request that can never run here (what `submit` checks first)."""
+        self.engine.check(request)
+
     def submit(self, request: Request) -> RequestHandle:
         """Check and queue `request`; its steps arrive through the returned handle. Raises
         SpecrtError for a request that can never run, QueueFullError when the queue is full."""
