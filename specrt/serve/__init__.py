@@ -7,7 +7,8 @@
     errors      which failure gets which status and OpenAI error body
     metrics     Prometheus metrics under vLLM's names, in a registry owned by the app
 
-Built on specrt.api only, never on the engine below it. Library modules log to the `specrt`
+Requests run through specrt.api (`AsyncLLM`); the layers below are used only for their
+types and limits (`SpecConfig`, `SamplingParams`, `Request`'s). Library modules log to the `specrt`
 logger and never print. Importing this package imports nothing of the `serve` extra (FastAPI,
 uvicorn, prometheus-client): `python -m specrt.serve --help` works without it, and the command
 says which package is missing.
