@@ -109,6 +109,8 @@ GENERATE_CASES = [
     ((None, {"messages": [None]}), "message 0"),
     ((None, {"messages": [{"role": "user", "content": "\ud800"}]}), "not valid Unicode"),
     (("hi", {"messages": [{"role": "user", "content": "x"}]}), "not both"),
+    (([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], {}),
+     "pass them as messages="),
 ]
 
 STREAM_CASES = [
@@ -133,6 +135,8 @@ SPEC_CASES = [
     ({"method": "ngram", "prompt_lookup_max": None}, "prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+    ({"method": "draft_model", "prompt_lookup_max": 5}, "does not run"),
+    ({"prompt_lookup_min": 2}, "method 'draft_model' does not run"),
     ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 4.0}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": "4"}, "num_speculative_tokens"),

@@ -645,3 +645,13 @@ def test_a_max_seq_len_past_the_models_trained_positions_is_warned_of(tiny_noeos
     (said,) = [r.getMessage() for r in caplog.records]
     assert f"max_seq_len {trained + 1} is past the {trained} positions" in said
     assert f"max_seq_len={trained}" in said
+
+
+def test_a_draft_path_is_taken_in_a_speculative_config_as_llm_takes_it():
+    """LLM(draft=Path(...)) was accepted and speculative={"model": Path(...)} refused."""
+    from pathlib import Path
+
+    from specrt.spec.config import SpecConfig
+
+    assert SpecConfig.parse({"model": Path("/models/draft")}).model == "/models/draft"
+    assert SpecConfig.parse({"method": "auto", "prompt_lookup_max": 5}).prompt_lookup_max == 5

@@ -229,6 +229,10 @@ class LLM:
             if ids and all(isinstance(t, (list, tuple)) for t in ids):
                 raise SpecrtError("one prompt was expected and this is a batch of "
                                   f"{len(ids)}: generate() takes a batch; submit one at a time")
+            if ids and all(isinstance(t, dict) for t in ids):
+                raise SpecrtError("this prompt is chat messages: pass them as messages=[...], "
+                                  "one conversation per call (a batch is of texts or "
+                                  "token-id lists)")
             if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                        for t in ids):
                 raise SpecrtError("a token-id prompt must be a list of ints")

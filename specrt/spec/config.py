@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, Mapping
 
 from specrt.errors import ArgumentError
 from specrt.checks import check_int, check_number, show
 
 SPEC_METHODS = ("draft_model", "ngram", "auto")
+PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX = 1, 3     # vLLM's defaults: match 1..3 prompt tokens
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min",
               "prompt_lookup_max")
 MAX_SPECULATIVE_TOKENS = 16
@@ -51,8 +53,8 @@ class SpecConfig:
     method: str = "draft_model"
     num_speculative_tokens: int | None = None
     model: str | None = None
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = PROMPT_LOOKUP_MIN
+    prompt_lookup_max: int = PROMPT_LOOKUP_MAX
 
     def __post_init__(self):
         if not isinstance(self.method, str) or self.method not in SPEC_METHODS:
@@ -64,6 +66,8 @@ class SpecConfig:
         object.__setattr__(self, "num_speculative_tokens", check_int(
             "num_speculative_tokens (K)", self.num_speculative_tokens, 1,
             MAX_SPECULATIVE_TOKENS, fix="4 is a good start"))
+        if isinstance(self.model, os.PathLike):         # as LLM(draft=Path(...)) takes it
+            object.__setattr__(self, "model", os.fspath(self.model))
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()
                                        or "\0" in self.model):
             raise ArgumentError(f"speculative \"model\" must be a draft model directory or known "
@@ -78,6 +82,11 @@ class SpecConfig:
         if hi < lo:
             raise ArgumentError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, "
                                 f"got {lo!r} and {hi!r}")
+        if self.method == "draft_model" and (lo, hi) != (PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX):
+            # as "model" with ngram: a setting of a drafter this method never runs
+            raise ArgumentError("prompt_lookup_min / prompt_lookup_max tune prompt lookup, "
+                                "which method 'draft_model' does not run: drop them, or use "
+                                "method 'ngram' or 'auto'")
         object.__setattr__(self, "prompt_lookup_min", lo)
         object.__setattr__(self, "prompt_lookup_max", hi)
 
