@@ -446,6 +446,20 @@ def test_a_number_is_not_a_speculative_config(server):
         assert error["param"] == "speculative", error
 
 
+def test_errors_specrt_raises_name_the_requests_field(server):
+    """The request's own field as `param` for what specrt's checks refuse (it was null)."""
+    for field, value in [("seed", -1), ("top_k", 2**40), ("stop", [""]), ("prompt", [99999]),
+                         ("speculative", {"method": "xx"}),
+                         ("speculative", {"num_speculative_tokens": 99})]:
+        body = {"model": "tiny", "prompt": "hi", field: value}
+        error = _error(server.raw("POST", "/v1/completions", body))
+        assert error["param"] == field, error
+    error = _error(server.raw("POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 0.5,
+        "top_p": 1.0, "seed": 2**64}))
+    assert error["param"] == "seed", error
+
+
 def test_an_unparseable_body_says_why(server):
     """A body of valid UTF-8 JSON that Python cannot read: the reason, not "not UTF-8?"."""
     deep = b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

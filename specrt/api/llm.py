@@ -31,7 +31,7 @@ from specrt.api.run import Chunks, GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible, check_template_kwargs
 from specrt.engine.engine import Engine
-from specrt.engine.request import Request
+from specrt.engine.request import Request, check_token_ids
 from specrt.engine.scheduler import Scheduler
 from specrt.errors import (ClosedError, ConfigError, QueueFullError, SpecrtError,
                            TextTooLongError)
@@ -237,6 +237,7 @@ class LLM:
                        for t in ids):
                 raise SpecrtError("a token-id prompt must be a list of ints")
             ids = [int(t) for t in ids]                 # numpy's integers too
+            check_token_ids(ids, self.target.cfg.vocab_size)
         else:
             raise SpecrtError(f"a prompt must be a string or a list of token ids, got "
                               f"{type(prompt).__name__}")

@@ -65,6 +65,15 @@ class Step:
         return self.finish_reason is not None
 
 
+def check_token_ids(ids, vocab_size: int) -> None:
+    """SpecrtError for a prompt's id that is not a token of a `vocab_size`-token model."""
+    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)
+           or not 0 <= t < vocab_size]
+    if bad:
+        raise SpecrtError(f"the prompt has token id {bad[0]!r} outside the model's "
+                          f"vocabulary 0..{vocab_size - 1}")
+
+
 def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft: bool) -> None:
     """Raise SpecrtError naming the problem if `request` cannot run on an engine whose target
     has `vocab_size` tokens and whose caches hold `max_seq_len` positions."""
@@ -74,11 +83,7 @@ def check_request(request: Request, vocab_size: int, max_seq_len: int, has_draft
         raise ConfigError(f"max_new_tokens must be a positive integer, got {n!r}")
     if len(p) == 0:
         raise SpecrtError("the prompt is empty: give at least one token")
-    bad = [t for t in p if not isinstance(t, int) or isinstance(t, bool)
-           or not 0 <= t < vocab_size]
-    if bad:
-        raise SpecrtError(f"the prompt has token id {bad[0]!r} outside the model's "
-                          f"vocabulary 0..{vocab_size - 1}")
+    check_token_ids(p, vocab_size)
     spec = request.spec
     if spec is not None and spec.method == "draft_model" and not has_draft:
         raise ConfigError(NEEDS_DRAFT)

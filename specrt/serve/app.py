@@ -15,6 +15,7 @@ request state of its own: every request is a `Generation` that ends when its res
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import time
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import ClientDisconnect
 
+from specrt.api.args import check_stop
 from specrt.api.async_llm import AsyncLLM
 from specrt.engine.request import check_length, positions_needed
 from specrt.errors import ClosedError, SpecrtError, TextTooLongError
@@ -34,6 +36,7 @@ from specrt.serve.errors import APIError, as_api_error, error_response, install_
 from specrt.serve.generation import Generation, chat_events, collect, completion_events
 from specrt.serve.metrics import ServerMetrics
 from specrt.spec.config import SpecConfig
+from specrt.spec.sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,6 +315,10 @@ def _encode(state: _State, body, chat: bool, **options) -> list[int]:
     except TextTooLongError as e:
         raise APIError(e.describe("the server's --max-model-len"),
                        param="messages" if chat else "prompt") from None
+    except SpecrtError as e:
+        if chat or not isinstance(body.prompt, list):
+            raise
+        raise APIError(str(e), param="prompt") from None    # an id past the vocabulary
 
 
 def _refuse_unsupported(body) -> None:
@@ -344,7 +351,8 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
                        "server's draft is set with --draft", param="speculative")
     else:
         spec = None if body.speculative is False else body.speculative   # false: plain
-    parsed = SpecConfig.parse(spec)
+    with _as_field("speculative"):
+        parsed = SpecConfig.parse(spec)
     max_tokens, field = body.token_budget()
     if max_tokens is None:
         room = state.llm.max_seq_len - positions_needed(len(ids), 0, parsed)
@@ -357,8 +365,24 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
                      "the server's --max-model-len", budget=field)
     except SpecrtError as e:
         raise APIError(str(e), param=field) from None
-    return ids, dict(
-        max_new_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else float(body.temperature),
-        top_p=1.0 if body.top_p is None else float(body.top_p),
-        top_k=body.top_k_or_off(), seed=body.seed, stop=body.stops(), speculative=parsed)
+    sampling = dict(temperature=1.0 if body.temperature is None else float(body.temperature),
+                    top_p=1.0 if body.top_p is None else float(body.top_p),
+                    top_k=body.top_k_or_off(), seed=body.seed)
+    try:          # checked here, where each error can name the request's field
+        SamplingParams(**sampling)
+    except SpecrtError as e:
+        raise APIError(str(e), param=next((f for f in sampling if str(e).startswith(f)),
+                                          None)) from None
+    with _as_field("stop"):
+        check_stop(body.stops())
+    return ids, dict(max_new_tokens=max_tokens, **sampling, stop=body.stops(),
+                     speculative=parsed)
+
+
+@contextlib.contextmanager
+def _as_field(field: str):
+    """A SpecrtError raised inside is a 400 naming the request's `field`."""
+    try:
+        yield
+    except SpecrtError as e:
+        raise APIError(str(e), param=field) from None
