@@ -600,6 +600,9 @@ def test_numpy_numbers_are_taken_as_the_python_numbers_they_hold(tiny_noeos_dir,
                                     "method": "draft_model",
                                     "num_speculative_tokens": np.int64(3)})
         assert as_numpy.token_ids == plain.token_ids
+        as_array = llm.generate(ids, max_new_tokens=8, temperature=0.5, seed=3, top_k=5,
+                                speculative=spec)          # the ids as one array, as decode
+        assert as_array.token_ids == plain.token_ids
         assert all(type(t) is int for t in llm.encode(list(ids)))    # what the engine gets
     finally:
         llm.close()

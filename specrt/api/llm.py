@@ -221,6 +221,8 @@ class LLM:
             raise SpecrtError("chat=True applies the chat template to a text prompt, and this "
                               "one is token ids, which are sent as they are: leave chat out, "
                               "or pass the text")
+        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) == 1:
+            prompt = prompt.tolist()               # a numpy array or a tensor of ids, as decode
         if isinstance(prompt, str):
             self._check_fits(len(prompt), "the prompt")
             ids = self._need_tokenizer().encode(check_text("the prompt", prompt), chat=chat)
