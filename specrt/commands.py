@@ -131,7 +131,6 @@ def _quiet_stdout() -> None:
 
 def _answer(body, interrupted: str) -> int:
     import os
-    import sys
     import threading
 
     before = set(threading.enumerate())
