@@ -355,3 +355,22 @@ def test_calibration_tells_draft_forms_apart(tiny_draft_dir):
     keys = {calibration_key(Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64, **kw), 8)
             for kw in forms}
     assert len(keys) == 3
+
+
+@pytest.mark.parametrize("rows", [[*range(100), 250, 300, 319], [5, 7, 300], list(range(64))])
+def test_a_shortlisted_head_scores_its_rows_as_the_full_head_and_no_others(tiny_draft_dir,
+                                                                           rows):
+    """The logits of a model scoring only `rows` (a run from id 0 copied as one slice, the
+    rest scattered): the full model's at those ids, -inf at every other, in every row of a
+    verify-shaped pass."""
+    from specrt.model.transformer import Transformer
+
+    full = Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64)
+    short = Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64, head_rows=rows)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    want = full.forward(ids, full.new_cache(2, 64))                  # [2, 4, V]
+    got = short.forward(ids, short.new_cache(2, 64))
+    scored = torch.zeros(want.shape[-1], dtype=torch.bool)
+    scored[rows] = True
+    torch.testing.assert_close(got[..., scored], want[..., scored], rtol=1e-6, atol=1e-6)
+    assert torch.isneginf(got[..., ~scored]).all()
