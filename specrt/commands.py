@@ -169,6 +169,31 @@ def _answer(body, interrupted: str) -> int:
         return 1
 
 
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While inside, the first SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C
+    does, so the command unwinds through its cleanup (its `interrupted` line, status 130); a
+    second one is ignored until the cleanup is done (SIGKILL still ends it). Only over the
+    default handler, on the main thread."""
+    import signal
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def on_term(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def interruptible(main):
     """Wrap a CLI's `main(argv)` so that a Ctrl-C before run_command takes over (while torch is
     imported or the parser is built: the first second or two) also ends it with one line

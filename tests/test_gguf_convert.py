@@ -555,3 +555,59 @@ def test_the_header_walk_passes_every_value_type_the_writer_writes(tmp_path):
     w.close()
     check_header(path)
     assert len(GGUFReader(str(path)).tensors) == 1
+
+
+def test_sigterm_during_a_convert_removes_its_unfinished_files(tiny_qwen, tmp_path):
+    """SIGTERM (`kill`, `timeout`, a container's stop) left a .tmp-* folder of the weights
+    written so far beside OUT_DIR; it now unwinds as Ctrl-C does."""
+    import subprocess
+    import sys
+
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    script = (
+        "import os, signal, sys, time\n"
+        "from specrt.hub import gguf_convert\n"
+        "from specrt.hub.cli import main\n"
+        "real = gguf_convert.write_safetensors\n"
+        "def terminated(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(10)\n"
+        "    return real(*args, **kwargs)\n"
+        "gguf_convert.write_safetensors = terminated\n"
+        "sys.exit(main(['convert', '-q', sys.argv[1], sys.argv[2]]))\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", script, str(gguf), str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted; unfinished files were removed" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_an_output_name_of_255_bytes_converts_and_a_longer_one_is_refused_first(
+        tiny_qwen, tmp_path, monkeypatch, capsys):
+    """The temporary folder's name (.tmp-NAME-XXXXXXXX) passed the 255-byte limit for a
+    legal name of 250 bytes, after the whole GGUF was read; a name past the limit was exit 1
+    after the read too. A bad SPECRT_CACHE no longer stops a convert outside the cache."""
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    (tmp_path / "cache-file").write_text("not a folder")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path / "cache-file"))
+    assert main(["convert", "-q", str(gguf), str(tmp_path / ("n" * 255))]) == 0
+    assert (tmp_path / ("n" * 255) / "config.json").is_file()
+    monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a, **k: pytest.fail("read"))
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(tmp_path / ("n" * 256))]) == 2
+    assert "past the 255 a name may have" in capsys.readouterr().err
+
+
+def test_list_counts_nothing_for_a_file_renamed_away_while_it_looks(tmp_path, monkeypatch):
+    """`specrt.models list` stats every file of a model; a checksum record's temporary
+    renamed away between the listing and the stat was an internal error."""
+    from specrt.hub import fetch
+
+    (tmp_path / "kept").write_bytes(b"x" * 10)
+    real_rglob, real_is_file = Path.rglob, Path.is_file
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: [*real_rglob(self, pattern),
+                                                              self / ".tmp-gone"])
+    monkeypatch.setattr(Path, "is_file",       # there when listed, gone when stat'ed
+                        lambda self: self.name == ".tmp-gone" or real_is_file(self))
+    assert fetch._disk_usage(tmp_path) == 10

@@ -7,7 +7,8 @@
 
 Exit status as in every specrt command (specrt.commands.run_command): 0 done, 2 bad input (an
 unknown name, a model not fetched yet, an unusable SPECRT_CACHE, a missing or unsupported GGUF,
-an existing OUT_DIR), 1 a failed fetch or conversion (network or disk), 130 on Ctrl-C.
+an existing OUT_DIR), 1 a failed fetch or conversion (network or disk), 130 on Ctrl-C or
+SIGTERM (either removes the unfinished files).
 """
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from specrt.commands import OneLineParser, interruptible, prog_name, run_command
-from specrt.errors import ArgumentError, ModelFetchError, NotRegularFileError, SpecrtError
+from specrt.commands import (OneLineParser, interruptible, prog_name, run_command,
+                             sigterm_interrupts)
+from specrt.errors import (ArgumentError, CachePathError, ModelFetchError, NotRegularFileError,
+                           SpecrtError)
 from specrt.hub.paths import cache_dir, is_present, model_dir
 from specrt.hub.registry import KNOWN_MODELS, fetch_command, spec_for
 from specrt.logs import configure_logging
+
+MAX_NAME_BYTES = 255    # a file name's limit on Linux's file systems (NAME_MAX)
 
 
 def _human(n: int) -> str:
@@ -95,6 +100,10 @@ def _check_convert_paths(gguf: Path, out: Path) -> None:
         raise SpecrtError(f"{gguf}: permission denied; make the file readable")
     if os.path.lexists(out):
         raise SpecrtError(f"{out} already exists; choose a new output directory or remove it")
+    if len(os.fsencode(out.name)) > MAX_NAME_BYTES:
+        raise SpecrtError(f"the output directory's name is {len(os.fsencode(out.name))} bytes "
+                          f"long, past the {MAX_NAME_BYTES} a name may have; choose a shorter "
+                          "one")
     _check_writable_parent(out)
 
 
@@ -115,6 +124,15 @@ def _check_writable_parent(out: Path) -> None:
                           "writable location") from None
 
 
+def _cache_models() -> Path | None:
+    """The cache's models/ folder, resolved; None where SPECRT_CACHE cannot be used (then no
+    output is in it: a convert elsewhere does not need it)."""
+    try:
+        return (cache_dir() / "models").resolve()
+    except CachePathError:
+        return None
+
+
 def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
     from specrt.hub.fetch import cache_lock
     from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
@@ -123,7 +141,7 @@ def _cmd_convert(gguf: Path, out: Path, progress: bool) -> int:
     start = time.perf_counter()
     # A conversion into the cache's models/ holds the cache lock: a fetch removes every
     # unlocked .tmp-* entry there as the leftover of an interrupted run.
-    in_cache = out.resolve().parent == (cache_dir() / "models").resolve()
+    in_cache = out.resolve().parent == _cache_models()
     try:
         with cache_lock(progress) if in_cache else contextlib.nullcontext():
             convert_gguf(gguf, out, progress=progress)
@@ -161,10 +179,13 @@ def main(argv=None) -> int:
     p_conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     configure_logging()
-    return run_command(lambda: _command(args), interrupted="interrupted; unfinished files were "
-                       "removed (a verified GGUF is kept for the next fetch)",
-                       forced="interrupted again, before the cleanup: a .tmp-* folder may be "
-                       "left (a fetch removes those in its cache)")
+    # SIGTERM (`kill`, `timeout`, a container's stop) unwinds as Ctrl-C does, through the
+    # cleanup of a fetch's or a convert's unfinished files (nothing here runs in C++ threads)
+    with sigterm_interrupts():
+        return run_command(lambda: _command(args), interrupted="interrupted; unfinished files "
+                           "were removed (a verified GGUF is kept for the next fetch)",
+                           forced="interrupted again, before the cleanup: a .tmp-* folder "
+                           "may be left (a fetch removes those in its cache)")
 
 
 def _command(args) -> int:

@@ -269,9 +269,14 @@ def fetch(names=None, progress: bool = True) -> list[Path]:
 
 
 def _disk_usage(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of the files under `path`; a file renamed away meanwhile (a checksum record's
+    temporary, as a model's first load writes one) counts nothing."""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size if p.is_file() else 0
+        except FileNotFoundError:
+            return 0
+    return size(path) if path.is_file() else sum(size(p) for p in path.rglob("*"))
 
 
 def cached_models() -> list[tuple[str, str, int, Path]]:

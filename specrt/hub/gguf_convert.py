@@ -451,7 +451,8 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
     tok = load_tokenizer(reader, gguf_path, config, chat_template)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
+    # the name cut short: its temporary name must stay within a name's 255 bytes too
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name[:40]}-", dir=out_dir.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
