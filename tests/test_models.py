@@ -136,6 +136,7 @@ def test_stale_leftovers_removed_when_model_present(private_cache):
     present = models.model_dir(DEFAULT_DRAFT)
     present.mkdir(parents=True)
     (present / "model.safetensors").write_bytes(b"x")
+    (present / "config.json").write_text("{}")
     old = private_cache / "models" / f".tmp-{DEFAULT_DRAFT}-old"
     old.mkdir()
     (old / "model.safetensors").write_bytes(b"partial")
@@ -254,6 +255,44 @@ def test_damaged_cached_gguf_is_fetched_again(private_cache, monkeypatch, capsys
     with pytest.raises(ModelFetchError, match="download attempted"):
         models.ensure_model(DEFAULT_DRAFT)
     assert "damaged" in capsys.readouterr().err and not dest.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no config", "bad record"])
+def test_a_damaged_converted_model_is_converted_again_by_fetch(private_cache, monkeypatch,
+                                                               capsys, damage):
+    """fetch said "already present" for a cached model whose weights were truncated or whose
+    config.json was gone (is_present looked for model.safetensors only), and loading it then
+    said to fetch: the damage is now seen, the folder removed and the model converted
+    again (here: the download is where it stops)."""
+    import json
+
+    folder = models.model_dir(DEFAULT_DRAFT)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"x" * (10 if damage == "truncated" else 100))
+    if damage != "no config":
+        (folder / "config.json").write_text("{}")
+    (folder / "specrt-checksum.json").write_text(
+        "{" if damage == "bad record" else
+        json.dumps({"file": "model.safetensors", "size": 100, "sha256": "0" * 64}))
+    assert not models.is_present(DEFAULT_DRAFT)
+
+    def download(spec, progress):
+        raise ModelFetchError("download attempted")
+
+    monkeypatch.setattr(hub_fetch, "_ensure_gguf_locked", download)
+    assert models.main(["fetch", DEFAULT_DRAFT]) == 1
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "download attempted" in err, err
+    assert not folder.exists()
+
+
+def test_a_file_where_a_model_folder_belongs_is_the_users_to_remove(private_cache, capsys):
+    folder = models.model_dir(DEFAULT_DRAFT)
+    folder.parent.mkdir(parents=True)
+    folder.write_text("not a model")
+    assert models.main(["fetch", DEFAULT_DRAFT]) == 1
+    assert "is not a model folder specrt converted; remove it" in capsys.readouterr().err
+    assert folder.is_file()
 
 
 # --------------------------------------------------------------------------- real models

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from specrt.errors import ModelFetchError
 from specrt.hub.gguf_convert import UnsupportedGGUF, convert_gguf
-from specrt.hub.paths import cache_dir, gguf_path, is_present, model_dir
+from specrt.hub.paths import cache_dir, damage, gguf_path, is_present, model_dir
 from specrt.hub.registry import (DEFAULT_DRAFT, DEFAULT_TARGET, ModelSpec, fetch_command,
                                  spec_for)
 
@@ -176,9 +176,13 @@ def _ensure_model_locked(spec: ModelSpec, progress: bool) -> Path:
     out = model_dir(spec.name)
     if is_present(spec.name):
         return out
-    if out.exists():  # not produced by us (we only ever rename complete dirs into place)
-        raise ModelFetchError(f"{out} exists but has no model.safetensors; remove it and rerun "
-                              f"`{fetch_command(spec.name)}`")
+    why = damage(spec.name)
+    if why is not None and not out.is_symlink():
+        _say(f"{spec.name}: {out} is damaged ({why}); converting it again", progress)
+        shutil.rmtree(out)
+    elif os.path.lexists(out):          # not a folder we made: the user's to remove
+        raise ModelFetchError(f"{out} exists and is not a model folder specrt converted; "
+                              f"remove it and rerun `{fetch_command(spec.name)}`")
     source = _ensure_gguf_locked(spec, progress)
     _check_free_space(spec, spec.converted_size + (100 << 20))
     _say(f"{spec.name}: converting {source} -> {out}", progress)

@@ -2,12 +2,14 @@
 (models, GGUFs, calibrations); nothing else reads SPECRT_CACHE."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from specrt.errors import CachePathError
 
-__all__ = ["cache_dir", "state_file", "model_dir", "gguf_path", "is_present", "expand_user"]
+__all__ = ["cache_dir", "state_file", "model_dir", "gguf_path", "is_present", "damage",
+           "expand_user"]
 DEFAULT_CACHE = "~/.cache/specrt"
 
 
@@ -62,5 +64,31 @@ def gguf_path(name: str) -> Path:
 
 
 def is_present(name: str) -> bool:
-    # The directory only ever appears complete (os.replace), so existence is enough.
-    return (model_dir(name) / "model.safetensors").is_file()
+    """Model `name` is fetched and looks whole (`damage`)."""
+    return model_dir(name).is_dir() and damage(name) is None
+
+
+def damage(name: str) -> str | None:
+    """What is wrong with model `name`'s folder in the cache, as far as a glance tells (None:
+    it looks whole, or there is none). A conversion only ever renames a complete folder into
+    place, so a missing file, or weights of another size than the checksum record gives
+    (`specrt.model.checksum`), is damage done since; the full sha256 is checked at load."""
+    from specrt.model.checksum import CHECKSUM_FILE
+
+    folder = model_dir(name)
+    if not folder.is_dir():
+        return None
+    for required in ("config.json", "model.safetensors"):
+        if not (folder / required).is_file():
+            return f"{required} is missing"
+    try:
+        record = json.loads((folder / CHECKSUM_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return f"its {CHECKSUM_FILE} cannot be read"
+    size = record.get("size") if isinstance(record, dict) else None
+    actual = (folder / "model.safetensors").stat().st_size
+    if size != actual:
+        return f"model.safetensors holds {actual} bytes, not the {size} it was converted to"
+    return None
