@@ -283,6 +283,10 @@ _MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
     "chat template that does not compile": (
         {"extra": lambda w: w.add_chat_template("{% for m in messages %}{{ m }")},
         "'tokenizer.chat_template' is not a valid Jinja template: unexpected '}'"),
+    # gguf's and transformers' readers spent 51 s and 3 GB on one such array in a 2.3 MB file
+    "a long array outside the tokenizer": (
+        {"extra": lambda w: w.add_array("x.big", [0] * 70_000)},
+        "metadata 'x.big' holds 70,000 values, more than specrt reads for such a key (65,536)"),
     "tokens past the embedding": ({"extra": _tokens_past_the_embedding},
                                   "tokenizer.ggml.tokens has 328 entries, but token_embd.weight "
                                   "has 320 rows"),

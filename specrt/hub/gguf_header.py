@@ -28,6 +28,13 @@ _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 _MAX_DEPTH = 64         # arrays of arrays: GGUF allows any depth; deeper than this would only
                         # exhaust the walk's recursion (no model nests even two levels)
+# gguf's reader and transformers' tokenizer reader spend ~1.3 KB of memory and ~10 us on each
+# metadata value (a 2.3 MB file with one array of 2,000,000 bytes: 51 s, 3 GB), so counts
+# that no model needs are refused: a model states a few dozen keys, and only its tokenizer's
+# arrays (tokens, scores, types, merges) run long, to a few hundred thousand.
+_MAX_KEYS = 4096
+_MAX_TOKENIZER_ITEMS = 1 << 20
+_MAX_ITEMS = 1 << 16
 
 
 def shown(name: bytes | str, limit: int = 60) -> str:
@@ -72,6 +79,16 @@ class _Walk:
             self.fail(f"{n} {what} claimed, but only {self.size - self.at} bytes remain")
         return n
 
+    def items(self, key: str, least_bytes: int) -> int:
+        """An array's element count (`count`), refused past what a key of its kind needs."""
+        n = self.count(f"elements of {key}", least_bytes)
+        most = _MAX_TOKENIZER_ITEMS if key.startswith("'tokenizer.") else _MAX_ITEMS  # `shown`
+        if n > most:
+            raise UnsupportedGGUF(f"GGUF metadata {key} holds {n:,} values, more than specrt "
+                                  f"reads for such a key ({most:,}): reading them would take "
+                                  "minutes and gigabytes; re-create the GGUF without it")
+        return n
+
     def value(self, kind: int, key: str, depth: int = 0) -> None:
         if kind in _FIXED:
             self.take(_FIXED[kind], f"the value of {key}")
@@ -80,10 +97,10 @@ class _Walk:
         elif kind == _ARRAY and depth < _MAX_DEPTH:
             item = self.u32(f"the element type of {key}")
             if item in _FIXED:
-                n = self.count(f"elements of {key}", _FIXED[item])
+                n = self.items(key, _FIXED[item])
                 self.take(n * _FIXED[item], f"the elements of {key}")
             elif item in (_STRING, _ARRAY):
-                for _ in range(self.count(f"elements of {key}", 8 if item == _STRING else 12)):
+                for _ in range(self.items(key, 8 if item == _STRING else 12)):
                     self.value(item, key, depth + 1)
             else:
                 self.fail(f"metadata {key} is an array of unknown value type {item}")
@@ -97,7 +114,8 @@ class _Walk:
 def check_header(path: Path) -> None:
     """UnsupportedGGUF if the header of the GGUF at `path` (a regular file that starts with
     b"GGUF") states more than the file holds, repeats a metadata key, names a value type GGUF
-    does not define, nests arrays past _MAX_DEPTH, or is big-endian."""
+    does not define, nests arrays past _MAX_DEPTH, states more keys or array values than a
+    model needs (_MAX_KEYS, _MAX_ITEMS), or is big-endian."""
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         if size < 24:
@@ -114,6 +132,10 @@ def check_header(path: Path) -> None:
                 return                      # the reader names the versions it reads
             tensors = walk.u64("the tensor count")
             keys, seen = walk.count("metadata entries", 8 + 4 + 1), set()
+            if keys > _MAX_KEYS:
+                raise UnsupportedGGUF(f"the GGUF states {keys:,} metadata keys, more than "
+                                      f"specrt reads ({_MAX_KEYS:,}; a model has a few dozen); "
+                                      "re-create the GGUF without the extra keys")
             for _ in range(keys):
                 key = walk.string("a metadata key")
                 name = shown(key)
