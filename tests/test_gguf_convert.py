@@ -615,3 +615,25 @@ def test_list_counts_nothing_for_a_file_renamed_away_while_it_looks(tmp_path, mo
     monkeypatch.setattr(Path, "is_file",       # there when listed, gone when stat'ed
                         lambda self: self.name == ".tmp-gone" or real_is_file(self))
     assert fetch._disk_usage(tmp_path) == 10
+
+
+def test_an_output_that_appears_during_a_convert_is_kept_and_the_convert_discarded(
+        tiny_qwen, tmp_path, monkeypatch, capsys):
+    """Two converts into one folder: the loser failed with "[Errno 39] Directory not empty"
+    as a runtime failure (exit 1); it is bad input (2), the winner's folder untouched and the
+    loser's temporary removed."""
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    out = tmp_path / "out"
+    real = gguf_convert.write_safetensors
+
+    def another_convert_finishes_first(*args, **kwargs):
+        out.mkdir()
+        (out / "theirs").write_text("kept")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_convert, "write_safetensors", another_convert_finishes_first)
+    capsys.readouterr()
+    assert main(["convert", "-q", str(gguf), str(out)]) == 2
+    assert "appeared while this conversion ran" in _one_error_line(capsys)
+    assert sorted(p.name for p in out.iterdir()) == ["theirs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "out"]

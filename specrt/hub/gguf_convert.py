@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import errno
 import math
 import os
 import re
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specrt.errors import ConfigError, UnsupportedGGUF
+from specrt.errors import ConfigError, SpecrtError, UnsupportedGGUF
 from specrt.hub.gguf_header import check_header, shown
 from specrt.hub.gguf_tokenizer import (QWEN_STOPS, REMAKE as _REMAKE, generation_config,
                                       load_tokenizer, save_tokenizer, special_token_ids)
@@ -439,7 +440,8 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
     directory that is renamed into place at the end, and removed if anything (including
     KeyboardInterrupt) stops the conversion.
     Raises UnsupportedGGUF for a file that is not a well-formed qwen2 or llama model, OSError
-    for a failed write (ENOSPC when the disk is full).
+    for a failed write (ENOSPC when the disk is full), SpecrtError when out_dir appears
+    meanwhile (nothing of it is touched).
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if out_dir.exists():
@@ -466,7 +468,14 @@ def convert_gguf(gguf_path, out_dir, progress: bool = True) -> Path:
                                    (tmp / "model.safetensors").stat().st_size, sha256)
         os.chmod(tmp, 0o777 & ~umask())   # mkdtemp makes it private; the result is a normal dir
         _sync_tree(tmp)
-        os.replace(tmp, out_dir)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            raise SpecrtError(f"{out_dir} appeared while this conversion ran (another one "
+                              "into the same folder?); it is kept and this conversion was "
+                              "discarded") from None
         _sync(out_dir.parent)               # the rename itself
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
