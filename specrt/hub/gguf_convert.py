@@ -24,10 +24,10 @@ This module knows nothing about where GGUF files come from (see `specrt.hub.fetc
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
-import errno
 import math
 import os
 import re
