@@ -287,6 +287,11 @@ _MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
     "a long array outside the tokenizer": (
         {"extra": lambda w: w.add_array("x.big", [0] * 70_000)},
         "metadata 'x.big' holds 70,000 values, more than specrt reads for such a key (65,536)"),
+    # transformers' `llama` tokenizer adds <s>, </s>, <unk> past a vocabulary without them:
+    # the conversion succeeded and the model did not load
+    "a llama tokenizer over a vocabulary without its specials": (
+        {"extra": _kv("tokenizer.ggml.model", "llama", "STRING")},
+        "has ids up to 32"),
     "tokens past the embedding": ({"extra": _tokens_past_the_embedding},
                                   "tokenizer.ggml.tokens has 328 entries, but token_embd.weight "
                                   "has 320 rows"),

@@ -129,7 +129,7 @@ def load_tokenizer(reader, gguf_path: Path, config: dict, chat_template: str | N
     it, a Rust panic included (never KeyboardInterrupt/SystemExit), is UnsupportedGGUF."""
     _check_tokenizer_metadata(reader, config["vocab_size"])
     try:
-        return _build_tokenizer(gguf_path, config, chat_template)
+        tok = _build_tokenizer(gguf_path, config, chat_template)
     except UnsupportedGGUF:
         raise
     except BaseException as e:
@@ -138,6 +138,14 @@ def load_tokenizer(reader, gguf_path: Path, config: dict, chat_template: str | N
         log.debug("building the tokenizer of %s failed", gguf_path, exc_info=True)
         raise UnsupportedGGUF(f"the GGUF's tokenizer metadata cannot be read ({_failure(e)}); "
                               f"{REMAKE}") from None
+    # what loading the result checks (Tokenizer.check_fits), here before anything is written
+    top = max(tok.get_vocab().values(), default=-1)
+    if top >= config["vocab_size"]:
+        raise UnsupportedGGUF(f"the GGUF's tokenizer, as transformers builds it, has ids up to "
+                              f"{top}, past the {config['vocab_size']} rows of token_embd.weight "
+                              "(a tokenizer model that adds tokens the vocabulary lacks, such "
+                              f"as 'llama' without <s>, </s>, <unk>?); {REMAKE}")
+    return tok
 
 
 def _os_error(e: BaseException, path: Path) -> OSError:
