@@ -42,7 +42,8 @@ UNSUPPORTED: dict[str, tuple] = {
     "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
     "prompt_logprobs": (None,), "truncate_prompt_tokens": (None,), "allowed_token_ids": (None,),
     "bad_words": (None, []), "use_beam_search": (None, False), "length_penalty": (None, 1),
-    "priority": (None, 0), "logits_processors": (None,), "return_tokens_as_token_ids": (None, False),
+    "priority": (None, 0), "logits_processors": (None,),
+    "return_tokens_as_token_ids": (None, False),
     # a request's own template would run client code in the server (vLLM refuses it too,
     # unless started with --trust-request-chat-template)
     "chat_template": (None,), "documents": (None, []),
