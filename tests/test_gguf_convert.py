@@ -275,6 +275,9 @@ _MALFORMED = {  # case: (write_gguf keywords, words the error must hold)
     "no merges or scores": ({"extra": _no_merges},
                             "neither 'tokenizer.ggml.merges' nor 'tokenizer.ggml.scores'"),
     "token not UTF-8": ({"extra": _bad_utf8_token}, "tokenizer.ggml.tokens[5] is not UTF-8"),
+    # was "the GGUF's tokenizer metadata cannot be read (UnicodeDecodeError ...)"
+    "a name that is not UTF-8": ({"extra": _kv("general.name", b"tiny\xffname", "STRING")},
+                                 "metadata 'general.name' is not UTF-8 text (byte 4"),
     "merge of unknown tokens": ({"extra": _merge_of_unknown_tokens},
                                 "merges[0] 'a b' needs the token 'ab'"),
     "unknown token id past the vocabulary": (

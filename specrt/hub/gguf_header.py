@@ -92,7 +92,14 @@ class _Walk:
     def value(self, kind: int, key: str, depth: int = 0) -> None:
         if kind in _FIXED:
             self.take(_FIXED[kind], f"the value of {key}")
-        elif kind == _STRING:
+        elif kind == _STRING and depth == 0:
+            text = self.string(f"the string value of {key}")
+            try:            # else the readers fail on it later, blaming the tokenizer's metadata
+                text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UnsupportedGGUF(f"GGUF metadata {key} is not UTF-8 text (byte {e.start}: "
+                                      f"{e.reason}); {REMAKE}") from None
+        elif kind == _STRING:       # an array's: the tokenizer's checks name the entry
             self.string(f"the string value of {key}")
         elif kind == _ARRAY and depth < _MAX_DEPTH:
             item = self.u32(f"the element type of {key}")
@@ -115,7 +122,8 @@ def check_header(path: Path) -> None:
     """UnsupportedGGUF if the header of the GGUF at `path` (a regular file that starts with
     b"GGUF") states more than the file holds, repeats a metadata key, names a value type GGUF
     does not define, nests arrays past _MAX_DEPTH, states more keys or array values than a
-    model needs (_MAX_KEYS, _MAX_ITEMS), or is big-endian."""
+    model needs (_MAX_KEYS, _MAX_ITEMS), holds a string value that is not UTF-8, or is
+    big-endian."""
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         if size < 24:
