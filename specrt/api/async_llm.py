@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable
 
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import TAIL, StreamChunk, TextRun
 from specrt.errors import ArgumentError
 from specrt.spec.config import SpecConfig
-
-Runs = TypeVar("Runs", TextRun, list)
 
 
 class AsyncLLM:
@@ -83,13 +81,13 @@ class AsyncLLM:
         await self._prepare(kwargs)
         prepared = await asyncio.to_thread(self.llm.prepare_all, prompt, **kwargs)
         runs: list[TextRun] = []
-        waits: list[TextRun] = []         # the run start_or_wait asked to wait for
-
         try:
             for p in prepared:        # a batch larger than the queue waits for room in it
-                while (run := self.llm.start_or_wait(p, runs, waits.append)) is None:
-                    async for _ in _chunks(waits.pop()):
+                run, going = self.llm.start_in_batch(p, runs)
+                while run is None:
+                    async for _ in _chunks(going):
                         pass
+                    run, going = self.llm.start_in_batch(p, runs)
                 runs.append(run)
             for run in runs:
                 async for _ in _chunks(run):
@@ -101,7 +99,7 @@ class AsyncLLM:
         return results if is_batch(prompt) else results[0]
 
 
-async def _submitted(submit: Callable[[], Runs]) -> Runs:
+async def _submitted(submit: Callable[[], TextRun]) -> TextRun:
     """submit() (checks, encoding, the scheduler's queue) on a worker thread. Cancelled while
     it runs, the await ends at once and what it submits is cancelled when it returns."""
     future = asyncio.get_running_loop().run_in_executor(None, submit)
@@ -115,9 +113,7 @@ async def _submitted(submit: Callable[[], Runs]) -> Runs:
 def _cancel_submitted(future: asyncio.Future) -> None:
     if future.cancelled() or future.exception() is not None:
         return
-    runs = future.result()
-    for run in runs if isinstance(runs, list) else [runs]:
-        run.handle.cancel()
+    future.result().handle.cancel()
 
 
 class AsyncChunks:

@@ -23,7 +23,7 @@ import numbers
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
                               check_stop, check_text, keywords_checked)
@@ -327,7 +327,7 @@ class LLM:
 
     def prepare_all(self, prompt=None, **kwargs) -> list[_Prepared]:
         """generate's requests (LLM's and AsyncLLM's), every one checked and encoded before
-        any runs: a bad prompt in a batch runs none of it. `start_or_wait` queues them."""
+        any runs: a bad prompt in a batch runs none of it. `start_in_batch` queues them."""
         check_request_kwargs(kwargs)
         submit = inspect.signature(self.submit)          # its defaults, for every prompt
 
@@ -338,20 +338,19 @@ class LLM:
 
         return [prepare(p) for p in (prompt if is_batch(prompt) else [prompt])]
 
-    def start_or_wait(self, prepared: _Prepared, runs: list[TextRun],
-                      read: Callable[[TextRun], None]) -> TextRun | None:
-        """Queue a prepared request of a batch whose earlier requests are `runs`. A full queue
-        is the batch's own back-pressure: returns None after `read` has waited for the
-        oldest of `runs` still going to end (call again); with none of them going, a queue
-        full of other callers' requests is this call's QueueFullError."""
+    def start_in_batch(self, prepared: _Prepared,
+                       runs: list[TextRun]) -> tuple[TextRun | None, TextRun | None]:
+        """Queue a prepared request of a batch whose earlier requests are `runs`: (its run,
+        None); or, the queue being full, (None, the oldest of `runs` still going), whose end
+        makes room: read it to its end and call again. With none of them going, the queue is
+        full of other callers' requests: QueueFullError."""
         try:
-            return self._start(prepared)
+            return self._start(prepared), None
         except QueueFullError:
             going = next((r for r in runs if r.finish_reason is None), None)
             if going is None:
                 raise
-            read(going)
-            return None
+            return None, going
 
     def submit_stream(self, prompt=None, **kwargs) -> TextRun:
         """stream's request (LLM's and AsyncLLM's): the keywords checked, one prompt."""
@@ -366,18 +365,17 @@ class LLM:
         batch of any size: what the queue cannot hold waits for room)."""
         prepared = self.prepare_all(prompt, **kwargs)
         runs: list[TextRun] = []
-
-        def read(run: TextRun) -> None:
-            for _ in run.chunks():
-                pass
-
         try:
             for p in prepared:        # a batch larger than the queue waits for room in it
-                while (run := self.start_or_wait(p, runs, read)) is None:
-                    pass
+                run, going = self.start_in_batch(p, runs)
+                while run is None:
+                    for _ in going.chunks():
+                        pass
+                    run, going = self.start_in_batch(p, runs)
                 runs.append(run)
             for run in runs:
-                read(run)
+                for _ in run.chunks():
+                    pass
         finally:
             for run in runs:     # an error or Ctrl-C: nobody will read the others (no-op for
                 run.handle.cancel()                                  # the runs that finished)
