@@ -79,17 +79,18 @@ class _Walk:
             self.fail(f"{n} {what} claimed, but only {self.size - self.at} bytes remain")
         return n
 
-    def items(self, key: str, least_bytes: int) -> int:
-        """An array's element count (`count`), refused past what a key of its kind needs."""
+    def items(self, key: str, least_bytes: int, most: int) -> int:
+        """An array's element count (`count`), refused past `most`."""
         n = self.count(f"elements of {key}", least_bytes)
-        most = _MAX_TOKENIZER_ITEMS if key.startswith("'tokenizer.") else _MAX_ITEMS  # `shown`
         if n > most:
             raise UnsupportedGGUF(f"GGUF metadata {key} holds {n:,} values, more than specrt "
                                   f"reads for such a key ({most:,}): reading them would take "
                                   "minutes and gigabytes; re-create the GGUF without it")
         return n
 
-    def value(self, kind: int, key: str, depth: int = 0) -> None:
+    def value(self, kind: int, key: str, most: int, depth: int = 0) -> None:
+        """Skip the value of metadata `key` (as `shown` quotes it), an array of at most `most`
+        elements (nested arrays too)."""
         if kind in _FIXED:
             self.take(_FIXED[kind], f"the value of {key}")
         elif kind == _STRING and depth == 0:
@@ -104,11 +105,11 @@ class _Walk:
         elif kind == _ARRAY and depth < _MAX_DEPTH:
             item = self.u32(f"the element type of {key}")
             if item in _FIXED:
-                n = self.items(key, _FIXED[item])
+                n = self.items(key, _FIXED[item], most)
                 self.take(n * _FIXED[item], f"the elements of {key}")
             elif item in (_STRING, _ARRAY):
-                for _ in range(self.items(key, 8 if item == _STRING else 12)):
-                    self.value(item, key, depth + 1)
+                for _ in range(self.items(key, 8 if item == _STRING else 12, most)):
+                    self.value(item, key, most, depth + 1)
             else:
                 self.fail(f"metadata {key} is an array of unknown value type {item}")
         elif kind == _ARRAY:
@@ -150,7 +151,8 @@ def check_header(path: Path) -> None:
                 if key in seen:
                     walk.fail(f"metadata key {name} appears twice")
                 seen.add(key)
-                walk.value(walk.u32(f"the value type of {name}"), name)
+                walk.value(walk.u32(f"the value type of {name}"), name,
+                           _MAX_TOKENIZER_ITEMS if key.startswith(b"tokenizer.") else _MAX_ITEMS)
             if tensors * (8 + 4 + 4 + 8) > size - walk.at:
                 walk.fail(f"{tensors} tensors claimed, but only {size - walk.at} bytes remain")
             for _ in range(tensors):
