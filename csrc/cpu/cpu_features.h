@@ -51,10 +51,8 @@ inline const char* cpu_level() { return cpu_avx512() ? "avx512" : cpu_avx2() ? "
 // The int8 and int4 kernels of gemv_int8.cpp / gemv_int4.cpp: AVX-512 and its VNNI.
 inline bool cpu_avx512_vnni() { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
 
-// AMX tiles with int8 dot products (gemv_int8_amx.cpp), with VNNI for the rest of the int8
-// kernels: the CPU has them (CPUID leaf 7: AMX-TILE, AMX-INT8) and Linux lets this process use
-// the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, asked once; Linux >= 5.16).
-// SPECRT_AMX=0, or SPECRT_CPU_LEVEL=avx2, leaves them unused (read once per process).
+// AMX (Sapphire Rapids and later Xeons): SPECRT_AMX=0, or SPECRT_CPU_LEVEL=avx2, leaves the
+// tiles unused.
 #if (defined(__clang__) && __clang_major__ >= 12) || \
     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #define SPECRT_HAS_AMX 1           // the compiler targets AMX (GCC 11, Clang 12)
@@ -63,21 +61,36 @@ inline bool cpu_avx512_vnni() { return cpu_avx512() && __builtin_cpu_supports("a
 #endif
 #define SPECRT_AMX_INT8 \
   __attribute__((target(SPECRT_AVX512_TARGET ",avx512vnni,amx-tile,amx-int8")))
-inline bool cpu_amx_int8() {
-  static const bool yes = [] {
-    const char* amx = std::getenv("SPECRT_AMX");
-    if (!SPECRT_HAS_AMX || (amx && std::strcmp(amx, "0") == 0) || !cpu_avx512_vnni())
-      return false;
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
-      return false;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
+
+// The CPU has AMX-TILE and the tile dot product of CPUID leaf 7 EDX bit `bit` (22 AMX-BF16, 25
+// AMX-INT8), SPECRT_AMX is not 0, the AVX-512 level is in use, and Linux lets this process use
+// the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; Linux >= 5.16).
+inline bool amx_usable(unsigned bit) {
+  const char* amx = std::getenv("SPECRT_AMX");
+  if ((amx && std::strcmp(amx, "0") == 0) || !cpu_avx512()) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << bit)))
     return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+  return false;
 #endif
-  }();
+}
+
+// AMX tiles with int8 dot products (gemv_int8_amx.cpp), with VNNI for the rest of the int8
+// kernels (read once per process).
+inline bool cpu_amx_int8() {
+  static const bool yes = SPECRT_HAS_AMX && cpu_avx512_vnni() && amx_usable(25);
+  return yes;
+}
+
+// AMX tiles with bf16 dot products. No kernel of specrt's uses them; the library's bf16 GEMM
+// (oneDNN) does, which makes it faster than the skinny kernels for a prompt of more than a few
+// tokens (specrt.kernels.cpu.gemv.PROMPT_LIBRARY_ROWS). Read once per process.
+inline bool cpu_amx_bf16() {
+  static const bool yes = amx_usable(22);
   return yes;
 }
 

@@ -71,6 +71,8 @@ PYBIND11_MODULE(_gemv, m) {
         "the int8 weight layout here: 16 (groups of 16 rows, AVX-512 VNNI) or 0 (row-major)");
   m.def("int8_amx_rows", &specrt::int8_amx_rows,
         "from how many rows of x the int8 product runs on AMX tiles (0: never here)");
+  m.def("amx_bf16", &specrt::cpu_amx_bf16,
+        "AMX-BF16 tiles usable here (the library's bf16 GEMM runs on them; SPECRT_AMX=0: no)");
   m.def("int4_supported", &specrt::cpu_avx512_vnni, "AVX-512 and AVX-512 VNNI (the int4 product runs)");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");

@@ -218,7 +218,7 @@ class Engine:
         for the backend's batch-invariant passes share one pass; longer ones run alone, so a
         request's first token never depends on who else was admitted with it."""
         slots, self._reserved = self._reserved, []
-        limit = self.target.backend.batch_invariant_tokens
+        limit = self.target.backend.shared_prompt_tokens(self.target)
         together = [s for s in slots if len(self.slots[s].request.prompt) <= limit]
         groups = [together] if together else []
         alone = set(slots) - set(together)

@@ -110,6 +110,12 @@ class Backend(Protocol):
         last real token, [B, H]; writes the real tokens' K/V into `cache` (the caller advances
         its lengths). Padding need not be computed at all."""
 
+    def shared_prompt_tokens(self, model: "Transformer") -> int:
+        """The longest prompt of `model` that may share a prefill pass with other prompts and
+        keep the bits it gets alone: at most `batch_invariant_tokens`, less where a prompt
+        prefilled alone (one row, from position 0) takes a faster path whose bits differ.
+        Callers prefill longer prompts on their own."""
+
     def plan_passes(self, max_rows: int) -> None:
         """The engine's largest decode or verify pass, in rows (B (K + 1)): a backend whose
         batch invariance depends on the row count serves passes up to that size alike."""

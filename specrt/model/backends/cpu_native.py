@@ -10,7 +10,10 @@ token on its own in a fixed order, so a verify pass of K + 1 tokens gives the bi
 K + 1 decode steps it replaces, in bf16 too, whatever other rows share the batch. Only real
 tokens are computed: a batch's rows are packed, so a row with fewer drafts (or none) costs
 only its own tokens. Passes of more than MAX_ROWS tokens per row (prefills) take the
-reference, except a quantized model's prompts of up to QUANT_PROMPT_ROWS tokens.
+reference, except a quantized model's prompts of up to QUANT_PROMPT_ROWS tokens; so does a bf16
+prompt prefilled alone from `gemv.PROMPT_LIBRARY_ROWS` tokens (9 where oneDNN has AMX), whose
+products then take the library GEMM: the engine shares no prompt that long
+(`shared_prompt_tokens`).
 """
 from __future__ import annotations
 
@@ -84,10 +87,17 @@ class CpuNative(TorchReference):
         """Where a weight every decode step streams is kept: a copy in huge pages, or t."""
         return self._arena.copy(t) if self._arena is not None else t
 
+    def shared_prompt_tokens(self, model) -> int:
+        """Prompts that a pass alone would give the library GEMM (`_lone_prompt`) are not
+        shared: their bits would be the kernels' in a shared pass."""
+        if self._quantized(model) or model.dtype != torch.bfloat16:
+            return self.batch_invariant_tokens
+        return min(self.batch_invariant_tokens, gemv.PROMPT_LIBRARY_ROWS - 1)
+
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
-        if T > self._most_rows(model):
+        if T > self._most_rows(model) or self._lone_prompt(model, rows):
             return super().hidden(model, input_ids, cache, rows, last_only)
         # Only real tokens are computed, packed row after row (a row without drafts in a
         # verify pass costs one token, not K + 1). Passes of more than MAX_ROWS tokens run in
@@ -121,10 +131,27 @@ class CpuNative(TorchReference):
         return self.layers_per_op(model, x, cache, starts, counts)
 
     @staticmethod
-    def _most_rows(model) -> int:
+    def _quantized(model) -> bool:
+        return isinstance(model.layers[0].qkv, QuantLinear)
+
+    def _most_rows(self, model) -> int:
         """The most new tokens a row a pass of `model` may have on this path."""
-        quantized = isinstance(model.layers[0].qkv, QuantLinear)
-        return QUANT_PROMPT_ROWS if quantized else ops.MAX_ROWS
+        return QUANT_PROMPT_ROWS if self._quantized(model) else ops.MAX_ROWS
+
+    def _lone_prompt(self, model, rows: Pass) -> bool:
+        """A bf16 prompt prefilled alone (one row, from position 0) of PROMPT_LIBRARY_ROWS
+        tokens or more, which the reference's loop multiplies faster (`product`)."""
+        return (len(rows.valid) == 1 and rows.starts[0] == 0
+                and rows.valid[0] >= gemv.PROMPT_LIBRARY_ROWS
+                and model.dtype == torch.bfloat16 and not self._quantized(model))
+
+    def product(self, linear, x: torch.Tensor) -> torch.Tensor:
+        """The reference's loop runs here for prompts only (`hidden`): from PROMPT_LIBRARY_ROWS
+        rows their bf16 products take the library GEMM, where `gemv.linear` would keep up to
+        MAX_ROWS on the kernels."""
+        if type(linear) is GemvLinear and x.numel() // x.shape[-1] >= gemv.PROMPT_LIBRARY_ROWS:
+            return TorchLinear.__call__(linear, x)
+        return linear(x)
 
     def _stack(self, model) -> layer_stack.Stack | None:
         """The model's C++ layer loop (built once), or None: the per-op loop then."""

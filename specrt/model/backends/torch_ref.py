@@ -101,6 +101,10 @@ class TorchReference:
     def plan_passes(self, max_rows: int) -> None:
         """Nothing to do: this backend makes no row-count promise (`batch_invariant_tokens`)."""
 
+    def shared_prompt_tokens(self, model) -> int:
+        """`batch_invariant_tokens`: no prompt path of its own."""
+        return self.batch_invariant_tokens
+
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
         B, T = input_ids.shape
@@ -148,6 +152,11 @@ class TorchReference:
         return lambda q, k, v: sdpa_attention(q, k[:B], v[:B], mask)
 
     # --- the layer loop ----------------------------------------------------------------------
+    def product(self, linear: Linear, x: torch.Tensor) -> torch.Tensor:
+        """One projection of the loop below, x [..., in] -> [..., out]: the linear's own call
+        (a backend whose products pick a path per call may choose otherwise in this loop)."""
+        return linear(x)
+
     def layers(self, model, input_ids, pos, cache, write_rows, write_pos, keep, attend):
         """Embedding + decoder layers -> the residual stream [B, T, H] (before the final
         norm). K/V of the new tokens are written at (write_rows, write_pos), only where `keep`
@@ -160,7 +169,8 @@ class TorchReference:
         x = model.embed[input_ids]                                   # [B, T, H]
         for i, layer in enumerate(model.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = layer.qkv(h).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            qkv = self.product(layer.qkv, h)                         # [B, T, q + 2 kv]
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = apply_rope(q.view(B, T, cfg.num_heads, cfg.head_dim), cos, sin)
             k = apply_rope(k.view(B, T, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
@@ -172,8 +182,8 @@ class TorchReference:
                 k_cache[write_rows, :, write_pos] = k[keep]
                 v_cache[write_rows, :, write_pos] = v[keep]
             attn = attend(q, k_cache, v_cache)                       # [B, T, Hq, D]
-            x = x + layer.o(attn.reshape(B, T, cfg.q_size))
+            x = x + self.product(layer.o, attn.reshape(B, T, cfg.q_size))
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gate, up = self.product(layer.gate_up, h).chunk(2, dim=-1)
+            x = x + self.product(layer.down, F.silu(gate) * up)
         return x
