@@ -134,10 +134,10 @@ def cpu(*names: str) -> list[str]:
 
 # The matrix products, compiled into _gemv (Python's products) and into _cpu_layers (the layer
 # loop calls them from C++), and the headers every CPU extension includes.
-GEMV = cpu("gemv.cpp", "gemv_avx2.cpp", "gemv_int8.cpp", "gemv_int8_amx.cpp",
-           "gemv_int8_avx2.cpp", "gemv_int4.cpp")
-GEMV_HEADERS = cpu("gemv.h", "gemv_avx2.h", "gemv_int8.h", "gemv_int8_amx.h", "gemv_int8_avx2.h",
-                   "gemv_int4.h", "gemv_quant.h", "gemv_tiled.h")
+GEMV = cpu("gemv.cpp", "gemv_avx2.cpp", "gemv_bf16_amx.cpp", "gemv_int8.cpp",
+           "gemv_int8_amx.cpp", "gemv_int8_avx2.cpp", "gemv_int4.cpp")
+GEMV_HEADERS = cpu("gemv.h", "gemv_avx2.h", "gemv_bf16_amx.h", "gemv_int8.h", "gemv_int8_amx.h",
+                   "gemv_int8_avx2.h", "gemv_int4.h", "gemv_quant.h", "gemv_tiled.h")
 OPS_HEADERS = cpu("ops.h", "ops_impl.h")
 CPU_HEADERS = cpu("simd.h", "cpu_features.h") + ["csrc/build_id.h"]
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import specrt
 from specrt.engine import engine as engine_mod
-from specrt.kernels.cpu import gemv, ops as cpu_ops
+from specrt.kernels.cpu import gemv, gemv_amx, ops as cpu_ops
 from specrt.model import Transformer
 from specrt.model.backends.base import Pass
 from specrt.model.backends.torch_ref import TorchReference
@@ -20,7 +20,9 @@ FROM = 9          # PROMPT_LIBRARY_ROWS as on a CPU with AMX, whatever this one 
 
 @pytest.fixture
 def library_from_9(monkeypatch):
+    """Also keeps bf16 models off AMX tiles (a model packed for them runs every pass there)."""
     monkeypatch.setattr(gemv, "PROMPT_LIBRARY_ROWS", FROM)
+    monkeypatch.setattr(gemv_amx, "AVAILABLE", False)
 
 
 def _library_calls(monkeypatch) -> list:
@@ -74,6 +76,15 @@ def test_shared_prompt_tokens(tiny_noeos_dir, tiny128_dir, library_from_9):
     assert backend.shared_prompt_tokens(fp32) == backend.batch_invariant_tokens
     assert backend.shared_prompt_tokens(int8) == backend.batch_invariant_tokens
     assert TorchReference().shared_prompt_tokens(bf16) == 0
+
+
+@pytest.mark.skipif(not gemv_amx.AVAILABLE, reason="this CPU has no AMX-BF16")
+def test_a_model_on_amx_tiles_shares_prompts_up_to_the_batch_invariant_length(tiny_noeos_dir):
+    """On AMX tiles a prompt's pass of any length up to 32 tokens has the bits of its rows
+    alone, as fast as the library's: nothing to keep apart."""
+    model = Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=64)
+    assert model.backend.amx
+    assert model.backend.shared_prompt_tokens(model) == model.backend.batch_invariant_tokens
 
 
 @needs_kernel

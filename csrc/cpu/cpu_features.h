@@ -86,9 +86,10 @@ inline bool cpu_amx_int8() {
   return yes;
 }
 
-// AMX tiles with bf16 dot products. No kernel of specrt's uses them; the library's bf16 GEMM
-// (oneDNN) does, which makes it faster than the skinny kernels for a prompt of more than a few
-// tokens (specrt.kernels.cpu.gemv.PROMPT_LIBRARY_ROWS). Read once per process.
+// AMX tiles with bf16 dot products: every pass of a bf16 model packed for them
+// (gemv_bf16_amx.cpp); and the library's bf16 GEMM (oneDNN) runs on them, which makes it faster
+// than the AVX-512 kernels for a prompt of more than a few tokens where a model is not packed
+// (specrt.kernels.cpu.gemv.PROMPT_LIBRARY_ROWS). Read once per process.
 inline bool cpu_amx_bf16() {
   static const bool yes = amx_usable(22);
   return yes;

@@ -7,6 +7,7 @@
 #include "../build_id.h"
 #include "cpu_features.h"
 #include "gemv.h"
+#include "gemv_bf16_amx.h"
 #include "gemv_int4.h"
 #include "gemv_int8.h"
 #include "stream_read.h"
@@ -25,6 +26,18 @@ PYBIND11_MODULE(_gemv, m) {
                           out_f32, M, N, K, threads);
       },
       "bf16 x [M, K] @ w [N, K].T (+ bias [N], 0 = none) -> out [M, N] (fp32 or bf16)");
+  m.def(
+      "gemv_bf16_amx",
+      [](uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t out, bool out_f32, int64_t M,
+         int64_t N, int64_t K, int threads) {
+        py::gil_scoped_release release;
+        specrt::gemv_bf16_amx(reinterpret_cast<const uint16_t*>(x),
+                              reinterpret_cast<const uint16_t*>(w),
+                              reinterpret_cast<const uint16_t*>(bias),
+                              reinterpret_cast<void*>(out), out_f32, M, N, K, threads);
+      },
+      "bf16 x [M, K] @ w packed for AMX (gemv_bf16_amx.cpp).T (+ bias [N], 0 = none) -> out "
+      "[M, N] (fp32 or bf16); N % 16 == 0, K % 32 == 0");
   m.def(
       "gemv_f32",
       [](uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t out, int64_t M, int64_t N, int64_t K,
@@ -71,6 +84,8 @@ PYBIND11_MODULE(_gemv, m) {
         "the int8 weight layout here: 16 (groups of 16 rows, AVX-512 VNNI) or 0 (row-major)");
   m.def("int8_amx_rows", &specrt::int8_amx_rows,
         "from how many rows of x the int8 product runs on AMX tiles (0: never here)");
+  m.def("bf16_amx_supported", &specrt::bf16_amx_supported,
+        "the bf16 product on AMX tiles runs here (gemv_bf16_amx)");
   m.def("amx_bf16", &specrt::cpu_amx_bf16,
         "AMX-BF16 tiles usable here (the library's bf16 GEMM runs on them; SPECRT_AMX=0: no)");
   m.def("int4_supported", &specrt::cpu_avx512_vnni, "AVX-512 and AVX-512 VNNI (the int4 product runs)");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gemv.h"
+#include "gemv_bf16_amx.h"
 #include "gemv_int4.h"
 #include "gemv_int8.h"
 #include "ops.h"
@@ -35,6 +36,10 @@ static void linear(const LinearW& l, const uint16_t* x, uint16_t* out, int64_t M
       break;
     case WeightFormat::bf16:
       gemv_bf16(x, static_cast<const uint16_t*>(l.w), l.bias, out, false, M, l.N, l.K, threads);
+      break;
+    case WeightFormat::bf16_amx:
+      gemv_bf16_amx(x, static_cast<const uint16_t*>(l.w), l.bias, out, false, M, l.N, l.K,
+                    threads);
       break;
   }
 }

@@ -11,6 +11,7 @@ enum class WeightFormat : int {
   bf16 = 0,   // [N, K]
   int8 = 1,   // uint8 = int8 + 128 in gemv_int8's layout (gemv_int8.h), fp32 row scales [N]
   int4 = 2,   // [N, K / 2] nibbles + 8, fp32 group scales [N, K / 64] (gemv_int4.cpp)
+  bf16_amx = 3,   // bf16 packed for AMX tiles (gemv_bf16_amx.cpp)
 };
 
 // One projection.

@@ -17,7 +17,7 @@ namespace py = pybind11;
 using specrt::LayerW;
 using specrt::LinearW;
 
-// (weight, scale or 0, bias or 0, N, K, format: 0 bf16, 1 int8, 2 int4)
+// (weight, scale or 0, bias or 0, N, K, format: 0 bf16, 1 int8, 2 int4, 3 bf16 packed for AMX)
 using LinearT = std::tuple<uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t, int>;
 // (input_norm, qkv, o, post_norm, gate_up, down)
 using LayerT = std::tuple<uintptr_t, LinearT, LinearT, uintptr_t, LinearT, LinearT>;
@@ -30,7 +30,7 @@ static LinearW to_linear(const LinearT& t) {
   l.N = std::get<3>(t);
   l.K = std::get<4>(t);
   const int format = std::get<5>(t);
-  if (format < 0 || format > 2)
+  if (format < 0 || format > 3)
     throw py::value_error("unknown weight format " + std::to_string(format));
   l.format = static_cast<specrt::WeightFormat>(format);
   return l;
@@ -73,8 +73,8 @@ PYBIND11_MODULE(_cpu_layers, m) {
       .def(py::init<const std::vector<LayerT>&, uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t,
                     int64_t, int64_t, int64_t, int64_t, float, float>(),
            "A model's layers: per layer (input_norm, qkv, o, post_norm, gate_up, down), each "
-           "projection (weight, scale, bias, N, K, format 0 bf16 / 1 int8 / 2 int4); then the "
-           "final norm, rope tables "
+           "projection (weight, scale, bias, N, K, format 0 bf16 / 1 int8 / 2 int4 / 3 bf16 "
+           "AMX); then the final norm, rope tables "
            "and dims (H, Hq, Hkv, D, I, S_rope, eps, scale)")
       .def("run", &Stack::run,
            "x [M, H] (residual, in place) -> out [M, H]; caches, layer stride, S, starts [B], "

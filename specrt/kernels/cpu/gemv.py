@@ -34,11 +34,13 @@ LEVEL = _gemv.cpu_level() if AVAILABLE else "none"      # "avx512", "avx2" or "n
 MAX_ROWS = ({torch.bfloat16: 32, torch.float32: 64} if LEVEL != "avx2"
             else {torch.bfloat16: 1 << 16, torch.float32: 64})
 
-# From how many tokens a bf16 prompt prefilled alone takes the library GEMM instead of the
-# kernels: where the CPU has AMX-BF16 (oneDNN's bf16 GEMM runs on its tiles) the kernels, whose
-# time grows by ~a third of a decode step a row, fall behind from ~9 rows: on a Xeon with AMX
-# (the 1.5B target, one prompt's pass, medians of 3 interleaved runs) 8 tokens 156 ms on the
-# kernels / 158 ms on oneDNN, 12 214 / 166, 16 287 / 172, 24 423 / 176, 32 569 / 186 ms
+# From how many tokens a bf16 prompt prefilled alone takes the library GEMM instead of these
+# kernels, for a model on them (a model packed for AMX tiles runs every pass there, `gemv_amx`;
+# this serves `CpuNative(amx=False)`, a compiler without AMX, shapes the tiles do not take):
+# where the CPU has AMX-BF16 (oneDNN's bf16 GEMM runs on its tiles) the kernels, whose time
+# grows by ~a third of a decode step a row, fall behind from ~9 rows: on a Xeon with AMX (the
+# 1.5B target, one prompt's pass, medians of 3 interleaved runs) 8 tokens 156 ms on the kernels
+# / 158 ms on oneDNN, 12 214 / 166, 16 287 / 172, 24 423 / 176, 32 569 / 186 ms
 # (benchmarks/RESULTS.md, "oneDNN for a bf16 prompt of 9-32 tokens"). Elsewhere MAX_ROWS + 1:
 # the library from where it takes every bf16 pass. Only a pass alone may take it (its bits
 # differ from the kernels'): `specrt.model.backends.cpu_native`.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from specrt.kernels.cpu import checks, extension
-from specrt.kernels.cpu import gemv, gemv_int4, gemv_int8
+from specrt.kernels.cpu import gemv, gemv_amx, gemv_int4, gemv_int8
 
 _layers, AVAILABLE = extension.load("specrt._cpu_layers", "SPECRT_CPU_LAYERS",
                                     "the C++ layer loop", "the per-op layer loop")
@@ -102,6 +102,9 @@ def _vector(t: torch.Tensor, n: int) -> int | None:
 # a projection [n, k]
 _FORMATS = {
     "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, gemv.AVAILABLE),
+    "bf16_amx": lambda n, k: (3, torch.bfloat16, (n * k,), None,
+                              gemv_amx.AVAILABLE and n % gemv_amx.GROUP == 0
+                              and k % gemv_amx.BLOCK == 0),
     "int8": lambda n, k: (1, torch.uint8, gemv_int8.data_shape(n, k), (n,),
                           gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0),
     "int4": lambda n, k: (2, torch.uint8, (n, k // 2), (n, k // gemv_int4.GROUP),
@@ -111,7 +114,8 @@ _FORMATS = {
 
 def _linear(stored, n: int, k: int) -> tuple | None:
     """(weight, scale, bias, N, K, format code) of a projection [n, k] stored as (format,
-    weight, scales or None, bias) -- "bf16": weight [n, k] bf16, no scales; "int8": uint8
+    weight, scales or None, bias) -- "bf16": weight [n, k] bf16, no scales; "bf16_amx": bf16
+    [n * k] packed for AMX tiles (gemv_amx.pack), no scales; "int8": uint8
     [n, k] in the kernel's layout (gemv_int8.PACK_ROWS), row scales [n] fp32; "int4": uint8
     [n, k / 2], group scales [n, k / 64] fp32 -- or None."""
     if stored is None or stored[0] not in _FORMATS:

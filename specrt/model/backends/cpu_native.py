@@ -2,7 +2,9 @@
 
 A decode step of a small model on the CPU is ~85% weight streaming and ~15% small ops. The
 matmuls go through `specrt.kernels.cpu.gemv` (the weight streamed once per call for 1..32
-rows) and the rest of each layer through `specrt.kernels.cpu.ops`: one call for the residual
+rows), or where the CPU has AMX-BF16 through `specrt.kernels.cpu.gemv_amx` (a bf16 model's
+weights packed for the tiles, every pass of any length there: `AmxLinear`), and the rest of
+each layer through `specrt.kernels.cpu.ops`: one call for the residual
 add + RMSNorm, one for RoPE + KV-cache write + attention, one for SwiGLU; in bf16 the whole
 layer loop runs as one C++ call on those same kernels (`specrt.kernels.cpu.layers`, whose
 specification is `CpuNative.layers_per_op`). Both compute every
@@ -11,9 +13,9 @@ K + 1 decode steps it replaces, in bf16 too, whatever other rows share the batch
 tokens are computed: a batch's rows are packed, so a row with fewer drafts (or none) costs
 only its own tokens. Passes of more than MAX_ROWS tokens per row (prefills) take the
 reference, except a quantized model's prompts of up to QUANT_PROMPT_ROWS tokens; so does a bf16
-prompt prefilled alone from `gemv.PROMPT_LIBRARY_ROWS` tokens (9 where oneDNN has AMX), whose
-products then take the library GEMM: the engine shares no prompt that long
-(`shared_prompt_tokens`).
+prompt prefilled alone from `gemv.PROMPT_LIBRARY_ROWS` tokens (9 where oneDNN has AMX) when the
+model is not packed for AMX tiles, whose products then take the library GEMM: the engine shares
+no prompt that long (`shared_prompt_tokens`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import weakref
 
 import torch
 
-from specrt.kernels.cpu import gemv, huge_pages, ops
+from specrt.kernels.cpu import gemv, gemv_amx, huge_pages, ops
 from specrt.kernels.cpu import layers as layer_stack
 from specrt.model.backends.base import Pass, chunks
 from specrt.model.backends.quantized import Int4Linear, Int8Linear, QuantLinear
@@ -54,23 +56,46 @@ class GemvLinear(TorchLinear):
         return gemv.linear(x, self.weight, self.bias, out_dtype)
 
 
+class AmxLinear:
+    """y = x @ W^T + b on AMX-BF16 tiles (`gemv_amx.linear`), W packed once (`gemv_amx.pack`),
+    for every pass whatever its rows: its bits are not the AVX-512 kernels', so a model's
+    bf16 projections all take one or the other (`CpuNative(amx=...)`)."""
+
+    def __init__(self, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None = None):
+        self.weight = packed               # [N * K] in the kernel's layout
+        self.n, self.k = n, k
+        self.bias = bias                   # [N]
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return gemv_amx.linear(x, self.weight, self.n, self.k, self.bias, out_dtype)
+
+    @property
+    def nbytes(self) -> int:
+        b = self.bias
+        return self.weight.nbytes + (b.numel() * b.element_size() if b is not None else 0)
+
+
 class CpuNative(TorchReference):
     name = "cpu_native"
     batch_invariant_tokens = ops.MAX_ROWS    # every row computed on its own, in chunks
     fused_loop = True                        # bf16 layers through specrt._cpu_layers when built
 
-    def __init__(self, huge: bool | None = None):
+    def __init__(self, huge: bool | None = None, amx: bool | None = None):
         """huge: keep the projections' weights in transparent huge pages (None: where the
-        kernel gives them and SPECRT_HUGE_PAGES is not 0; `specrt.kernels.cpu.huge_pages`)."""
+        kernel gives them and SPECRT_HUGE_PAGES is not 0; `specrt.kernels.cpu.huge_pages`).
+        amx: multiply bf16 weights on AMX-BF16 tiles, packed for them (None: where
+        `gemv_amx.AVAILABLE`); False keeps the AVX-512 kernels (other bits)."""
         self._stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> Stack
         in_huge_pages = huge_pages.enabled() if huge is None else huge
         self._arena = huge_pages.Arena() if in_huge_pages else None
+        self.amx = gemv_amx.AVAILABLE if amx is None else bool(amx) and gemv_amx.AVAILABLE
 
     @property
     def build_id(self) -> str:
         return (f"{super().build_id}|gemv-{gemv.build_id()}|ops-{ops.build_id()}"
                 f"|layers-{layer_stack.build_id() if self.fused_loop else 'off'}"
-                f"|pages-{'huge' if self._arena is not None else '4k'}")   # steps cost less in huge
+                f"|pages-{'huge' if self._arena is not None else '4k'}"    # steps cost less in huge
+                f"|bf16-{'amx' if self.amx else 'avx'}")
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                quant: str | None = None):
@@ -81,6 +106,8 @@ class CpuNative(TorchReference):
                                                    for f in dataclasses.fields(w)
                                                    if isinstance(getattr(w, f.name), torch.Tensor)})
             return lin
+        if self.amx and gemv_amx.serves(weight):
+            return AmxLinear(self._place(gemv_amx.pack(weight)), *weight.shape, bias)
         return GemvLinear(self._place(weight), bias)
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
@@ -90,7 +117,7 @@ class CpuNative(TorchReference):
     def shared_prompt_tokens(self, model) -> int:
         """Prompts that a pass alone would give the library GEMM (`_lone_prompt`) are not
         shared: their bits would be the kernels' in a shared pass."""
-        if self._quantized(model) or model.dtype != torch.bfloat16:
+        if type(model.layers[0].qkv) is not GemvLinear or model.dtype != torch.bfloat16:
             return self.batch_invariant_tokens
         return min(self.batch_invariant_tokens, gemv.PROMPT_LIBRARY_ROWS - 1)
 
@@ -143,7 +170,7 @@ class CpuNative(TorchReference):
         tokens or more, which the reference's loop multiplies faster (`product`)."""
         return (len(rows.valid) == 1 and rows.starts[0] == 0
                 and rows.valid[0] >= gemv.PROMPT_LIBRARY_ROWS
-                and model.dtype == torch.bfloat16 and not self._quantized(model))
+                and model.dtype == torch.bfloat16 and type(model.layers[0].qkv) is GemvLinear)
 
     def product(self, linear, x: torch.Tensor) -> torch.Tensor:
         """The reference's loop runs here for prompts only (`hidden`): from PROMPT_LIBRARY_ROWS
@@ -190,6 +217,8 @@ def _kernel_weights(linear):
     scales or None, bias), or None for a form the fused loop does not multiply."""
     if type(linear) is GemvLinear:
         return "bf16", linear.weight, None, linear.bias
+    if type(linear) is AmxLinear:
+        return "bf16_amx", linear.weight, None, linear.bias
     if type(linear) is Int8Linear:
         return "int8", linear.weight.data, linear.weight.scale, linear.bias
     if type(linear) is Int4Linear:
