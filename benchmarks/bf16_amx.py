@@ -116,18 +116,19 @@ def generate(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     tokens = sorted({1, *cli.positive_ints(args.tokens, "--tokens")})   # 1: the step
+    from specrt.kernels.cpu import gemv_amx
+
+    if not gemv_amx.AVAILABLE:
+        cli.fail("no AMX-BF16 here (or SPECRT_AMX=0, or the kernels are not built): "
+                 "nothing to compare")
     if args.generate:
         return generate(args)
     import torch
 
-    from specrt.kernels.cpu import gemv_amx
     from specrt.model.backends.cpu_native import CpuNative
     from specrt.model.transformer import Transformer
 
     cli.setup_torch(args.threads, "cpu")
-    if not gemv_amx.AVAILABLE:
-        cli.fail("no AMX-BF16 here (or SPECRT_AMX=0, or the kernels are not built): "
-                 "nothing to compare")
     target_dir, draft_dir = resolve_models(args, need_draft=args.with_draft)
     dirs = {"target": target_dir, **({"draft": draft_dir} if args.with_draft else {})}
     prefix, room = 60, 60 + max(tokens) + 1

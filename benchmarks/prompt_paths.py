@@ -2,7 +2,8 @@
 
 Run: python -m benchmarks.prompt_paths [--lengths 1,4,8,...] [--rounds N]
 
-Loads the target (bf16, the CPU backend) and times one prompt's pass of T tokens from
+Loads the target (bf16, the CPU backend on its AVX-512 kernels: a model packed for AMX tiles
+runs every pass on them, `benchmarks.bf16_amx`) and times one prompt's pass of T tokens from
 position 0, alone, as the engine prefills it (`model.forward(..., last_only=True)` on a fresh
 cache row), two ways alternating within each round: with `gemv.PROMPT_LIBRARY_ROWS` as this
 CPU sets it (the library GEMM, oneDNN, from that many tokens) and with it past the kernels'
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
     import torch
 
     from specrt.kernels.cpu import gemv
+    from specrt.model.backends.cpu_native import CpuNative
     from specrt.model.transformer import Transformer
 
     cli.setup_torch(args.threads, "cpu")
@@ -43,7 +45,8 @@ def main(argv=None) -> int:
     here = gemv.PROMPT_LIBRARY_ROWS
     kernels = gemv.MAX_ROWS[torch.bfloat16] + 1
     target_dir, _ = resolve_models(args, need_draft=False)
-    model = Transformer.from_dir(target_dir, "bfloat16", "cpu", max(lengths) + 1)
+    model = Transformer.from_dir(target_dir, "bfloat16", "cpu", max(lengths) + 1,
+                                 backend=CpuNative(amx=False))   # tiles: no lone-prompt path
     info = machine.machine_info(args.threads, "cpu")
     report.print_header("a bf16 prompt's pass: the library GEMM against the kernels", info,
                         {"PROMPT_LIBRARY_ROWS here": here, "model": target_dir.name})

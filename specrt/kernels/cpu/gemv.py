@@ -36,7 +36,7 @@ MAX_ROWS = ({torch.bfloat16: 32, torch.float32: 64} if LEVEL != "avx2"
 
 # From how many tokens a bf16 prompt prefilled alone takes the library GEMM instead of these
 # kernels, for a model on them (a model packed for AMX tiles runs every pass there, `gemv_amx`;
-# this serves `CpuNative(amx=False)`, a compiler without AMX, shapes the tiles do not take):
+# this serves `CpuNative(amx=False)`, a compiler without AMX, a qkv the tiles do not take):
 # where the CPU has AMX-BF16 (oneDNN's bf16 GEMM runs on its tiles) the kernels, whose time
 # grows by ~a third of a decode step a row, fall behind from ~9 rows: on a Xeon with AMX (the
 # 1.5B target, one prompt's pass, medians of 3 interleaved runs) 8 tokens 156 ms on the kernels

@@ -52,7 +52,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         rows = n - r0 if g == 1 else n // (2 * GROUP) * 2 * GROUP
         w = weight[r0:r0 + rows].reshape(rows // (g * GROUP), g, GROUP, k // BLOCK, BLOCK // 2, 2)
         parts.append(w.permute(0, 3, 1, 4, 2, 5).reshape(-1))          # [u, b, g, p, n, e]
-    return torch.cat(parts)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:

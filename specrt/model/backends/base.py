@@ -91,7 +91,8 @@ def chunks(counts: list[int], most: int) -> list[tuple[int, int, int, int]]:
 class Backend(Protocol):
     name: str
     batch_invariant_tokens: int   # passes of up to this many tokens per row give each row the
-                                  # same bits whatever other rows share them (0: no promise)
+                                  # same bits whatever other rows share them (0: no promise),
+                                  # but for a prompt alone: `shared_prompt_tokens`
 
     @property
     def build_id(self) -> str:
