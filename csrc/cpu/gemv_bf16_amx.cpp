@@ -123,13 +123,10 @@ SPECRT_AMX_BF16 void gemv_bf16_amx(const uint16_t* x, const uint16_t* w, const u
         const uint8_t* wu = base + u * unit_bytes;
         const bool two = 2 * u + 1 < groups;
         const int64_t n0 = 2 * TILE * u;
-        if (rows1) {
-          if (two) unit<2, 2>(x, K, wu, end, store, m0, rows0, rows1, n0);
-          else unit<2, 1>(x, K, wu, end, store, m0, rows0, rows1, n0);
-        } else {
-          if (two) unit<1, 2>(x, K, wu, end, store, m0, rows0, rows1, n0);
-          else unit<1, 1>(x, K, wu, end, store, m0, rows0, rows1, n0);
-        }
+        with_tiles(rows1 > 0, two, [&](auto r, auto g) {
+          unit<decltype(r)::value, decltype(g)::value>(x, K, wu, end, store, m0, rows0, rows1,
+                                                        n0);
+        });
       }
       _tile_release();
     }

@@ -146,13 +146,10 @@ SPECRT_AMX_INT8 void gemv_int8_amx(const QBlocks& x, const uint8_t* w, const Qua
         const uint8_t* ahead = t == 0 ? next : nullptr;
         const QBlocks xt = x.rows(t * TILE);
         const int64_t m0 = t * TILE, n0 = g0 * TILE;
-        if (t + 1 < row_tiles) {
-          if (two) amx_tile<2, 2>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
-          else amx_tile<2, 1>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
-        } else {
-          if (two) amx_tile<1, 2>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
-          else amx_tile<1, 1>(xt, wu, group, ahead, next_groups, s, m0, M, n0);
-        }
+        with_tiles(t + 1 < row_tiles, two, [&](auto r, auto g) {
+          amx_tile<decltype(r)::value, decltype(g)::value>(xt, wu, group, ahead, next_groups, s,
+                                                           m0, M, n0);
+        });
       }
     }
     _tile_release();

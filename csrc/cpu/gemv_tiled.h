@@ -11,12 +11,29 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "cpu_features.h"
 
 namespace specrt {
+
+// f(R, G) with R = 1 or 2 tiles of x and G = 1 or 2 groups of weight rows as
+// std::integral_constant arguments: the AMX kernels' tile bodies, instantiated for each shape
+// (gemv_int8_amx.cpp, gemv_bf16_amx.cpp).
+template <typename F>
+static inline void with_tiles(bool two_x, bool two_groups, F&& f) {
+  using one = std::integral_constant<int, 1>;
+  using two = std::integral_constant<int, 2>;
+  if (two_x) {
+    if (two_groups) f(two{}, two{});
+    else f(two{}, one{});
+  } else {
+    if (two_groups) f(one{}, two{});
+    else f(one{}, one{});
+  }
+}
 
 // Scalar bf16 <-> fp32 for the stores.
 static inline float bf16_to_f32(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; std::memcpy(&f, &u, 4); return f; }
