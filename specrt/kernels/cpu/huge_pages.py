@@ -16,7 +16,6 @@ faster, no slower. `SPECRT_HUGE_PAGES=0` keeps weights where the loader put them
 from __future__ import annotations
 
 import mmap
-import os
 
 import torch
 
