@@ -37,9 +37,9 @@ class Stack:
     @classmethod
     def build(cls, model, weights_of) -> "Stack | None":
         """The C++ stack of `model`, or None where it does not serve it (not built, not bf16,
-        a projection not a bf16 (row-major or packed for AMX), int8 or int4 kernel weight). weights_of(linear) -> (format,
-        weight, scales or None, bias or None): how the backend stores a projection (None: not
-        as a kernel weight)."""
+        a projection not a bf16 (row-major or packed for AMX), int8 or int4 kernel weight).
+        weights_of(linear) -> (format, weight, scales or None, bias or None): how the backend
+        stores a projection (None: not as a kernel weight)."""
         if not AVAILABLE or model.dtype != torch.bfloat16 or model.device.type != "cpu":
             return None
         cfg = model.cfg

@@ -14,8 +14,8 @@ tokens are computed: a batch's rows are packed, so a row with fewer drafts (or n
 only its own tokens. Passes of more than MAX_ROWS tokens per row (prefills) take the
 reference, except a quantized model's prompts of up to QUANT_PROMPT_ROWS tokens; so does a bf16
 prompt prefilled alone from `gemv.PROMPT_LIBRARY_ROWS` tokens (9 where specrt sees AMX-BF16)
-when the model is not packed for AMX tiles, whose products then take the library GEMM: the engine shares
-no prompt that long (`shared_prompt_tokens`).
+when the model is not packed for AMX tiles, whose products then take the library GEMM: the
+engine shares no prompt that long (`shared_prompt_tokens`).
 """
 from __future__ import annotations
 
