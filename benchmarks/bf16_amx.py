@@ -13,7 +13,7 @@ line.
 
 With --generate it runs the default pair through `LLM` twice instead (the bf16 target on the
 tiles and on the AVX-512 kernels, the int8 draft alike in both), greedy, on the first prompt of
-each task of --prompts, every --methods setting, the two alternating per request; prints
+each task of --prompts, plain and every --methods setting, the two alternating per request; prints
 decode-only tokens/s and each speculative output's agreement with its own build's plain one.
 """
 from __future__ import annotations
@@ -39,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also the draft model in bf16 (default: the target only)")
     p.add_argument("--generate", action="store_true",
                    help="whole requests through LLM instead of single passes")
-    p.add_argument("--methods", default="plain,draft_model:4,ngram:8,auto:16",
-                   help="with --generate: plain and method:K settings (default "
-                   "plain,draft_model:4,ngram:8,auto:16)")
+    p.add_argument("--methods", default="draft_model:4,ngram:8,auto:16",
+                   help="with --generate: METHOD:K settings run beside plain (default "
+                   "draft_model:4,ngram:8,auto:16)")
     p.add_argument("--prompts", default=str(PROMPTS),
                    help="with --generate: the prompts file (default benchmarks/prompts.json)")
     p.add_argument("--max-new-tokens", type=cli.count, default=64,
@@ -51,21 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def generate(args) -> int:
     """--generate: the default pair's requests, the target on the tiles against the kernels."""
-    from benchmarks.e2e_plan import _prompt, prompt_tasks
+    from benchmarks.e2e_plan import load_prompts, prompt_tasks
     from benchmarks.harness import timing
     from specrt import LLM
     from specrt.kernels.cpu import gemv_amx
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if "plain" not in methods:
-        cli.fail("--methods needs plain: each output is checked against its build's plain one")
-    specs = {}
-    for m in methods:
-        name, _, k = m.partition(":")
-        specs[m] = None if m == "plain" else {"method": name, "num_speculative_tokens":
-                                               int(k) if k.isdigit() else 4}
-    tasks = prompt_tasks(args.prompts)
-    prompts = [_prompt(args.prompts, t, items[0]) for t, items in tasks.items() if items]
+    specs = {"plain": None}               # each output is checked against its plain one
+    for name, k in cli.method_ks(args.methods, "--methods", ("draft_model", "ngram", "auto")):
+        specs[f"{name}:{k}"] = {"method": name, "num_speculative_tokens": k}
+    methods = list(specs)
+    prompts = load_prompts(args.prompts, tuple(prompt_tasks(args.prompts)), 1)
     target_dir, draft_dir = resolve_models(args, need_draft=True)
     llms = {}
     for amx in (True, False):          # CpuNative(amx=None) reads gemv_amx.AVAILABLE

@@ -44,8 +44,7 @@ MAX_ROWS = ({torch.bfloat16: 32, torch.float32: 64} if LEVEL != "avx2"
 # (benchmarks/RESULTS.md, "oneDNN for a bf16 prompt of 9-32 tokens"). Elsewhere MAX_ROWS + 1:
 # the library from where it takes every bf16 pass. Only a pass alone may take it (its bits
 # differ from the kernels'): `specrt.model.backends.cpu_native`.
-PROMPT_LIBRARY_ROWS = (9 if AVAILABLE and LEVEL == "avx512" and _gemv.amx_bf16()
-                       else MAX_ROWS[torch.bfloat16] + 1)
+PROMPT_LIBRARY_ROWS = 9 if AVAILABLE and _gemv.amx_bf16() else MAX_ROWS[torch.bfloat16] + 1
 
 
 def build_id() -> str:

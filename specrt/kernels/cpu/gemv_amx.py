@@ -23,9 +23,8 @@ from specrt.kernels.cpu import checks, gemv
 
 GROUP = 16       # weight rows a tile, and a unit's half
 BLOCK = 32       # k values a tile
-# The kernel runs here: built, AVX-512, AMX-BF16 usable (cpu_amx_bf16() in cpu_features.h).
-AVAILABLE = (gemv.AVAILABLE and gemv.LEVEL == "avx512"
-             and bool(getattr(gemv._gemv, "bf16_amx_supported", lambda: False)()))
+# The kernel runs here: built, AVX-512 and AMX-BF16 usable (cpu_amx_bf16() in cpu_features.h).
+AVAILABLE = gemv.AVAILABLE and bool(gemv._gemv.bf16_amx_supported())
 
 
 def serves(weight: torch.Tensor) -> bool:
@@ -36,10 +35,11 @@ def serves(weight: torch.Tensor) -> bool:
             and weight.shape[0] > 0 and weight.shape[1] > 0)
 
 
-def _units(n: int) -> list[tuple[int, int]]:
-    """(first row, groups) of each run of units: the pairs of groups, then a last lone group."""
+def _units(n: int) -> list[tuple[int, int, int]]:
+    """(first row, rows, groups a unit) of each run of units: the pairs of groups, then a last
+    lone group."""
     pairs = n // (2 * GROUP) * 2 * GROUP
-    return [(0, 2)] * bool(pairs) + [(pairs, 1)] * (n > pairs)
+    return [(0, pairs, 2)] * bool(pairs) + [(pairs, n - pairs, 1)] * (n > pairs)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -48,8 +48,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     group's block as tile[p][n][e] = W[n][32 b + 2 p + e]."""
     n, k = weight.shape
     parts = []
-    for r0, g in _units(n):
-        rows = n - r0 if g == 1 else n // (2 * GROUP) * 2 * GROUP
+    for r0, rows, g in _units(n):
         w = weight[r0:r0 + rows].reshape(rows // (g * GROUP), g, GROUP, k // BLOCK, BLOCK // 2, 2)
         parts.append(w.permute(0, 3, 1, 4, 2, 5).reshape(-1))          # [u, b, g, p, n, e]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -58,8 +57,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """`pack`'s inverse: [N * K] -> the weight [N, K]."""
     out, at = [], 0
-    for r0, g in _units(n):
-        rows = n - r0 if g == 1 else n // (2 * GROUP) * 2 * GROUP
+    for _, rows, g in _units(n):
         u = rows // (g * GROUP)
         w = packed[at:at + rows * k].view(u, k // BLOCK, g, BLOCK // 2, GROUP, 2)
         out.append(w.permute(0, 2, 4, 1, 3, 5).reshape(rows, k))        # [u, g, n, b, p, e]

@@ -117,9 +117,10 @@ class CpuNative(TorchReference):
     def shared_prompt_tokens(self, model) -> int:
         """Prompts that a pass alone would give the library GEMM (`_lone_prompt`) are not
         shared: their bits would be the kernels' in a shared pass."""
-        if type(model.layers[0].qkv) is not GemvLinear or model.dtype != torch.bfloat16:
+        library_from = self._prompt_library_rows(model)
+        if library_from is None:
             return self.batch_invariant_tokens
-        return min(self.batch_invariant_tokens, gemv.PROMPT_LIBRARY_ROWS - 1)
+        return min(self.batch_invariant_tokens, library_from - 1)
 
     def hidden(self, model, input_ids: torch.Tensor, cache, rows: Pass,
                last_only: bool = False) -> torch.Tensor:
@@ -165,12 +166,21 @@ class CpuNative(TorchReference):
         """The most new tokens a row a pass of `model` may have on this path."""
         return QUANT_PROMPT_ROWS if self._quantized(model) else ops.MAX_ROWS
 
+    @staticmethod
+    def _prompt_library_rows(model) -> int | None:
+        """From how many tokens a prompt of `model` prefilled alone takes the library GEMM:
+        `gemv.PROMPT_LIBRARY_ROWS` for a bf16 model on the AVX-512 kernels; None for one
+        packed for AMX tiles, quantized or fp32 (no such path)."""
+        if model.dtype == torch.bfloat16 and type(model.layers[0].qkv) is GemvLinear:
+            return gemv.PROMPT_LIBRARY_ROWS
+        return None
+
     def _lone_prompt(self, model, rows: Pass) -> bool:
-        """A bf16 prompt prefilled alone (one row, from position 0) of PROMPT_LIBRARY_ROWS
-        tokens or more, which the reference's loop multiplies faster (`product`)."""
-        return (len(rows.valid) == 1 and rows.starts[0] == 0
-                and rows.valid[0] >= gemv.PROMPT_LIBRARY_ROWS
-                and model.dtype == torch.bfloat16 and type(model.layers[0].qkv) is GemvLinear)
+        """A prompt prefilled alone (one row, from position 0) long enough for the library
+        GEMM (`_prompt_library_rows`), which the reference's loop then multiplies (`product`)."""
+        library_from = self._prompt_library_rows(model)
+        return (library_from is not None and len(rows.valid) == 1 and rows.starts[0] == 0
+                and rows.valid[0] >= library_from)
 
     def product(self, linear, x: torch.Tensor) -> torch.Tensor:
         """The reference's loop runs here for prompts only (`hidden`): from PROMPT_LIBRARY_ROWS
