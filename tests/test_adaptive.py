@@ -1,5 +1,7 @@
 """Adaptive speculation ("auto"): K follows acceptance, and output stays exact."""
 import json
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -299,8 +301,59 @@ def test_a_calibration_reports_busy_signs_unless_the_check_is_off(llm, monkeypat
     monkeypatch.setattr(calibration, "busy_sign", lambda times: "slowed")
     monkeypatch.setattr(calibration, "check_busy", True)
     assert calibration._measure_once([llm.target], 2, False)[1] == "slowed"
+    monkeypatch.setattr(calibration, "busy_sign", lambda times: None)
+    monkeypatch.setattr(calibration, "competing_sign", lambda *cpu: "competing")
+    assert calibration._measure_once([llm.target], 2, False)[1] == "competing"
     monkeypatch.setattr(calibration, "check_busy", False)       # as in this test session
     assert calibration._measure_once([llm.target], 2, False)[1] is None
+
+
+def test_competing_sign_counts_only_what_other_processes_took_from_the_forwards_cores():
+    """Every forward slowed alike (no outlier for busy_sign) is told by other processes' CPU
+    time: on 2 CPUs timing 2 threads, another process's 1 CPU-second in 2 s competed; on 64
+    CPUs the same second ran on a free CPU."""
+    from specrt.spec.calibration import competing_sign
+
+    assert "other processes used 1.0 CPU-seconds" in competing_sign(1.0, 2.0, 2, 2)
+    assert competing_sign(0.1, 2.0, 2, 2) is None            # a daemon's tick or two
+    assert competing_sign(1.0, 2.0, 2, 64) is None
+    assert competing_sign(62 * 2.0 + 1.0, 2.0, 2, 64) is not None   # every free CPU, and more
+    assert competing_sign(0.0, 0.0, 2, 2) is None
+
+
+def test_cpu_watch_counts_other_processes_cpu_time_not_its_own():
+    import subprocess
+    import sys
+
+    from specrt.spec.calibration import CpuWatch, competing_sign
+
+    if CpuWatch().start().stop() is None:
+        pytest.skip("this machine has no /proc/stat")
+    cpus = os.cpu_count() or 1
+
+    def spin(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+
+    watch = CpuWatch().start()
+    spin(1.0)                                       # this process's own: not counted
+    others, wall = watch.stop()
+    assert others < 0.5 * wall and competing_sign(others, wall, 1, cpus) is None
+    burners = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 30"
+                                 "\nwhile time.monotonic() < end: pass"])
+               for _ in range(cpus)]
+    try:
+        time.sleep(0.3)                             # started and spinning
+        watch = CpuWatch().start()
+        spin(1.0)
+        others, wall = watch.stop()
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    assert others > 0.5 * wall
+    assert "other processes used" in competing_sign(others, wall, cpus, cpus)
 
 
 def test_a_calibration_from_a_busy_machine_is_timed_again_and_else_not_saved(

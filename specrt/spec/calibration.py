@@ -12,8 +12,10 @@ the costs `auto` weighs are the graphed ones, not the eager path's launch overhe
 are keyed by (model, dtype, device, threads, CPU, backend build, and the models timed beside
 it) and kept in memory and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`,
 written atomically), so a calibration runs once per machine and kernel build.
-A calibration whose forwards were slowed by another process (`busy_sign`) is timed again,
-and if that one was slowed too it serves the process that timed it but is not saved.
+A calibration timed while another process competed for the cores (`busy_sign`: some forwards
+slowed several times; `competing_sign`: other processes' CPU time, which slows every forward
+alike) is timed again, and if that one was disturbed too it serves the process that timed it
+but is not saved.
 `specrt.spec.costs` turns them into a cost model.
 """
 from __future__ import annotations
@@ -43,10 +45,11 @@ _REPEATS = 3          # timed repeats of a wide forward (T > _DENSE_T)
 _DENSE_REPEATS = 9    # ... of the narrow ones auto chooses between (cheap, and the noisier)
 _DENSE_T = 9          # every forward size up to this is timed (K + 1 for K <= 8; auto may go
                       # to 16, a long prompt-lookup match: 10-15 are interpolated, 16 timed)
-_SCHEME = "cal7"      # how a calibration times and is keyed (in its key: another scheme's entries
+_SCHEME = "cal8"      # how a calibration times and is keyed (in its key: another scheme's entries
                       # are redone, and dropped from the file at its next save; cal4 entries may
                       # have been timed off the rounds' thread by a benchmark, cal5 keys lack
-                      # the model's shape, cal6 timed one point between _DENSE_T and max_t)
+                      # the model's shape, cal6 timed one point between _DENSE_T and max_t, cal7
+                      # were saved without `competing_sign`: some were timed beside a test suite)
 _MAX_T = 1024         # forward sizes kept per entry (K + 1 or the backend's batch-invariant
                       # pass size, whichever is larger: a few dozen)
 _MAX_SECONDS = 3600.0  # a forward time above this is a corrupt entry, not a slow machine
@@ -54,6 +57,12 @@ _MIN_SECONDS = 1e-7    # ... and below this (a CUDA graph of a one-layer toy rep
                        # a 5e-324 read as free made `1 / step` infinite and auto never drafted
 _BUSY_SLOWER = 2.0    # a forward this many times its size's median was slowed by a process ...
 _BUSY_SHARE = 0.05    # ... and more than this share of such forwards: the machine was busy
+# Other processes' CPU time beyond the cores the timed threads leave free, over this share of
+# the timed threads' wall time: they competed for its cores. Then every forward waits for
+# descheduled threads alike, which `busy_sign` cannot see: beside one spinning process the
+# 1.5B's steps read 229 ms (quiet: 116), their slowest 1.01x their median (benchmarks/RESULTS.md,
+# "A calibration beside a test suite").
+_COMPETING_SHARE = 0.1
 _TRIES = 2            # calibrations tried before one from a busy machine is used unsaved
 check_busy = True     # off in the test suite, whose tests count forwards and saved entries
 _cache: dict[str, list[float]] = {}
@@ -205,6 +214,51 @@ def busy_sign(times: dict[int, list[list[float]]]) -> str | None:
     return None
 
 
+def competing_sign(others: float, wall: float, threads: int, cpus: int) -> str | None:
+    """Why other processes' CPU time (`others` CPU-seconds over `wall` seconds of timing, on a
+    machine of `cpus` CPUs where the timed forwards ran `threads` threads) means they competed
+    for the forwards' cores, or None: what they used beyond the CPUs left free is over
+    _COMPETING_SHARE of the threads' time."""
+    taken = others - max(0, cpus - threads) * wall
+    if wall > 0 and taken > _COMPETING_SHARE * threads * wall:
+        return (f"other processes used {others:.1f} CPU-seconds of this machine's {cpus} CPUs "
+                f"in {wall:.1f} s, while the forwards ran {threads} threads")
+    return None
+
+
+class CpuWatch:
+    """Other processes' CPU time between `start()` and `stop()`: the machine's busy time
+    (`/proc/stat`: user, nice, system, irq, softirq) less this process's own (`os.times`);
+    None where the machine does not tell (not Linux)."""
+
+    def start(self) -> "CpuWatch":
+        self._t0, self._busy0, self._own0 = time.monotonic(), _machine_busy(), _own_cpu()
+        return self
+
+    def stop(self) -> tuple[float, float] | None:
+        """(others' CPU-seconds, wall seconds) since `start`, or None."""
+        busy = _machine_busy()
+        if busy is None or self._busy0 is None:
+            return None
+        return busy - self._busy0 - (_own_cpu() - self._own0), time.monotonic() - self._t0
+
+
+def _machine_busy() -> float | None:
+    """CPU-seconds every CPU of the machine has spent running anything since boot."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[1:8])
+        return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def _measure_once(models: list[Transformer], max_t: int,
                   graphed: bool) -> tuple[list[list[float]], str | None]:
     caches, inputs = [], []
@@ -219,6 +273,7 @@ def _measure_once(models: list[Transformer], max_t: int,
     passes = {t: [_pass(model, cache, ids[:, _PREFIX:_PREFIX + t], graphed)
                   for model, cache, ids in zip(models, caches, inputs)] for t in points}
     times = {t: [[] for _ in models] for t in points}
+    watch = CpuWatch().start()
     # Each repeat times every T of every model in turn: what auto weighs is verify(T) against
     # verify(1) (and the draft's against the target's), so a change in the machine's speed
     # during the calibration must hit all of them alike, not whichever T was timed then.
@@ -235,7 +290,12 @@ def _measure_once(models: list[Transformer], max_t: int,
                 if rep:                               # the first is a warm-up
                     times[t][i].append(time.perf_counter() - t0)
     curves = [_curve(paired(times, i), max_t) for i in range(len(models))]
-    return curves, busy_sign(times) if check_busy else None
+    if not check_busy:
+        return curves, None
+    cpu = watch.stop()           # (others' CPU-seconds, wall seconds) or None
+    competing = (competing_sign(*cpu, torch.get_num_threads(), os.cpu_count() or 1)
+                 if cpu is not None else None)
+    return curves, busy_sign(times) or competing
 
 
 def paired(times: dict[int, list[list[float]]], i: int) -> dict[int, float]:
