@@ -293,7 +293,10 @@ def _measure_once(models: list[Transformer], max_t: int,
     if not check_busy:
         return curves, None
     cpu = watch.stop()           # (others' CPU-seconds, wall seconds) or None
-    competing = (competing_sign(*cpu, torch.get_num_threads(), os.cpu_count() or 1)
+    # The cores the timed forwards ran on: torch's threads on the CPU; on a GPU the one thread
+    # that launches its kernels.
+    threads = torch.get_num_threads() if all(m.device.type == "cpu" for m in models) else 1
+    competing = (competing_sign(*cpu, threads, os.cpu_count() or 1)
                  if cpu is not None else None)
     return curves, busy_sign(times) or competing
 
