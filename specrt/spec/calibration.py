@@ -63,12 +63,19 @@ _BUSY_SHARE = 0.05    # ... and more than this share of such forwards: the machi
 # 1.5B's steps read 229 ms (quiet: 116), their slowest 1.01x their median (benchmarks/RESULTS.md,
 # "A calibration beside a test suite").
 _COMPETING_SHARE = 0.1
+try:
+    _TICK = 1.0 / os.sysconf("SC_CLK_TCK")   # seconds of one /proc/stat count
+except (AttributeError, ValueError, OSError):
+    _TICK = 0.01
 _TRIES = 2            # calibrations tried before one from a busy machine is used unsaved
 check_busy = True     # off in the test suite, whose tests count forwards and saved entries
 _cache: dict[str, list[float]] = {}
 _untrusted: set[str] = set()   # in _cache, timed on a busy machine: never saved
 log = logging.getLogger("specrt.spec.calibration")
 _lock = threading.Lock()
+# One calibration at a time in a process: two engines timing at once would slow each other, and
+# their threads are this process's own time, which `CpuWatch` does not count against it.
+_measuring = threading.Lock()
 
 
 def calibration_key(model: Transformer, max_t: int) -> str:
@@ -123,9 +130,13 @@ def timed_together(models: list[Transformer], max_t: int,
                 _save_trusted()
         if all(k in _cache and len(_cache[k]) == max_t for k in keys):
             return [_cache[k] for k in keys]
-    log.info("timing the models' forwards for `auto` (once for this machine and build: "
-             "seconds to a minute; cached in %s)", disk_path())
-    out, trusted = _measure(models, max_t, graphed)
+    with _measuring:
+        with _lock:                   # another thread may have timed them while this one waited
+            if all(k in _cache and len(_cache[k]) == max_t for k in keys):
+                return [_cache[k] for k in keys]
+        log.info("timing the models' forwards for `auto` (once for this machine and build: "
+                 "seconds to a minute; cached in %s)", disk_path())
+        out, trusted = _measure(models, max_t, graphed)
     with _lock:
         _cache.update(zip(keys, out))
         if trusted:
@@ -215,41 +226,68 @@ def busy_sign(times: dict[int, list[list[float]]]) -> str | None:
 
 
 def competing_sign(others: float, wall: float, threads: int, cpus: int) -> str | None:
-    """Why other processes' CPU time (`others` CPU-seconds over `wall` seconds of timing, on a
-    machine of `cpus` CPUs where the timed forwards ran `threads` threads) means they competed
-    for the forwards' cores, or None: what they used beyond the CPUs left free is over
-    _COMPETING_SHARE of the threads' time."""
-    taken = others - max(0, cpus - threads) * wall
-    if wall > 0 and taken > _COMPETING_SHARE * threads * wall:
-        return (f"other processes used {others:.1f} CPU-seconds of this machine's {cpus} CPUs "
-                f"in {wall:.1f} s, while the forwards ran {threads} threads")
+    """Why other work's CPU time (`others` CPU-seconds over `wall` seconds of timing, on the
+    `cpus` CPUs this process may run on, where the timed forwards ran `threads` threads) means
+    it competed for the forwards' cores, or None: what it used beyond the CPUs left free is
+    over _COMPETING_SHARE of the threads' time (and over what the counters' 10 ms ticks can
+    misread). A CPU left free may be a hyperthread sibling of a timed core, and a `nice`
+    background job counts in full: both slow the forwards less than they weigh here."""
+    threads = max(1, min(threads, cpus))
+    taken = others - (cpus - threads) * wall
+    if wall > 0 and taken > max(_COMPETING_SHARE * threads * wall, (cpus + 2) * _TICK):
+        return (f"other work took {others:.1f} CPU-seconds of the {cpus} CPUs this process runs "
+                f"on in {wall:.1f} s (other processes, or the hypervisor's other guests), while "
+                f"the forwards ran {threads} thread{'s' if threads > 1 else ''}")
     return None
 
 
 class CpuWatch:
-    """Other processes' CPU time between `start()` and `stop()`: the machine's busy time
-    (`/proc/stat`: user, nice, system, irq, softirq) less this process's own (`os.times`);
-    None where the machine does not tell (not Linux)."""
+    """Other work's CPU time on the CPUs this process may run on (`usable_cpus`) between
+    `start()` and `stop()`: their busy time in `/proc/stat` (user, nice, system, irq, softirq,
+    and steal: a hypervisor running another guest) less this process's own (`os.times`, all
+    its threads); None where the machine does not tell (not Linux)."""
+
+    def __init__(self):
+        self.cpus = usable_cpus()
 
     def start(self) -> "CpuWatch":
-        self._t0, self._busy0, self._own0 = time.monotonic(), _machine_busy(), _own_cpu()
+        self._t0, self._own0 = time.monotonic(), _own_cpu()
+        self._busy0 = _busy_seconds(self.cpus)
         return self
 
     def stop(self) -> tuple[float, float] | None:
         """(others' CPU-seconds, wall seconds) since `start`, or None."""
-        busy = _machine_busy()
+        busy = _busy_seconds(self.cpus)
         if busy is None or self._busy0 is None:
             return None
         return busy - self._busy0 - (_own_cpu() - self._own0), time.monotonic() - self._t0
 
 
-def _machine_busy() -> float | None:
-    """CPU-seconds every CPU of the machine has spent running anything since boot."""
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity: a pinned container or `taskset` gets
+    fewer than the machine has)."""
     try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _busy_seconds(cpus: set[int]) -> float | None:
+    """CPU-seconds the given CPUs have spent running anything since boot (`/proc/stat`'s
+    `cpuN` lines), or None."""
+    try:
+        total, seen = 0, 0
         with open("/proc/stat") as f:
-            fields = f.readline().split()
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[1:8])
-        return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+            for line in f:
+                fields = line.split()
+                if not fields or not fields[0].startswith("cpu") or fields[0] == "cpu":
+                    continue
+                if int(fields[0][3:]) in cpus:
+                    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[1:8])
+                    steal = int(fields[8]) if len(fields) > 8 else 0
+                    total += user + nice + system + irq + softirq + steal
+                    seen += 1
+        return total * _TICK if seen else None
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -296,7 +334,7 @@ def _measure_once(models: list[Transformer], max_t: int,
     # The cores the timed forwards ran on: torch's threads on the CPU; on a GPU the one thread
     # that launches its kernels.
     threads = torch.get_num_threads() if all(m.device.type == "cpu" for m in models) else 1
-    competing = (competing_sign(*cpu, threads, os.cpu_count() or 1)
+    competing = (competing_sign(*cpu, threads, len(watch.cpus))
                  if cpu is not None else None)
     return curves, busy_sign(times) or competing
 
