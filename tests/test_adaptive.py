@@ -422,10 +422,13 @@ def test_a_calibration_from_a_busy_machine_is_timed_again_and_else_not_saved(
         return [[0.01 * len(timed)] * max_t for _ in models], verdicts[len(timed) - 1]
 
     monkeypatch.setattr(calibration, "_measure_once", measure_once)
-    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+    with caplog.at_level("INFO", logger="specrt.spec.calibration"):
         costs = forward_seconds(llm.target, 4)
     assert timed == [4, 4] and costs == [0.02] * 4      # timed again, then used as it was
     assert "busy" in caplog.text and "this process only" in caplog.text
+    # what auto will plan with is logged, so a user can see a calibration that looks wrong
+    assert "forward times for `auto` (this process only): " in caplog.text
+    assert "1 token 20.0 ms, 4 tokens 20.0 ms" in caplog.text
     assert not (tmp_path / "calibration.json").exists() or \
         costs not in json.loads((tmp_path / "calibration.json").read_text()).values()
     assert forward_seconds(llm.target, 4) is costs      # this process does not time again

@@ -137,6 +137,9 @@ def timed_together(models: list[Transformer], max_t: int,
         log.info("timing the models' forwards for `auto` (once for this machine and build: "
                  "seconds to a minute; cached in %s)", disk_path())
         out, trusted = _measure(models, max_t, graphed)
+    log.info("forward times for `auto`%s: %s", "" if trusted else " (this process only)",
+             "; ".join(f"{Path(str(m.source)).name or m.source}: 1 token {c[0] * 1e3:.1f} ms, "
+                       f"{max_t} tokens {c[-1] * 1e3:.1f} ms" for m, c in zip(models, out)))
     with _lock:
         _cache.update(zip(keys, out))
         if trusted:
