@@ -438,6 +438,31 @@ def test_a_calibration_from_a_busy_machine_is_timed_again_and_else_not_saved(
     assert costs in json.loads((tmp_path / "calibration.json").read_text()).values()
 
 
+def test_a_calibration_competed_with_throughout_is_not_timed_again(llm, tmp_path, monkeypatch,
+                                                                    caplog):
+    """Work that held the CPUs for a whole calibration likely holds them for the next: one
+    try, used in this process only; outliers (busy_sign) still earn a second try."""
+    from specrt.spec import calibration
+
+    monkeypatch.setenv("SPECRT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_cache", {})
+    monkeypatch.setattr(calibration, "_untrusted", set())
+    timed = []
+    verdict = calibration.competing_sign(2.0, 2.0, 2, 2)
+
+    def measure_once(models, max_t, graphed):
+        timed.append(max_t)
+        return [[0.01] * max_t for _ in models], verdict
+
+    monkeypatch.setattr(calibration, "_measure_once", measure_once)
+    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+        costs = forward_seconds(llm.target, 3)
+    assert timed == [3] and "timing again" not in caplog.text.replace("timing again next", "")
+    assert "this process only" in caplog.text
+    saved = tmp_path / "calibration.json"
+    assert not saved.exists() or costs not in json.loads(saved.read_text()).values()
+
+
 def test_two_threads_calibrate_one_at_a_time_and_the_second_reuses_the_first(
         llm, tmp_path, monkeypatch):
     """Two engines timing at once would slow each other, unseen by CpuWatch (their threads are

@@ -63,6 +63,7 @@ _BUSY_SHARE = 0.05    # ... and more than this share of such forwards: the machi
 # 1.5B's steps read 229 ms (quiet: 116), their slowest 1.01x their median (benchmarks/RESULTS.md,
 # "A calibration beside a test suite").
 _COMPETING_SHARE = 0.1
+_COMPETING = "other work took"   # how competing_sign's verdicts begin
 try:
     _TICK = 1.0 / os.sysconf("SC_CLK_TCK")   # seconds of one /proc/stat count
 except (AttributeError, ValueError, OSError):
@@ -196,14 +197,20 @@ def _measure(models: list[Transformer], max_t: int,
              graphed: bool) -> tuple[list[list[float]], bool]:
     """(each model's curve, whether to keep it on disk). A calibration slowed by another
     process is measured once more; if that one is slowed too, its curves serve this process
-    (better than none) but are not saved, so the next process measures again."""
+    (better than none) but are not saved, so the next process measures again. One that other
+    work competed with throughout (`competing_sign`) is not measured again: work that held the
+    CPUs for a whole calibration is likely to hold them for the next (beside one spinning
+    process, two tries took 123 s where a quiet one takes 17)."""
     for attempt in range(_TRIES):
         curves, busy = _measure_once(models, max_t, graphed)
         if busy is None:
             return curves, True
+        again = attempt + 1 < _TRIES and not busy.startswith(_COMPETING)
         log.warning("the machine was busy while timing the models' forwards for `auto` (%s)%s",
-                    busy, "; timing again" if attempt + 1 < _TRIES else
+                    busy, "; timing again" if again else
                     "; using these costs in this process only, and timing again next time")
+        if not again:
+            break
     return curves, False
 
 
@@ -238,7 +245,7 @@ def competing_sign(others: float, wall: float, threads: int, cpus: int) -> str |
     threads = max(1, min(threads, cpus))
     taken = others - (cpus - threads) * wall
     if wall > 0 and taken > max(_COMPETING_SHARE * threads * wall, (cpus + 2) * _TICK):
-        return (f"other work took {others:.1f} CPU-seconds of the {cpus} CPUs this process runs "
+        return (f"{_COMPETING} {others:.1f} CPU-seconds of the {cpus} CPUs this process runs "
                 f"on in {wall:.1f} s (other processes, or the hypervisor's other guests), while "
                 f"the forwards ran {threads} thread{'s' if threads > 1 else ''}")
     return None
@@ -339,7 +346,7 @@ def _measure_once(models: list[Transformer], max_t: int,
     threads = torch.get_num_threads() if all(m.device.type == "cpu" for m in models) else 1
     competing = (competing_sign(*cpu, threads, len(watch.cpus))
                  if cpu is not None else None)
-    return curves, busy_sign(times) or competing
+    return curves, competing or busy_sign(times)
 
 
 def paired(times: dict[int, list[list[float]]], i: int) -> dict[int, float]:
