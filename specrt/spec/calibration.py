@@ -129,12 +129,12 @@ def timed_together(models: list[Transformer], max_t: int,
             _untrusted.difference_update(entries)    # another process's, timed quiet
             if healed:                       # rewrite a damaged file now, with the good entries
                 _save_trusted()
-        if all(k in _cache and len(_cache[k]) == max_t for k in keys):
-            return [_cache[k] for k in keys]
+        if (cached := _cached(keys, max_t)) is not None:
+            return cached
     with _measuring:
         with _lock:                   # another thread may have timed them while this one waited
-            if all(k in _cache and len(_cache[k]) == max_t for k in keys):
-                return [_cache[k] for k in keys]
+            if (cached := _cached(keys, max_t)) is not None:
+                return cached
         log.info("timing the models' forwards for `auto` (once for this machine and build: "
                  "seconds to a minute; cached in %s)", disk_path())
         out, trusted = _measure(models, max_t, graphed)
@@ -149,6 +149,13 @@ def timed_together(models: list[Transformer], max_t: int,
             _untrusted.update(keys)
         _save_trusted()
     return out
+
+
+def _cached(keys: list[str], max_t: int) -> list[list[float]] | None:
+    """The curves of `keys` in memory, each max_t long, or None (call with _lock)."""
+    if all(k in _cache and len(_cache[k]) == max_t for k in keys):
+        return [_cache[k] for k in keys]
+    return None
 
 
 def _save_trusted() -> None:

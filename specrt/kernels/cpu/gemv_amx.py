@@ -27,12 +27,16 @@ BLOCK = 32       # k values a tile
 AVAILABLE = gemv.AVAILABLE and bool(gemv._gemv.bf16_amx_supported())
 
 
+def fits(n: int, k: int) -> bool:
+    """Whether the kernel's layout holds a weight [n, k]: whole groups of rows, whole blocks."""
+    return n > 0 and k > 0 and n % GROUP == 0 and k % BLOCK == 0
+
+
 def serves(weight: torch.Tensor) -> bool:
     """Whether a weight [N, K] can be packed and multiplied here."""
     return (AVAILABLE and isinstance(weight, torch.Tensor) and weight.dim() == 2
             and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
-            and weight.shape[0] % GROUP == 0 and weight.shape[1] % BLOCK == 0
-            and weight.shape[0] > 0 and weight.shape[1] > 0)
+            and fits(*weight.shape))
 
 
 def _units(n: int) -> list[tuple[int, int, int]]:
@@ -81,7 +85,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int, k: int,
     for logits), any number of rows; ValueError for operands it does not take."""
     fn = "gemv_amx.linear"
     checks.require(AVAILABLE, fn, "specrt._gemv with AMX-BF16")
-    if n <= 0 or k <= 0 or n % GROUP or k % BLOCK:
+    if not fits(n, k):
         raise checks.fail(fn, "n, k", f"positive multiples of {GROUP} and {BLOCK}", (n, k))
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or not x.is_cpu:
         raise checks.fail(fn, "x", "a bf16 CPU tensor [..., K]",

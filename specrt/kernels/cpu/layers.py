@@ -103,8 +103,7 @@ def _vector(t: torch.Tensor, n: int) -> int | None:
 _FORMATS = {
     "bf16": lambda n, k: (0, torch.bfloat16, (n, k), None, gemv.AVAILABLE),
     "bf16_amx": lambda n, k: (3, torch.bfloat16, (n * k,), None,
-                              gemv_amx.AVAILABLE and n % gemv_amx.GROUP == 0
-                              and k % gemv_amx.BLOCK == 0),
+                              gemv_amx.AVAILABLE and gemv_amx.fits(n, k)),
     "int8": lambda n, k: (1, torch.uint8, gemv_int8.data_shape(n, k), (n,),
                           gemv_int8.AVAILABLE and k % gemv_int8.BLOCK == 0),
     "int4": lambda n, k: (2, torch.uint8, (n, k // 2), (n, k // gemv_int4.GROUP),
