@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, timing
 from benchmarks.harness.model_dirs import resolve_models
 
 PROMPTS = Path(__file__).parent / "prompts.json"
@@ -52,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
 def generate(args) -> int:
     """--generate: the default pair's requests, the target on the tiles against the kernels."""
     from benchmarks.e2e_plan import load_prompts, prompt_tasks
-    from benchmarks.harness import timing
     from specrt import LLM
     from specrt.kernels.cpu import gemv_amx
 
@@ -149,9 +147,7 @@ def main(argv=None) -> int:
 
     def seconds(key, t: int) -> float:
         cache = caches[key]
-        start = time.perf_counter()
-        models[key].forward(ids[:, prefix:prefix + t], cache)
-        elapsed = time.perf_counter() - start
+        elapsed = timing.time_once(lambda: models[key].forward(ids[:, prefix:prefix + t], cache))
         cache.truncate([prefix])
         return elapsed
 

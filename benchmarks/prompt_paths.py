@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, timing
 from benchmarks.harness.model_dirs import resolve_models
 
 
@@ -60,9 +59,7 @@ def main(argv=None) -> int:
         gemv.PROMPT_LIBRARY_ROWS = library_from
         try:
             cache.truncate([0])
-            start = time.perf_counter()
-            model.forward(ids[:, :t], cache, last_only=True)
-            return time.perf_counter() - start
+            return timing.time_once(lambda: model.forward(ids[:, :t], cache, last_only=True))
         finally:
             gemv.PROMPT_LIBRARY_ROWS = here
 
