@@ -319,3 +319,79 @@ def test_build_id_names_the_build_or_the_library(monkeypatch):
     assert cpu_ops.build_id() == "library"
     with pytest.raises(RuntimeError, match="check usable"):
         cpu_ops.silu_mul(torch.randn(1, 8))
+
+
+# --- argmax over logits -----------------------------------------------------------------------
+
+def _argmax_cases() -> list[torch.Tensor]:
+    """Rows as a vocabulary's logits can be, and the cases torch.argmax settles by rule: ties
+    (the first), NaN (counted largest: the first NaN), all -inf (0), +-0, widths that are not a
+    multiple of the 16-lane vector, a maximum in the last (partial) vector."""
+    g = torch.Generator().manual_seed(5)
+    cases = [torch.randn(r, v, generator=g) * 4
+             for r, v in [(1, 151936), (17, 1000), (3, 1), (2, 15), (2, 16), (2, 17), (4, 33)]]
+    x = torch.randn(9, 50, generator=g)
+    x[0, 7] = x[0, 31] = x[0].max() + 1                          # a tie: the first
+    x[1, 30] = x[1, 12] = float("nan")                            # NaN: the first NaN
+    x[2] = float("-inf")                                          # nothing finite: 0
+    x[3, 40:] = float("-inf")                                     # a shortlist's unscored ids
+    x[4] = float("nan")
+    x[5] = 0.0
+    x[5, 3] = -0.0                                                # +-0 tie: the first
+    x[6, 49] = 1e30                                               # in the last, partial vector
+    x[7] = float("inf")                                           # inf ties
+    x[8, 20] = float("inf")
+    x[8, 21] = float("nan")                                       # NaN beats inf
+    cases.append(x)
+    cases.append(torch.randn(3, 4, 40, generator=g)[:, 1])        # rows 160 floats apart
+    cases.append(torch.randn(2, 3, 70, generator=g))              # [..., V]: two leading dims
+    return cases
+
+
+@needs_kernel
+@pytest.mark.parametrize("x", _argmax_cases(), ids=lambda x: "x".join(map(str, x.shape)))
+def test_argmax_gives_torch_argmax_indices(x):
+    got = cpu_ops.argmax(x)
+    assert got.dtype == torch.int64 and got.shape == x.shape[:-1]
+    assert torch.equal(got, x.argmax(dim=-1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("x, what", [
+    (torch.randn(2, 8).bfloat16(), "dtype"),
+    (torch.randn(2, 0), "no values"),
+    (torch.tensor(1.0), "no dim"),
+    ([1.0, 2.0], "not a tensor"),
+])
+def test_argmax_refuses_what_it_does_not_serve(x, what):
+    with pytest.raises(ValueError, match=r"^argmax: x must be a CPU fp32 tensor \[\.\.\., V\] with V >= 1, got "):
+        cpu_ops.argmax(x)
+
+
+@needs_kernel
+def test_argmax_of_zero_rows_is_empty():
+    assert cpu_ops.argmax(torch.empty(0, 7)).shape == (0,)
+
+
+def test_greedy_choices_take_the_kernel_on_the_cpu_and_torch_when_forced(monkeypatch):
+    """`specrt.kernels.argmax` (greedy verification, plain steps, the draft's guesses) runs the
+    C++ kernel for fp32 CPU rows where it is built, and torch.argmax under
+    SPECRT_KERNELS=reference: the same indices either way."""
+    from specrt.kernels import argmax, dispatch, greedy_accept
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 300, generator=g)                          # [B, K + 1, V]
+    target = logits.argmax(dim=-1)                                        # [B, K + 1]
+    drafts = target[:, :-1].clone()
+    drafts[1, 2] = (drafts[1, 2] + 1) % 300                               # row 1: rejected at 2
+    calls = []
+    monkeypatch.setattr(dispatch.cpu_ops, "argmax",
+                        lambda x, real=dispatch.cpu_ops.argmax: calls.append(x.shape) or real(x))
+    for forced in ("", "reference"):
+        monkeypatch.setenv("SPECRT_KERNELS", forced)
+        calls.clear()
+        n, out = greedy_accept(logits, drafts)
+        assert n.tolist() == [4, 2]
+        assert torch.equal(out[0], target[0]) and out[1, :3].tolist() == target[1, :3].tolist()
+        assert torch.equal(argmax(logits[:, 0]), target[:, 0])
+        assert len(calls) == (2 if cpu_ops.AVAILABLE and not forced else 0)

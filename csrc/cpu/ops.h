@@ -37,4 +37,9 @@ void rope_attention(const T* qkv, T* k_cache, T* v_cache, const T* cos, const T*
                     const int64_t* starts, const int64_t* offsets, T* out, AttentionShape shape,
                     int threads);
 
+// out[r] = the index of the largest of x[r * row_stride .. + V - 1] (V >= 1), as torch.argmax:
+// the first on ties, a NaN above every number. Rows run on `threads` threads.
+void argmax_rows(const float* x, int64_t R, int64_t V, int64_t row_stride, int64_t* out,
+                 int threads);
+
 }  // namespace specrt

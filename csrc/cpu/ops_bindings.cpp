@@ -17,7 +17,7 @@ static T* p(uintptr_t a) { return reinterpret_cast<T*>(a); }
 
 PYBIND11_MODULE(_cpu_ops, m) {
   m.doc() = "Per-layer CPU ops of a decode/verify step (AVX-512 or AVX2): norms, SwiGLU, "
-            "RoPE + attention.";
+            "RoPE + attention; the argmax of logits.";
   m.def(
       "rms_norm",
       [](bool bf16, uintptr_t x, uintptr_t w, float eps, uintptr_t out, int64_t M, int64_t H) {
@@ -67,6 +67,14 @@ PYBIND11_MODULE(_cpu_ops, m) {
       "RoPE on qkv [M, (Hq+2Hkv)*D] (row b's tokens at rows offsets[b]..offsets[b+1]), k/v "
       "written into the caches [Bmax, Hkv, S, D] at starts[b] + t, attention of every query "
       "-> out [M, Hq*D]");
+  m.def(
+      "argmax_rows",
+      [](uintptr_t x, int64_t R, int64_t V, int64_t row_stride, uintptr_t out, int threads) {
+        py::gil_scoped_release release;
+        specrt::argmax_rows(p<const float>(x), R, V, row_stride, p<int64_t>(out), threads);
+      },
+      "out [R] int64 = argmax of each fp32 row of x (rows row_stride apart, V >= 1 values), "
+      "as torch.argmax");
   m.def("build_id", [] { return SPECRT_BUILD_ID; },
         "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 or AVX2/FMA/F16C available on this CPU");

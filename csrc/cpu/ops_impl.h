@@ -196,3 +196,32 @@ static void rope_attention_k(const T* qkv, T* k_cache, T* v_cache, const T* cos,
     }
   }
 }
+
+// --- argmax ----------------------------------------------------------------------------------
+// The index of the largest of x[0 .. n - 1] (n >= 1) as torch.argmax gives it: the first on
+// ties, and a NaN counted above every number (the first NaN). One pass for the largest value
+// (and whether there is a NaN), one for where it first appears, instead of a compare and a
+// branch per element.
+static int64_t argmax_row(const float* x, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  V m = set1(lowest);
+  uint32_t nan = 0;
+  for (int64_t k = 0; k < n; k += 16) {
+    const V v = load_or(x + k, n - k, lowest);      // lanes past n hold -inf: they never win
+    nan |= nan_lanes(v);
+    m = max_of(v, m);
+  }
+  const V top = set1(reduce_max(m));
+  for (int64_t k = 0; k < n; k += 16) {
+    const V v = load_or(x + k, n - k, lowest);
+    const uint32_t hit = nan ? nan_lanes(v) : equal_lanes(v, top);
+    if (hit) return k + __builtin_ctz(hit);
+  }
+  return 0;    // unreachable: the largest value is somewhere
+}
+
+static void argmax_rows_k(const float* x, int64_t R, int64_t n, int64_t row_stride,
+                          int64_t* out, int threads) {
+  #pragma omp parallel for num_threads(threads) schedule(static) if (R > 1)
+  for (int64_t r = 0; r < R; ++r) out[r] = argmax_row(x + r * row_stride, n);
+}

@@ -45,8 +45,16 @@ SPECRT_INLINE V div(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
 SPECRT_INLINE V fmadd(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }   // a * b + c
 SPECRT_INLINE float reduce_add(V a) { return _mm512_reduce_add_ps(a.v); }
 SPECRT_INLINE V first(V a, int64_t n) { return {_mm512_maskz_mov_ps(lanes(n), a.v)}; }
+SPECRT_INLINE V max_of(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }   // b where a is NaN
+SPECRT_INLINE float reduce_max(V a) { return _mm512_reduce_max_ps(a.v); }
+// Bit i set where lane i of a equals lane i of b (a NaN equals nothing); where it is a NaN.
+SPECRT_INLINE uint32_t equal_lanes(V a, V b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_EQ_OQ); }
+SPECRT_INLINE uint32_t nan_lanes(V a) { return _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q); }
 
 SPECRT_INLINE V load(const float* p, int64_t n = 16) { return {_mm512_maskz_loadu_ps(lanes(n), p)}; }
+SPECRT_INLINE V load_or(const float* p, int64_t n, float fill) {    // fill past n
+  return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), lanes(n), p)};
+}
 SPECRT_INLINE V load(const uint16_t* p, int64_t n = 16) {
   __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes(n), p));
   return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
@@ -111,10 +119,34 @@ SPECRT_INLINE V first(V a, int64_t n) {
   return {_mm256_and_ps(a.lo, _mm256_castsi256_ps(below(n))),
           _mm256_and_ps(a.hi, _mm256_castsi256_ps(below(n - 8)))};
 }
+SPECRT_INLINE V max_of(V a, V b) {            // b where a is NaN
+  return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
+}
+SPECRT_INLINE float reduce_max(V a) {
+  __m256 s = _mm256_max_ps(a.lo, a.hi);
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+SPECRT_INLINE uint32_t equal_lanes(V a, V b) {
+  return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_EQ_OQ))) |
+         uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_EQ_OQ))) << 8;
+}
+SPECRT_INLINE uint32_t nan_lanes(V a) {
+  return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q))) |
+         uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q))) << 8;
+}
 
 SPECRT_INLINE V load(const float* p, int64_t n = 16) {
   if (n >= 16) return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
   return {_mm256_maskload_ps(p, below(n)), _mm256_maskload_ps(p + 8, below(n - 8))};
+}
+SPECRT_INLINE V load_or(const float* p, int64_t n, float fill) {    // fill past n
+  const V v = load(p, n);
+  if (n >= 16) return v;
+  return {_mm256_blendv_ps(_mm256_set1_ps(fill), v.lo, _mm256_castsi256_ps(below(n))),
+          _mm256_blendv_ps(_mm256_set1_ps(fill), v.hi, _mm256_castsi256_ps(below(n - 8)))};
 }
 SPECRT_INLINE __m256 widen(__m128i h) {     // 8 bf16 -> 8 fp32
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));

@@ -95,10 +95,17 @@ def greedy_accept(
     Ties in the argmax go to the lowest index (as torch.argmax). The token after the
     accepted prefix is the target's argmax there (recovered at a mismatch, bonus at K).
     """
-    B, K1, V = target_logits.shape
+    return greedy_accept_ids(target_logits.argmax(dim=-1), draft_tokens)
+
+
+def greedy_accept_ids(
+    target: torch.Tensor,  # [B, K + 1] int64, the target's argmax at each position
+    draft_tokens: torch.Tensor,  # [B, K] int, -1 = no draft
+) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] int32, out_tokens [B, K + 1] int64
+    """`greedy_accept` from the target's argmax ids, however they were computed."""
+    B, K1 = target.shape
     require(draft_tokens.shape == (B, K1 - 1),
             f"draft_tokens must be [B, K]={[B, K1 - 1]}, got {list(draft_tokens.shape)}")
-    target = target_logits.argmax(dim=-1)  # [B, K + 1]
     n = _accepted_prefix_len(draft_tokens.long() == target[:, :-1])
     last = target.gather(1, n.view(B, 1)).view(B)
     return n.to(torch.int32), _compose_out_tokens(draft_tokens, n, last)

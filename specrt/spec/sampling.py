@@ -16,6 +16,7 @@ import dataclasses
 import torch
 
 from specrt.checks import check_int, check_number
+from specrt.kernels import argmax
 from specrt.kernels.reference import exponential_noise
 from specrt.model.staging import Staging
 
@@ -166,7 +167,7 @@ def choose_rows(logits: torch.Tensor, params: list[SamplingParams],
     [B, V] (zero rows where greedy). Each sampled row draws from its
     own generator, so a request's draws never depend on which requests share its batch.
     rows: [B] which rows to choose for (default all); the others get an argmax and draw nothing."""
-    tokens = logits.argmax(dim=-1)                                      # [B]
+    tokens = argmax(logits)                                             # [B]
     probs = None
     for group, p in sampling_groups(params, rows):
         if probs is None:

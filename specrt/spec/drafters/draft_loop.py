@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from specrt.kernels import fill_exponential_
+from specrt.kernels import argmax, fill_exponential_
 from specrt.model.graphs import GraphPool, SharedScratch, StaticRunner
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.staging import Staging
@@ -76,13 +76,13 @@ class StaticDraftLoop(StaticRunner):
     def _guess(self, i: int, logits: torch.Tensor) -> None:                   # logits [B, V_c]
         """Guess i of every row: the argmax, or a sampled row's draw (as `choose_rows`)."""
         if not self.sampled:
-            self.tokens[:, i] = logits.argmax(dim=-1)
+            self.tokens[:, i] = argmax(logits)
             return
         rows = self.params.device                                                 # [B, 4]
         q = warp_rows(logits, rows)                                               # [B, V_c]
         self.probs[:, i, : logits.shape[-1]] = q
         drawn = race(q, self.noise[:, i])                                        # [B]
-        self.tokens[:, i] = torch.where(rows[:, 3] > 0, drawn, logits.argmax(dim=-1))
+        self.tokens[:, i] = torch.where(rows[:, 3] > 0, drawn, argmax(logits))
 
     def stage_inputs(self, pending: list[list[int]], active: list[bool],
                      params: list[SamplingParams] | None = None,
