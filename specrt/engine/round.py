@@ -157,14 +157,15 @@ def _accept(logits: torch.Tensor, proposal: Proposal | None, counts: list[int], 
     num_acc, out = [0] * B, [[0] for _ in range(B)]
     plain = [b for b in range(B) if generating[b] and counts[b] == 0]
     if plain:   # a plain step per row: what plain decoding would choose
-        tok, _ = choose_rows(logits[plain, 0], [ctx.params[b] for b in plain],
+        tok, _ = choose_rows(_rows(logits, plain)[:, 0], [ctx.params[b] for b in plain],
                              [ctx.generators[b] for b in plain])
         for b, t in zip(plain, tok.tolist()):
             out[b] = [t]
     drafted = [b for b in range(B) if generating[b] and counts[b] > 0]
     greedy = [b for b in drafted if ctx.params[b].greedy]
     if greedy:
-        n, toks = greedy_accept(logits[greedy], proposal.tokens[greedy].to(logits.device))
+        n, toks = greedy_accept(_rows(logits, greedy),
+                                _rows(proposal.tokens, greedy).to(logits.device))
         for b, a, row in zip(greedy, n.tolist(), toks.tolist()):
             num_acc[b], out[b] = a, row
     drafted_rows = set(drafted)
@@ -183,6 +184,14 @@ def _accept(logits: torch.Tensor, proposal: Proposal | None, counts: list[int], 
         for b, a, row in zip(rows, n.tolist(), toks.tolist()):
             num_acc[b], out[b] = a, row
     return num_acc, out
+
+
+def _rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows]: a view where the rows are consecutive (a lone request's logits, 10 MB for a
+    K = 16 pass, are not copied), else the copy advanced indexing makes."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return t[rows[0]:rows[0] + len(rows)]
+    return t[rows]
 
 
 def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[int]],
