@@ -1,0 +1,109 @@
+"""Benchmark: the per-token work over the vocabulary on the CPU, before and after its fast paths.
+
+Run: python -m benchmarks.vocab_ops [--rounds N] [--vocab V] [--shortlist N]   (--help)
+
+Every greedy choice reads a row of logits as wide as the vocabulary (151,936 ids for the
+default pair): the target's argmax at each position of a verify pass (K + 1 rows) or plain
+step, the draft's argmax at each guess, and the draft's confidence in each guess (its stop,
+`draft_stop`). Random fp32 logits of that width, timed in interleaved rounds (the order
+reversed every other round), median microseconds per call:
+- argmax of 1, 6 and 17 rows: torch.argmax against `specrt.kernels.cpu.ops.argmax` (the C++
+  kernel `specrt.kernels.argmax` runs on the CPU; checked to give the same indices first);
+- the draft's confidence over a shortlisted row (ids past --shortlist at -inf, as a draft
+  scoring its 65,536 most frequent ids leaves them): the sum of exp(x - max) it was computed
+  as before, against the softmax's largest entry it is now (`draft_model.confidence`; the two
+  checked to agree within 1e-4: each sums 65,558 fp32 terms in its own order, ~5e-6 apart);
+- a lone request's [1, K + 1, V] logits taken by advanced indexing (a copy) against the view
+  the round now takes (`specrt.engine.round._rows`).
+Writes the section "Work over the vocabulary" of benchmarks/RESULTS.md (--no-record to
+skip); JSON on the last line.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness import cli, machine, report, timing
+
+SECTION = "## Work over the vocabulary (benchmarks/vocab_ops.py)"
+ROWS = (1, 6, 17)          # a plain step or a draft guess, a K = 5 and a K = 16 verify pass
+
+
+def build_parser():
+    p = cli.parser("benchmarks.vocab_ops", __doc__)
+    p.add_argument("--rounds", type=cli.count, default=200,
+                   help="interleaved rounds (median; default 200)")
+    p.add_argument("--vocab", type=cli.count, default=151936,
+                   help="ids per row (default 151,936: the default pair's vocabulary)")
+    p.add_argument("--shortlist", type=cli.count, default=65558,
+                   help="ids the draft scores in the confidence row (default 65,558: the "
+                   "default shortlist with its special ids)")
+    p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
+    cli.add_record_args(p)
+    return p
+
+
+def old_confidence(logits: torch.Tensor) -> torch.Tensor:
+    """The draft's confidence as it was computed before: 1 / sum exp(x - max)."""
+    x = logits.float()
+    return torch.exp(x - x.amax(dim=-1, keepdim=True)).sum(dim=-1).reciprocal()
+
+
+def cases(vocab: int, shortlist: int) -> dict[str, dict[str, object]]:
+    """{what: {"before": fn, "now": fn}}, each pair checked to agree first."""
+    from specrt.engine.round import _rows
+    from specrt.kernels.cpu import ops
+    from specrt.spec.drafters.draft_model import confidence
+
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for r in ROWS:
+        x = torch.randn(r, vocab, generator=g) * 4                                  # [R, V]
+        if not torch.equal(ops.argmax(x), x.argmax(dim=-1)):
+            cli.fail(f"the argmax kernel disagrees with torch.argmax on {r} rows")
+        out[f"argmax, {r} row{'s' * (r > 1)}"] = {
+            "before": lambda x=x: x.argmax(dim=-1), "now": lambda x=x: ops.argmax(x)}
+    row = torch.full((1, vocab), float("-inf"))                                     # [1, V]
+    row[0, :min(shortlist, vocab)] = torch.randn(min(shortlist, vocab), generator=g) * 4
+    if not torch.allclose(old_confidence(row), confidence(row), rtol=1e-4):
+        cli.fail("the two confidence formulas disagree")
+    out["draft confidence, shortlisted row"] = {
+        "before": lambda: old_confidence(row), "now": lambda: confidence(row)}
+    logits = torch.randn(1, ROWS[-1], vocab, generator=g)                       # [1, K + 1, V]
+    out[f"a lone request's [1, {ROWS[-1]}, V] logits"] = {
+        "before": lambda: logits[[0]], "now": lambda: _rows(logits, [0])}
+    return out
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from specrt.kernels.cpu import ops
+
+    if not ops.AVAILABLE:
+        cli.fail("specrt._cpu_ops is not built or this CPU has neither AVX-512 nor AVX2: "
+                 "run `make build` (the argmax kernel is what this compares)")
+    cli.setup_torch(args.threads, "cpu")
+    info = machine.machine_info(args.threads, "cpu")
+    report.print_header("Work over the vocabulary", info)
+    rows = []
+    for what, fns in cases(args.vocab, args.shortlist).items():
+        times = timing.interleaved(fns, args.rounds, warmup=3)
+        us = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        rows.append((what, f"{us['before']:.1f}", f"{us['now']:.1f}",
+                     f"{us['before'] / us['now']:.1f}x"))
+    text = report.markdown_table(("per call", "before us", "now us", "speedup"), rows, "lrrr")
+    print(text)
+    if args.record:
+        report.record_section(SECTION, report.results_preamble(info, args.note)
+                              + f"\nMedian microseconds per call, {args.rounds} interleaved "
+                              f"rounds, rows of {args.vocab:,} fp32 logits:\n\n" + text + "\n",
+                              Path(args.results_md))
+    report.emit_json({"rows": [dict(zip(("what", "before_us", "now_us", "speedup"), r))
+                               for r in rows]})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
