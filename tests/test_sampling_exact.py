@@ -13,7 +13,8 @@ from specrt.spec.sampling import SamplingParams
 from specrt.kernels import rejection_sample
 from specrt.kernels.reference import draw_randomness
 from specrt.model import Transformer
-from specrt.spec.sampling import param_row, sample, warp, warp_rows
+from specrt.spec.sampling import (NUCLEUS_FIRST, NUCLEUS_GROWTH, param_row, sample, top_p_cut,
+                                  top_p_cut_sorted, warp, warp_rows)
 from tests.helpers import drain
 from tests.tiny import make_model
 
@@ -70,7 +71,7 @@ def test_warp_rows_equals_warp_bit_for_bit():
     and past the vocabulary, top-p, both, greedy rows (neutral), and tied logits."""
     import itertools
     gen = torch.Generator().manual_seed(0)
-    V = 1000
+    V = 5000                                       # wide enough for `warp`'s ranked top-p cut
     logits = torch.randn(6, 3, V, generator=gen) * 3                     # [B, T, V]
     logits[1] = (logits[1] * 2).round() / 2                              # many ties
     combos = [SamplingParams(t, k, p) for t, k, p in
@@ -101,6 +102,50 @@ def test_a_top_p_cut_through_tied_tokens_keeps_the_lowest_ids():
     rows = torch.tensor([param_row(params, V)] * 3)
     for probs in (warp(logits, params), warp(batch, params)[2, 1], warp_rows(batch, rows)[1, 0]):
         assert torch.equal(probs > 0, want)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> int:
+    return int((~top_p_cut_sorted(probs, top_p)).sum())
+
+
+@pytest.mark.parametrize("V", [1024, 5000, 151936])
+def test_the_top_p_cut_has_the_bits_of_the_full_sort(V):
+    """`top_p_cut` (the CPU's: the most likely tokens ranked first, the full sort only when
+    they hold too little mass) cuts exactly what `top_p_cut_sorted` (the specification) cuts:
+    peaked rows settled by the first candidates, flatter ones by the widened set or the full
+    sort, ties across the cut, a NaN row, top_p from tiny to near 1."""
+    g = torch.Generator().manual_seed(V)
+    rows = [torch.randn(V, generator=g) * s for s in (20.0, 8.0, 3.0, 1.0, 0.3)]
+    tied = torch.full((V,), -30.0)
+    tied[V // 8: V // 8 + 600] = 1.0                       # 600 tied tokens, cut through
+    rows.append(tied)
+    nan = torch.randn(V, generator=g)
+    nan[V // 3] = float("nan")
+    rows.append(nan)
+    probs = torch.softmax(torch.stack(rows), dim=-1)                              # [R, V]
+    sizes = set()
+    for top_p in (1e-30, 0.1, 0.5, 0.9, 0.95, 0.999):
+        assert torch.equal(top_p_cut(probs, top_p), top_p_cut_sorted(probs, top_p)), top_p
+        assert torch.equal(top_p_cut(probs[None, 2:4], top_p),
+                           top_p_cut_sorted(probs[None, 2:4], top_p))        # [1, 2, V]
+        sizes |= {_nucleus(p, top_p) for p in probs[:-1]}
+    # every way of settling the cut was taken: within the first candidates, the widened set,
+    # and the full sort
+    first, wide = NUCLEUS_FIRST, NUCLEUS_FIRST * NUCLEUS_GROWTH
+    assert min(sizes) < first and any(first <= n < wide for n in sizes) \
+        and (max(sizes) >= wide or 4 * wide > V)
+
+
+def test_a_cpu_running_sum_has_the_bits_of_its_head():
+    """What `top_p_cut` rests on: on the CPU a cumsum over a row's first m values has the bits
+    of the first m values of the cumsum over the whole row."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        x = torch.rand(151936, generator=g) ** 8
+        x = x / x.sum()
+        whole = torch.cumsum(x, dim=0)
+        for m in (1, 7, 255, 4100, 100000):
+            assert torch.equal(torch.cumsum(x[:m], dim=0), whole[:m]), m
 
 
 @pytest.mark.parametrize("params", [
