@@ -204,7 +204,7 @@ def warp_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """The exponential race: probs [..., V] and Exp(1) noise [..., V] -> argmax(p / E) [...],
     an exact draw from p (int64 token ids)."""
-    return (probs / noise).argmax(dim=-1)
+    return argmax(probs / noise)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
