@@ -13,6 +13,11 @@ reversed every other round), median microseconds per call:
   scoring its 65,536 most frequent ids leaves them): the sum of exp(x - max) it was computed
   as before, against the softmax's largest entry it is now (`draft_model.confidence`; the two
   checked to agree within 1e-4: each sums 65,558 fp32 terms in its own order, ~5e-6 apart);
+- the top-p cut (0.9) of a sampled position: the stable sort of the whole row
+  (`sampling.top_p_cut_sorted`, the specification) against the ranked cut `warp` takes on the
+  CPU (`sampling.top_p_cut`; checked to cut the same tokens), on a peaked row (a handful of
+  tokens kept, as a language model's rows mostly are) and on a flat one (tens of thousands
+  kept: the ranked cut falls back to the full sort, its worst case);
 - a lone request's [1, K + 1, V] logits taken by advanced indexing (a copy) against the view
   the round now takes (`specrt.engine.round._rows`).
 Writes the section "Work over the vocabulary" of benchmarks/RESULTS.md (--no-record to
@@ -29,6 +34,7 @@ from benchmarks.harness import cli, machine, report, timing
 
 SECTION = "## Work over the vocabulary (benchmarks/vocab_ops.py)"
 ROWS = (1, 6, 17)          # a plain step or a draft guess, a K = 5 and a K = 16 verify pass
+TOP_P = 0.9
 
 
 def build_parser():
@@ -71,6 +77,16 @@ def cases(vocab: int, shortlist: int) -> dict[str, dict[str, object]]:
         cli.fail("the two confidence formulas disagree")
     out["draft confidence, shortlisted row"] = {
         "before": lambda: old_confidence(row), "now": lambda: confidence(row)}
+    from specrt.spec.sampling import top_p_cut, top_p_cut_sorted
+
+    for what, scale in (("peaked", 8.0), ("flat", 1.0)):
+        probs = torch.softmax(torch.randn(1, vocab, generator=g) * scale, dim=-1)   # [1, V]
+        if not torch.equal(top_p_cut(probs, TOP_P), top_p_cut_sorted(probs, TOP_P)):
+            cli.fail(f"the ranked top-p cut differs from the full sort's on the {what} row")
+        kept = int((~top_p_cut_sorted(probs, TOP_P)).sum())
+        out[f"top-p {TOP_P} cut, {what} row ({kept:,} kept)"] = {
+            "before": lambda p=probs: top_p_cut_sorted(p, TOP_P),
+            "now": lambda p=probs: top_p_cut(p, TOP_P)}
     logits = torch.randn(1, ROWS[-1], vocab, generator=g)                       # [1, K + 1, V]
     out[f"a lone request's [1, {ROWS[-1]}, V] logits"] = {
         "before": lambda: logits[[0]], "now": lambda: _rows(logits, [0])}

@@ -13,8 +13,11 @@ def test_vocab_ops_times_each_pair_after_checking_they_agree(capsys, tmp_path):
     assert vocab_ops.main(["--rounds", "2", "--vocab", "300", "--shortlist", "120",
                            "--results-md", str(results)]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
-    assert [r["what"] for r in rows] == ["argmax, 1 row", "argmax, 6 rows", "argmax, 17 rows",
-                                         "draft confidence, shortlisted row",
-                                         "a lone request's [1, 17, V] logits"]
+    whats = [r["what"] for r in rows]
+    assert whats[:4] == ["argmax, 1 row", "argmax, 6 rows", "argmax, 17 rows",
+                         "draft confidence, shortlisted row"]
+    assert [w.split(" (")[0] for w in whats[4:6]] == ["top-p 0.9 cut, peaked row",
+                                                      "top-p 0.9 cut, flat row"]
+    assert whats[6:] == ["a lone request's [1, 17, V] logits"]
     assert all(float(r["before_us"]) > 0 and float(r["now_us"]) > 0 for r in rows)
     assert vocab_ops.SECTION in results.read_text()

@@ -135,11 +135,14 @@ def _row_cut(p: torch.Tensor, top_p: float) -> torch.Tensor:          # p [V] ->
             break
         sorted_p, order = torch.sort(p[ids], descending=True, stable=True)
         total = torch.cumsum(sorted_p, dim=0)                                       # [m]
-        if total[-1] >= top_p + CUT_MARGIN:
+        mass = float(total[-1])
+        if mass >= top_p + CUT_MARGIN:
             cut = torch.ones(V, dtype=torch.bool)
             cut[ids[order]] = (total - sorted_p) >= top_p
             return cut
-        k *= NUCLEUS_GROWTH
+        # no later token is likelier than these m on average, so reaching top_p takes at
+        # least m * top_p / mass of them: a flat row goes straight to the full sort
+        k = max(k * NUCLEUS_GROWTH, int(ids.numel() * top_p / max(mass, 1e-30)))
     return top_p_cut_sorted(p, top_p)
 
 
