@@ -113,7 +113,8 @@ def test_the_top_p_cut_has_the_bits_of_the_full_sort(V):
     """`top_p_cut` (the CPU's: the most likely tokens ranked first, the full sort only when
     they hold too little mass) cuts exactly what `top_p_cut_sorted` (the specification) cuts:
     peaked rows settled by the first candidates, flatter ones by the widened set or the full
-    sort, ties across the cut, a NaN row, top_p from tiny to near 1."""
+    sort, ties across the cut, a row after a top-k cut (mostly zeros), NaN rows, top_p from
+    tiny to near 1."""
     g = torch.Generator().manual_seed(V)
     rows = [torch.randn(V, generator=g) * s for s in (20.0, 8.0, 3.0, 1.0, 0.3)]
     tied = torch.full((V,), -30.0)
@@ -123,12 +124,17 @@ def test_the_top_p_cut_has_the_bits_of_the_full_sort(V):
     nan[V // 3] = float("nan")
     rows.append(nan)
     probs = torch.softmax(torch.stack(rows), dim=-1)                              # [R, V]
+    top_k = torch.randn(V, generator=g) * 3                 # a top-k cut first: mostly zeros
+    top_k[top_k < top_k.topk(50).values[-1]] = float("-inf")
+    lone_nan = torch.full((V,), 1.0 / V)                    # a NaN beside tied values (not
+    lone_nan[5] = float("nan")                              # from softmax, which NaNs a
+    probs = torch.cat([probs, torch.softmax(top_k, -1)[None], lone_nan[None]])    # whole row)
     sizes = set()
     for top_p in (1e-30, 0.1, 0.5, 0.9, 0.95, 0.999):
         assert torch.equal(top_p_cut(probs, top_p), top_p_cut_sorted(probs, top_p)), top_p
         assert torch.equal(top_p_cut(probs[None, 2:4], top_p),
                            top_p_cut_sorted(probs[None, 2:4], top_p))        # [1, 2, V]
-        sizes |= {_nucleus(p, top_p) for p in probs[:-1]}
+        sizes |= {_nucleus(p, top_p) for p in probs[:-4]}
     # every way of settling the cut was taken: within the first candidates, the widened set,
     # and the full sort
     first, wide = NUCLEUS_FIRST, NUCLEUS_FIRST * NUCLEUS_GROWTH

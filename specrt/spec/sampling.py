@@ -117,7 +117,8 @@ def top_p_cut(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     distribution, a NaN) k grows, then the full sort. On CUDA the full sort is fast and its
     scan is parallel: `top_p_cut_sorted`."""
     V = probs.shape[-1]
-    if probs.device.type != "cpu" or V < 4 * NUCLEUS_FIRST:
+    if (probs.device.type != "cpu" or probs.dtype != torch.float32 or V < 4 * NUCLEUS_FIRST
+            or bool((probs < 0).any())):      # the margin holds for fp32 probabilities only
         return top_p_cut_sorted(probs, top_p)
     rows = probs.reshape(-1, V)                                                    # [R, V]
     cut = torch.ones(rows.shape, dtype=torch.bool)                                 # [R, V]
@@ -129,10 +130,12 @@ def top_p_cut(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def _row_cut(p: torch.Tensor, top_p: float) -> torch.Tensor:          # p [V] -> bool [V]
     V, k = p.shape[0], NUCLEUS_FIRST
     while 4 * k <= V:
-        kth = torch.topk(p, k).values[-1]
-        ids = torch.nonzero(p >= kth).squeeze(1)                    # [m >= k] in id order
-        if ids.numel() < k:                         # a NaN ranks but compares to nothing
+        top = torch.topk(p, k).values                                               # [k]
+        if torch.isnan(top).any():        # NaN sorts first, and every mass above is NaN
             break
+        kth = top[-1]
+        # after a top-k cut most of the row is 0: the positive ones are the head then
+        ids = torch.nonzero(p > 0 if kth == 0 else p >= kth).squeeze(1)     # [m] in id order
         sorted_p, order = torch.sort(p[ids], descending=True, stable=True)
         total = torch.cumsum(sorted_p, dim=0)                                       # [m]
         mass = float(total[-1])
