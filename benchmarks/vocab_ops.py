@@ -18,6 +18,9 @@ reversed every other round), median microseconds per call:
   CPU (`sampling.top_p_cut`; checked to cut the same tokens), on a peaked row (a handful of
   tokens kept, as a language model's rows mostly are) and on a flat one (tens of thousands
   kept: the ranked cut falls back to the full sort, its worst case);
+- the Exp(1) noise of one sampled position (every sampled choice, draft guess and
+  acceptance draws a vocabulary of it): torch's `exponential_` as it was drawn against
+  `fill_exponential_` (a float64 uniform and a logarithm; a statistical test checks it);
 - a lone request's [1, K + 1, V] logits taken by advanced indexing (a copy) against the view
   the round now takes (`specrt.engine.round._rows`).
 Writes the section "Work over the vocabulary" of benchmarks/RESULTS.md (--no-record to
@@ -35,6 +38,7 @@ from benchmarks.harness import cli, machine, report, timing
 SECTION = "## Work over the vocabulary (benchmarks/vocab_ops.py)"
 ROWS = (1, 6, 17)          # a plain step or a draft guess, a K = 5 and a K = 16 verify pass
 TOP_P = 0.9
+TINY = torch.finfo(torch.float32).tiny
 
 
 def build_parser():
@@ -87,6 +91,12 @@ def cases(vocab: int, shortlist: int) -> dict[str, dict[str, object]]:
         out[f"top-p {TOP_P} cut, {what} row ({kept:,} kept)"] = {
             "before": lambda p=probs: top_p_cut_sorted(p, TOP_P),
             "now": lambda p=probs: top_p_cut(p, TOP_P)}
+    from specrt.kernels.reference import fill_exponential_
+
+    noise, gen = torch.empty(vocab), torch.Generator().manual_seed(1)
+    out["Exp(1) noise of one sampled position"] = {
+        "before": lambda: noise.exponential_(generator=gen).clamp_(min=TINY),
+        "now": lambda: fill_exponential_(noise, gen)}
     logits = torch.randn(1, ROWS[-1], vocab, generator=g)                       # [1, K + 1, V]
     out[f"a lone request's [1, {ROWS[-1]}, V] logits"] = {
         "before": lambda: logits[[0]], "now": lambda: _rows(logits, [0])}

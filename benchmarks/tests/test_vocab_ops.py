@@ -18,6 +18,7 @@ def test_vocab_ops_times_each_pair_after_checking_they_agree(capsys, tmp_path):
                          "draft confidence, shortlisted row"]
     assert [w.split(" (")[0] for w in whats[4:6]] == ["top-p 0.9 cut, peaked row",
                                                       "top-p 0.9 cut, flat row"]
-    assert whats[6:] == ["a lone request's [1, 17, V] logits"]
+    assert whats[6:] == ["Exp(1) noise of one sampled position",
+                         "a lone request's [1, 17, V] logits"]
     assert all(float(r["before_us"]) > 0 and float(r["now_us"]) > 0 for r in rows)
     assert vocab_ops.SECTION in results.read_text()
