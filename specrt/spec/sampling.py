@@ -136,6 +136,8 @@ def _row_cut(p: torch.Tensor, top_p: float) -> torch.Tensor:          # p [V] ->
         kth = top[-1]
         # after a top-k cut most of the row is 0: the positive ones are the head then
         ids = torch.nonzero(p > 0 if kth == 0 else p >= kth).squeeze(1)     # [m] in id order
+        if not ids.numel():                       # no positive probability: not a distribution
+            break
         sorted_p, order = torch.sort(p[ids], descending=True, stable=True)
         total = torch.cumsum(sorted_p, dim=0)                                       # [m]
         mass = float(total[-1])
