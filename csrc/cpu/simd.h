@@ -108,13 +108,25 @@ SPECRT_INLINE V div(V a, V b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps
 SPECRT_INLINE V fmadd(V a, V b, V c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
-SPECRT_INLINE float reduce_add(V a) {
-  __m256 s = _mm256_add_ps(a.lo, a.hi);
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+// The 16 lanes folded into one by Op (Sum or Max below) in a fixed order: the two halves, their
+// 128-bit halves, then pairs, then lane 0 with lane 1.
+template <typename Op>
+SPECRT_INLINE float fold(V a) {
+  __m256 s = Op::of(a.lo, a.hi);
+  __m128 q = Op::of(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  q = Op::of(q, _mm_movehl_ps(q, q));
+  q = Op::of(q, _mm_movehdup_ps(q));
   return _mm_cvtss_f32(q);
 }
+struct Sum {
+  static SPECRT_INLINE __m256 of(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+  static SPECRT_INLINE __m128 of(__m128 a, __m128 b) { return _mm_add_ps(a, b); }
+};
+struct Max {
+  static SPECRT_INLINE __m256 of(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
+  static SPECRT_INLINE __m128 of(__m128 a, __m128 b) { return _mm_max_ps(a, b); }
+};
+SPECRT_INLINE float reduce_add(V a) { return fold<Sum>(a); }
 SPECRT_INLINE V first(V a, int64_t n) {
   return {_mm256_and_ps(a.lo, _mm256_castsi256_ps(below(n))),
           _mm256_and_ps(a.hi, _mm256_castsi256_ps(below(n - 8)))};
@@ -122,13 +134,7 @@ SPECRT_INLINE V first(V a, int64_t n) {
 SPECRT_INLINE V max_of(V a, V b) {            // b where a is NaN
   return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
 }
-SPECRT_INLINE float reduce_max(V a) {
-  __m256 s = _mm256_max_ps(a.lo, a.hi);
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_max_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
+SPECRT_INLINE float reduce_max(V a) { return fold<Max>(a); }
 SPECRT_INLINE uint32_t equal_lanes(V a, V b) {
   return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_EQ_OQ))) |
          uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_EQ_OQ))) << 8;
