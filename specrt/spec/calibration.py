@@ -12,10 +12,10 @@ the costs `auto` weighs are the graphed ones, not the eager path's launch overhe
 are keyed by (model, dtype, device, threads, CPU, backend build, and the models timed beside
 it) and kept in memory and on disk (`$SPECRT_CACHE/calibration.json`, or `$SPECRT_CALIBRATION`,
 written atomically), so a calibration runs once per machine and kernel build.
-A calibration timed while another process competed for the cores (`busy_sign`: some forwards
-slowed several times; `competing_sign`: other processes' CPU time, which slows every forward
-alike) is timed again, and if that one was disturbed too it serves the process that timed it
-but is not saved.
+A calibration some of whose forwards another process slowed several times (`busy_sign`) is
+timed again, and if that one was slowed too it serves the process that timed it but is not
+saved; one that other processes' CPU time competed with throughout (`competing_sign`: it slows
+every forward alike) serves its process unsaved at once, without a second try.
 `specrt.spec.costs` turns them into a cost model.
 """
 from __future__ import annotations
