@@ -3,6 +3,7 @@
 Run: python -m benchmarks.auto_replay record    (once per model pair: ~20 min on 2 cores)
      python -m benchmarks.auto_replay replay    (seconds; --help for the knobs)
      python -m benchmarks.auto_replay lookup    (prompt lookup's first guesses, per match)
+     python -m benchmarks.auto_replay live      (the engine's own rounds, priced: ~50 min)
 
 An end-to-end run measures `auto` through bandwidth that swings 1.6x within minutes, on one
 prompt per task; a replay decides nothing by the clock, so planner changes can be compared on
@@ -34,6 +35,13 @@ benchmarks.e2e reports. So a replay measures the planner's decisions, not whethe
 are right (an e2e run measures both); and the teacher-forced forward runs the prefill path,
 whose rounding may flip a near-tie the decode path would not.
 
+live: what the replay approximates, measured on the engine itself: each prompt of the sets,
+generated greedily by the real engine with each method (plain, the fixed settings, `auto`),
+every forward it runs after the prompt's pass (each draft catch-up, draft step and verify
+pass, the draft model's stop falling where it really does) priced by the same calibration.
+Deterministic like a replay (nothing is timed), as slow as generating (~4 s a request here);
+every method's output is checked against plain greedy decoding.
+
 `--max-new-tokens N` replays each trace's first N tokens as a request of N tokens (the e2e
 runs in RESULTS.md use --max-new-tokens 64); an N past the budget a trace was recorded with and
 stopped at is refused (its answer would replay as ended there). Prints per prompt the best
@@ -53,6 +61,7 @@ from benchmarks.harness.model_dirs import resolve_with_draft
 from specrt.spec.config import DRAFT_STOP
 
 SECTION = "## auto replayed on recorded traces (benchmarks/auto_replay.py)"
+LIVE_SECTION = "## auto's live rounds, priced (benchmarks/auto_replay.py live)"
 HERE = Path(__file__).parent
 PROMPT_SETS = {"tuning": HERE / "prompts.json", "held-out": HERE / "prompts_unseen.json",
                "fresh": HERE / "prompts_fresh.json", "check": HERE / "prompts_check.json",
@@ -85,6 +94,15 @@ def build_parser():
                      help="replay each trace's first N tokens only, as a request with that "
                           "budget, at most the recorded one (64: the e2e runs in RESULTS.md; "
                           "default: all that was recorded)")
+    live = sub.add_parser("live", help="the engine's own rounds on each prompt, every forward "
+                          "priced by the calibration (~50 min)")
+    cli.add_common_args(live, out=False)
+    cli.add_record_args(live)
+    live.add_argument("--auto-k", type=cli.count, default=16, help="auto's K_max (default 16)")
+    live.add_argument("--fixed", default=FIXED, help=f"fixed settings (default {FIXED})")
+    live.add_argument("--max-new-tokens", type=cli.count, default=64)
+    live.add_argument("--sets", default=",".join(PROMPT_SETS),
+                      help=f"prompt sets (default all: {','.join(PROMPT_SETS)})")
     look = sub.add_parser("lookup", help="how often prompt lookup's first guess is right, per "
                           "matched length, on the traces (no model loads)")
     look.add_argument("--traces", default=str(TRACES))
@@ -170,6 +188,94 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
         done += accepted + 1
         total_accepted += accepted
     return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted
+
+
+# --- live --------------------------------------------------------------------------------------
+class PricedForwards:
+    """While entered, every forward of the engine's target and draft model is logged, and
+    `seconds` prices the log by `costs`, the target's first forward (the prompt's pass) left
+    out: decode-only, as benchmarks.e2e reports."""
+
+    def __init__(self, engine, costs):
+        self.models = [(engine.target, costs.verify_pass)]
+        if engine.draft is not None:
+            self.models.append((engine.draft, costs.draft_pass))
+        self.log: list[tuple[object, list[int]]] = []     # (price, tokens per row)
+
+    def __enter__(self):
+        for model, price in self.models:
+            def forward(input_ids, cache, num_valid=None, last_only=False, _model=model,
+                        _price=price):
+                B, T = input_ids.shape
+                self.log.append((_price, list(num_valid) if num_valid is not None else [T] * B))
+                return type(_model).forward(_model, input_ids, cache, num_valid, last_only)
+            model.forward = forward                  # the instance's, over the class's
+        return self
+
+    def __exit__(self, *exc):
+        for model, _ in self.models:
+            del model.forward
+
+    def seconds(self) -> float:
+        target = self.models[0][1]
+        first = next(i for i, (price, _) in enumerate(self.log) if price == target)
+        return sum(price(tokens) for i, (price, tokens) in enumerate(self.log) if i != first)
+
+
+def live_run(llm, ids: list[int], method: str, costs, max_new_tokens: int
+             ) -> tuple[list[int], float, dict]:
+    """(tokens, decode-only tokens/s as priced, plan histogram) of the engine generating `ids`
+    greedily with `method` ("plain", "draft_model:K", "ngram:K" or "auto:K")."""
+    name, _, k = method.partition(":")
+    spec = None if name == "plain" else {"method": name, "num_speculative_tokens": int(k)}
+    with PricedForwards(llm.engine, costs) as priced:
+        res = llm.generate(ids, max_new_tokens=max_new_tokens, speculative=spec)
+    tokens = list(res.token_ids)
+    seconds = priced.seconds()
+    return tokens, (len(tokens) - 1) / seconds if seconds else 0.0, res.stats["plan_histogram"]
+
+
+def live_command(args) -> int:
+    import specrt
+
+    names = _set_names(args.sets)
+    fixed = fixed_methods(args.fixed)
+    target_dir, draft_dir = resolve_with_draft(args, "auto and the fixed settings draft with it")
+    llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device,
+                     max_seq_len=4096)
+    if llm.cuda_graphs:
+        cli.fail("live prices the engine's eager rounds; run it without CUDA graphs (on the CPU)")
+    costs = llm.cost_model(args.auto_k)
+    auto = f"auto:{args.auto_k}"
+    rows, mismatches = [], []
+    items = prompt_items({n: PROMPT_SETS[n] for n in names})
+    for s, task, item in cli.progress(items, desc="prompts", disable=args.no_progress):
+        key, ids = f"{s}:{task}:{item['id']}", encode_item(llm, item)
+        plain, plain_tps, _ = live_run(llm, ids, "plain", costs, args.max_new_tokens)
+        speeds, mix = {}, {}
+        for m in [*fixed, auto]:
+            out, speeds[m], plans = live_run(llm, ids, m, costs, args.max_new_tokens)
+            mix = plans if m == auto else mix
+            if out != plain:
+                mismatches.append(f"{key} {m}")
+        auto_tps = speeds.pop(auto)
+        best = max(speeds, key=speeds.get)
+        rows.append({"trace": key, "set": s, "best": best, "best_tps": speeds[best],
+                     "plain_tps": plain_tps, "auto_tps": auto_tps,
+                     "ratio": auto_tps / speeds[best], "mix": mix, "fixed": speeds})
+    text = render(rows, auto)
+    print(text)
+    if mismatches:
+        cli.fail(f"{len(mismatches)} outputs differ from plain greedy decoding: "
+                 + ", ".join(mismatches))
+    if args.record:
+        body = (f"Command: `{report.command_line()}`. Costs: this machine's calibration of the "
+                f"pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
+                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; every "
+                f"output equal to plain greedy decoding.\n" + report.note_block(args.note) + "\n")
+        report.record_section(LIVE_SECTION, body + text + "\n", Path(args.results_md))
+    report.emit_json({"rows": rows})
+    return 0
 
 
 def lookup_acceptance(traces: dict) -> dict[str, dict[int, list[int]]]:
@@ -305,14 +411,20 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
     return traces
 
 
-def record(args) -> int:
-    import specrt
-
-    names = [n.strip() for n in args.sets.split(",") if n.strip()]
+def _set_names(text: str) -> list[str]:
+    """--sets as a list of known prompt sets, or a clear error."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in PROMPT_SETS]
     if unknown or not names:
         cli.fail(f"--sets: unknown set(s) {', '.join(unknown) or '(none given)'}; choose from "
                  f"{', '.join(PROMPT_SETS)}")
+    return names
+
+
+def record(args) -> int:
+    import specrt
+
+    names = _set_names(args.sets)
     path = Path(args.traces)
     target_dir, draft_dir = resolve_with_draft(args, "the traces hold its guesses")
     kept = {}
@@ -404,7 +516,8 @@ def main(argv=None) -> int:
         print(render_lookup(lookup_acceptance(_load_traces(args.traces)["traces"])))
         return 0
     cli.setup_torch(args.threads, args.device)
-    return record(args) if args.command == "record" else replay_command(args)
+    commands = {"record": record, "replay": replay_command, "live": live_command}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -248,3 +248,32 @@ def test_lookup_counts_first_guesses_by_matched_length():
     assert counts["t"] == {1: [1, 1]}
     table = auto_replay.render_lookup(counts)
     assert "| s | 1.00 (1) | 1.00 (1) | 0.00 (1) |" in table and "| t | 1.00 (1) | - | - |" in table
+
+
+@pytest.mark.parametrize("method", ["plain", "draft_model:3", "ngram:4", "auto:8"])
+def test_live_prices_the_forwards_the_replay_prices_where_the_replay_is_exact(
+        llm, traces, method, monkeypatch):
+    """`live`: the engine's own forwards on a prompt, priced by the calibration `auto` plans
+    with. Where the replay is exact (the draft model drafts every guess it is asked for, so
+    no stop falls past a wrong guess) the two agree on the output, the plans and the price;
+    the prompt's own pass is left out, as decode-only speeds leave it."""
+    monkeypatch.setattr(llm.engine.draft_drafter, "stop_below", 0.0)
+    costs = llm.cost_model(8)
+    for trace in traces.values():
+        tokens, tps, plans = auto_replay.live_run(llm, trace["prompt"], method, costs, N_NEW)
+        assert tokens == trace["output"]
+        replayed, mix, _ = auto_replay.replay(trace, method, costs, draft_stop=0.0)
+        assert plans == mix
+        assert tps == pytest.approx(replayed, rel=1e-9)
+    assert "forward" not in vars(llm.engine.target) and "forward" not in vars(llm.engine.draft)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--sets", "tuning,tunnig"], "--sets: unknown set(s) tunnig; choose from tuning,"),
+    (["--fixed", "draft_model:x"], "--fixed: K of 'draft_model:x' must be"),
+    (["--model", "/nonexistent"], "target model directory /nonexistent does not exist")])
+def test_live_refuses_bad_options_before_loading(argv, needle, capsys):
+    with pytest.raises(SystemExit) as err:
+        auto_replay.main(["live", "--no-record", *argv])
+    assert err.value.code == 2
+    assert needle in capsys.readouterr().err
