@@ -823,7 +823,8 @@ class FixedMatch:
 def test_a_copy_in_progress_drafts_long_from_its_first_round():
     """A match whose text has agreed with its source for COPYING tokens is a copy in progress:
     it learns in its own state, whose prior drafts long at once, while a fresh 3-token match
-    drafts short; what one learns leaves the other alone."""
+    drafts short; one token short of a copy, a match's second guess already follows a copy.
+    What the copy learns leaves the shorter matches' states alone."""
     from specrt.spec.drafters.ngram import COPYING
 
     costs = _ngram_costs()
@@ -832,33 +833,51 @@ def test_a_copy_in_progress_drafts_long_from_its_first_round():
         planner = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(length))
         planner.reset([0])
         first[length] = planner.choose(_ctx(1, remaining=500)).k
-    assert first[3] == first[COPYING - 1] <= 5             # lengths past max_n: as max_n
+    assert first[3] <= 5 < first[COPYING - 1]
     assert first[COPYING] == first[COPYING + 5] >= 8        # a copy: long from the start
     planner = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(COPYING))
     planner.reset([0])
     ks = _all_right(planner, 6)                             # the copy keeps being right
-    assert ks[-1] == 16 and planner.states["ngram/3"].alphas[0] == [0.5] * 16
+    assert ks[-1] == 16
+    assert all(planner.states[f"ngram/{n}"].alphas[0] == [planner.priors.get(
+        f"ngram/{n}", planner.priors["ngram"])] * 16 for n in range(1, COPYING))
 
 
-def test_a_longer_match_is_weighed_at_least_as_well_as_a_shorter_one():
-    """In a passage being rewritten, 1-token matches that keep being right lengthen into
-    3-token ones, whose state has seen nothing of this request: they are drafted at least as
-    far as the 1-token matches had come to be, not from the 3-token prior. What a longer
-    match learns never lifts a shorter one."""
+def test_a_guess_learns_and_is_weighed_as_the_first_guess_of_the_match_it_extends():
+    """Guess i of an n-token match is reached only if the i - 1 before it were right, so it
+    follows a match of n + i - 1 tokens: it learns in that length's state and is weighed at
+    it. In a passage being rewritten, 1-token matches whose guesses keep being right lift the
+    longer matches' states, and a fresh 3-token match is then drafted long; and a 3-token
+    match that is always wrong cuts a 1-token match's K before its third guess."""
+    from specrt.spec.drafters.ngram import COPYING
+
     costs = _ngram_costs()
     match = FixedMatch(1)
     planner = AdaptivePlanner(16, costs, draft_model=None, ngram=match)
     planner.reset([0])
+    plan = planner.choose(_ctx(1, remaining=500))
+    assert plan.k >= 3
+    planner.observe(plan, [2], [plan.k], 0.0, 0.0)          # guesses 1-2 right, 3 wrong
+    states, priors = planner.states, planner.priors
+    assert {name: s.seen[0][0] for name, s in states.items() if s.seen[0][0]} == {
+        "ngram/1": 1, "ngram/2": 1, "ngram/3": 1}
+    assert states["ngram/1"].alphas[0][0] > priors["ngram/1"]
+    assert states["ngram/2"].alphas[0][0] > priors["ngram/2"]
+    assert states["ngram/3"].alphas[0][0] < priors["ngram"]
+    state = [states[f"ngram/{n}"].alphas[0][0] for n in range(1, COPYING)]
+    copy = states["ngram/copy"].alphas[0][0]
+    assert planner._ngram_weighed(([5] * 6, 2), 0) == state[1:7]
+    assert planner._ngram_weighed(([5] * 3, COPYING - 1), 0) == [state[-1], copy, copy]
+
+    planner.reset([0])
     _all_right(planner, 6)                                  # 1-token matches, always right
-    learnt = planner.choose(_ctx(1, remaining=500)).k          # a 1-token match's K now
-    match.length = 3
     fresh = AdaptivePlanner(16, costs, draft_model=None, ngram=FixedMatch(3))
     fresh.reset([0])
-    assert fresh.choose(_ctx(1, remaining=500)).k < learnt <= planner.choose(
-        _ctx(1, remaining=500)).k
+    match.length = 3
+    assert fresh.choose(_ctx(1, remaining=500)).k < planner.choose(_ctx(1, remaining=500)).k
     planner.states["ngram/3"].alphas[0][:] = [0.05] * 16    # 3-token matches: always wrong
     match.length = 1
-    assert planner.choose(_ctx(1, remaining=500)).k == learnt
+    assert planner.choose(_ctx(1, remaining=500)).k == 2
 
 
 @pytest.mark.parametrize("sampled", [False, True])
@@ -1074,7 +1093,9 @@ def test_a_match_of_one_row_in_a_busy_batch_is_drafted_when_it_pays():
     costs = CostModel(verify=curve, draft=[], chunk_rows=32)
     planner = AdaptivePlanner(16, costs, draft_model=None, ngram=OneRowMatches())
     planner.reset([0, 1, 2, 3])
-    planner.states["ngram/3"].alphas[0] = [0.95] * 16
+    for state in planner.states.values():                  # row 0 copies
+        if state.drafter == "ngram":
+            state.alphas[0] = [0.95] * 16
     plan = planner.choose(_ctx(4, remaining=500))
     assert plan.label == "ngram:8"       # 4 + 8 = 12 tokens: one memory-bound pass
 

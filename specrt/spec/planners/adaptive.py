@@ -15,15 +15,17 @@ the rounds it would be drafting in (`_draft_share`).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the number of tokens the match offers). Its acceptance is kept per matched
-  length n: a guess that follows a 3-token match is right far more often than one after a
-  1-token match, and one average would overrate the second and underrate the first. A match
-  whose text has agreed with its source for COPYING tokens or more is a copy in progress and has
-  its own state ("ngram/copy"). A copy goes on until the text departs from its source, as likely
-  at one position as at the next: that state keeps one acceptance for every position, learnt
-  from every guess it sees (per-token weight COPY_WEIGHT), so a copy that keeps being accepted
-  is drafted up to K_max within a few rounds instead of K creeping up one position at a time
-  (each position learnt only once a round has drafted that far). A match is weighed at least as
-  well as a shorter one would be (`_ngram_weighed`);
+  length n ("ngram/n"): a guess that follows a 3-token match is right far more often than one
+  after a 1-token match, and one average would overrate the second and underrate the first. A
+  match grows by each guess accepted, so guess i of a match of n tokens, reached only if the
+  i - 1 before it were right, follows a match of n + i - 1 tokens: it is weighed, and learnt,
+  as the first guess of that longer match (`_ngram_weighed`, `_learn_match`), and each state
+  keeps one acceptance, learnt from every guess it sees. A match whose text has agreed with its
+  source for COPYING tokens or more is a copy in progress ("ngram/copy"), which goes on until
+  the text departs from its source, as likely at one position as at the next (per-guess weight
+  COPY_WEIGHT). So a passage being rewritten, whose 1- and 2-token matches lengthen into a copy
+  round by round, is drafted long as soon as its matches are, instead of K creeping up one
+  position at a time;
 - the draft model, K = 1..K_max, run only when it wins. K is the most it drafts: it stops a
   row's round after a guess it is unsure of (`draft_stop`), so a round often costs less than
   it is priced at, and acceptance is learnt from the guesses it did draft (a round whose
@@ -78,7 +80,7 @@ COPY_STATE = "ngram/copy"
 # answer: 0.53x -> 0.51x plain); 0.7 bought the draft's read of a 132-token prompt before a
 # 10-token answer on one calibration (0.68x plain) (benchmarks/RESULTS.md, "The draft model's
 # prior").
-PRIORS = {"draft_model": 0.65, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # "ngram": n >= 3
+PRIORS = {"draft_model": 0.65, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # "ngram": n = 3-7
           COPY_STATE: 0.8}
 # EWMA weight of the newest observation of a position: an average over ~12 rounds. At 0.3
 # (~6 rounds) a draft model accepted 63% of the time read below its break-even after two
@@ -86,11 +88,13 @@ PRIORS = {"draft_model": 0.65, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # 
 # 7 e2e prompts put auto at 93-95% of the best fixed method on prose with 0.3, 97-99% with 0.15.
 WEIGHT = 0.15
 # Prompt lookup is either copying (nearly every guess right) or not, and switches between the
-# two within a few tokens: its states learn faster, or a copied paragraph is half over before
-# auto drafts it in long runs (held-out rewrite prompts: K ramped 1, 2, ... 10 over ~20 rounds).
+# two within a few tokens: its states learn faster (per guess), or a copied paragraph is half
+# over before auto drafts it in long runs (held-out rewrite prompts: K ramped 1, 2, ... 10 over
+# ~20 rounds). Replayed, 0.25 and 0.5 were within 0.3 points of it (benchmarks/RESULTS.md, "A
+# match grows by each guess accepted").
 NGRAM_WEIGHT = 0.35
-# The copy state learns per guess (one acceptance for all positions): ~10 guesses of memory,
-# about one copied clause.
+# The copy state's: ~10 guesses of memory, about one copied clause (0.05 and 0.2: within 0.3
+# points, as above).
 COPY_WEIGHT = 0.1
 # The prior counts as this many observations: a state's first outcomes weigh 1/3, 1/4, ...
 # (the mean of the prior and what was seen) until that falls to its EWMA weight. At the EWMA
@@ -125,9 +129,10 @@ class DrafterState:
     name: str                     # "draft_model", "ngram/n" for matches of n tokens, or
                                   # "ngram/copy" for a copy in progress (n >= COPYING)
     drafter: str                  # the drafter it belongs to
-    alphas: list[list[float]]     # [B][K_max] acceptance per position, per row
+    alphas: list[list[float]]     # [B][K_max] acceptance per position, per row (an n-gram
+                                  # state: one acceptance, the same at every position)
     seen: list[list[int]] = dataclasses.field(default_factory=list)   # [B][K_max] outcomes
-                                  # observed per position (the tied copy state: in [b][0])
+                                  # observed per position (an n-gram state: in [b][0])
     tally: list[list[int]] = dataclasses.field(default_factory=list)  # [B][2] guesses
                                   # accepted and guesses observed, over the row's request
     idle_rounds: int = 0          # rounds since this drafter last proposed
@@ -138,11 +143,14 @@ class DrafterState:
 class Decision:
     """Why a plan was chosen, handed back to `observe` with it."""
 
-    feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none)
+    feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none;
+                                    # an n-gram round's: its first guess's, the later ones
+                                    # learn in the states of the longer matches they follow)
     probe: str | None = None        # the state probed, if not a choice on merit
     draft_won: tuple[bool | None, ...] = ()   # [B] whether the draft model, caught up, would
                                     # have won the round (None: the row sat it out; (): no
                                     # draft model)
+    lengths: tuple[int, ...] = ()   # [B] each row's matched length (an n-gram plan)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -323,7 +331,8 @@ class AdaptivePlanner:
                                                              draft_won=draft_won))
         if name == "ngram":
             feeds = tuple(self._ngram_state(n) if n else None for _, n in matches)
-            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, draft_won))
+            lengths = tuple(n for _, n in matches)
+            return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, draft_won, lengths))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
         return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, draft_won))
 
@@ -346,15 +355,15 @@ class AdaptivePlanner:
         if plan.k == 0:
             return
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
-            if d and decision.feeds[row] is not None:
-                state = self.states[decision.feeds[row]]
-                state.tally[row][0] += n
-                state.tally[row][1] += min(n + 1, d)
-                if state.name == COPY_STATE:
-                    _learn_tied(state.alphas[row], state.seen[row], n, d, COPY_WEIGHT)
-                else:
-                    _learn(state.alphas[row], state.seen[row], n, d,
-                           NGRAM_WEIGHT if state.drafter == "ngram" else WEIGHT)
+            if not d or decision.feeds[row] is None:
+                continue
+            if plan.drafter is self.ngram:
+                self._learn_match(row, decision.lengths[row], n, d)
+                continue
+            state = self.states[decision.feeds[row]]
+            state.tally[row][0] += n
+            state.tally[row][1] += min(n + 1, d)
+            _learn(state.alphas[row], state.seen[row], n, d, WEIGHT)
         for key in used - {None}:
             state = self.states[key]
             if key == decision.probe:   # won nothing on merit: wait longer before the next probe
@@ -363,26 +372,29 @@ class AdaptivePlanner:
                 state.probe_gap = PROBE_BASE
 
     def _ngram_state(self, n: int) -> str:
-        """The state a match of length n learns in: per n-gram length, lengths past max_n
-        with the longest, and a copy in progress (n >= COPYING) on its own."""
-        return COPY_STATE if n >= COPYING else f"ngram/{min(n, self.ngram.max_n)}"
+        """The state a guess following a match of n tokens learns in: one per length, and a
+        copy in progress (n >= COPYING) on its own."""
+        return COPY_STATE if n >= COPYING else f"ngram/{n}"
 
     def _ngram_weighed(self, match: tuple[list[int], int], row: int) -> list[float]:
-        """The row's acceptance per position for its match, as weighed (`pooled`); none
-        without a match (the row gets the target's token only). A longer match is at least as
-        reliable as a shorter one, so each position is weighed at the best of the states of
-        this match's length and every shorter one: in a passage being rewritten the match
-        grows by what each round accepts (1, 4, 8 tokens ...), moving to a state that has seen
-        little of this request, and would otherwise start again from its prior (replayed at
-        64 tokens: two rewrites 83.5 -> 87.5% and 80.1 -> 89.0% of the best fixed setting,
-        benchmarks/RESULTS.md, "Calibrated on the wrong thread, and auto learns ...")."""
+        """The row's acceptance per position for its match; none without a match (the row
+        gets the target's token only). Guess i follows the match grown by the i - 1 guesses
+        before it, so it is weighed at the state of that length: a 1-token match in a passage
+        being copied drafts as far as the longer matches it grows into keep being right (the
+        rewrites of the recorded traces; benchmarks/RESULTS.md, "A match grows by each guess
+        accepted")."""
         draft, n = match
-        if not draft:
-            return []
-        alphas = self.states[self._ngram_state(n)].alphas[row]
-        for shorter in dict.fromkeys(map(self._ngram_state, range(self.ngram.min_n, n))):
-            alphas = list(map(max, alphas, self.states[shorter].alphas[row]))
-        return pooled(alphas)
+        return [self.states[self._ngram_state(n + i)].alphas[row][0] for i in range(len(draft))]
+
+    def _learn_match(self, row: int, length: int, accepted: int, drafted: int) -> None:
+        """Learn an n-gram round's outcome for one row: each guess observed (the accepted
+        ones, then the rejected one if any) in the state of the match it followed."""
+        for i, outcome in enumerate([1] * accepted + [0] * (accepted < drafted)):
+            state = self.states[self._ngram_state(length + i)]
+            state.tally[row][0] += outcome
+            state.tally[row][1] += 1
+            _learn_tied(state.alphas[row], state.seen[row], outcome, 1,
+                        COPY_WEIGHT if state.name == COPY_STATE else NGRAM_WEIGHT)
 
 
 @dataclasses.dataclass(frozen=True)
