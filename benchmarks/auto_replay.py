@@ -3,7 +3,7 @@
 Run: python -m benchmarks.auto_replay record    (once per model pair: ~20 min on 2 cores)
      python -m benchmarks.auto_replay replay    (seconds; --help for the knobs)
      python -m benchmarks.auto_replay lookup    (prompt lookup's first guesses, per match)
-     python -m benchmarks.auto_replay live      (the engine's own rounds, priced: ~50 min)
+     python -m benchmarks.auto_replay live      (the engine's own rounds, priced: ~1 h)
 
 An end-to-end run measures `auto` through bandwidth that swings 1.6x within minutes, on one
 prompt per task; a replay decides nothing by the clock, so planner changes can be compared on
@@ -95,7 +95,7 @@ def build_parser():
                           "budget, at most the recorded one (64: the e2e runs in RESULTS.md; "
                           "default: all that was recorded)")
     live = sub.add_parser("live", help="the engine's own rounds on each prompt, every forward "
-                          "priced by the calibration (~50 min)")
+                          "priced by the calibration (~1 h)")
     cli.add_common_args(live, out=False)
     cli.add_record_args(live)
     live.add_argument("--auto-k", type=cli.count, default=16, help="auto's K_max (default 16)")
@@ -252,28 +252,24 @@ def live_command(args) -> int:
     for s, task, item in cli.progress(items, desc="prompts", disable=args.no_progress):
         key, ids = f"{s}:{task}:{item['id']}", encode_item(llm, item)
         plain, plain_tps, _ = live_run(llm, ids, "plain", costs, args.max_new_tokens)
-        speeds, mix = {}, {}
+        speeds, plans = {}, {}
         for m in [*fixed, auto]:
-            out, speeds[m], plans = live_run(llm, ids, m, costs, args.max_new_tokens)
-            mix = plans if m == auto else mix
+            out, speeds[m], plans[m] = live_run(llm, ids, m, costs, args.max_new_tokens)
             if out != plain:
                 mismatches.append(f"{key} {m}")
         auto_tps = speeds.pop(auto)
         best = max(speeds, key=speeds.get)
         rows.append({"trace": key, "set": s, "best": best, "best_tps": speeds[best],
                      "plain_tps": plain_tps, "auto_tps": auto_tps,
-                     "ratio": auto_tps / speeds[best], "mix": mix, "fixed": speeds})
+                     "ratio": auto_tps / speeds[best], "mix": plans[auto], "fixed": speeds})
     text = render(rows, auto)
     print(text)
     if mismatches:
         cli.fail(f"{len(mismatches)} outputs differ from plain greedy decoding: "
                  + ", ".join(mismatches))
     if args.record:
-        body = (f"Command: `{report.command_line()}`. Costs: this machine's calibration of the "
-                f"pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
-                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; every "
-                f"output equal to plain greedy decoding.\n" + report.note_block(args.note) + "\n")
-        report.record_section(LIVE_SECTION, body + text + "\n", Path(args.results_md))
+        _record(args, LIVE_SECTION, text, "", costs, fixed,
+                "every output equal to plain greedy decoding")
     report.emit_json({"rows": rows})
     return 0
 
@@ -479,14 +475,21 @@ def replay_command(args) -> int:
     text = render(rows, auto)
     print(text)
     if args.record:
-        body = (f"Command: `{report.command_line()}` (traces: `{path.name}`, recorded with "
-                f"`python -m benchmarks.auto_replay record`). Costs: this machine's calibration "
-                f"of the pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
-                f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; the draft "
-                f"model stops below {args.draft_stop:g}.\n" + report.note_block(args.note) + "\n")
-        report.record_section(SECTION, body + text + "\n", Path(args.results_md))
+        _record(args, SECTION, text, f" (traces: `{path.name}`, recorded with `python -m "
+                "benchmarks.auto_replay record`)", costs, fixed,
+                f"the draft model stops below {args.draft_stop:g}")
     report.emit_json({"rows": rows})
     return 0
+
+
+def _record(args, section: str, text: str, source: str, costs, fixed: list[str], how: str):
+    """Write `text` (a `render`ed table) as RESULTS.md's `section`, under the command, its
+    source, the calibration's costs, the fixed settings and `how` they ran."""
+    body = (f"Command: `{report.command_line()}`{source}. Costs: this machine's calibration of "
+            f"the pair, target step {costs.verify[0] * 1e3:.1f} ms, draft step "
+            f"{costs.draft[0] * 1e3:.1f} ms. Fixed settings: {', '.join(fixed)}; {how}.\n"
+            + report.note_block(args.note) + "\n")
+    report.record_section(section, body + text + "\n", Path(args.results_md))
 
 
 def fixed_methods(text: str) -> list[str]:
