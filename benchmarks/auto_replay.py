@@ -240,11 +240,12 @@ def live_command(args) -> int:
 
     names = _set_names(args.sets)
     fixed = fixed_methods(args.fixed)
+    if args.max_new_tokens < 2:
+        cli.fail("--max-new-tokens must be at least 2 (the first token is the prompt's pass's)")
     target_dir, draft_dir = resolve_with_draft(args, "auto and the fixed settings draft with it")
+    # eager rounds (no graphs): the static ones run forward_static, which is not priced here
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device,
-                     max_seq_len=4096)
-    if llm.cuda_graphs:
-        cli.fail("live prices the engine's eager rounds; run it without CUDA graphs (on the CPU)")
+                     max_seq_len=4096, cuda_graphs=False)
     costs = llm.cost_model(args.auto_k)
     auto = f"auto:{args.auto_k}"
     rows, mismatches = [], []
@@ -252,6 +253,9 @@ def live_command(args) -> int:
     for s, task, item in cli.progress(items, desc="prompts", disable=args.no_progress):
         key, ids = f"{s}:{task}:{item['id']}", encode_item(llm, item)
         plain, plain_tps, _ = live_run(llm, ids, "plain", costs, args.max_new_tokens)
+        if len(plain) < 2:               # the answer ended at its first token: nothing to price
+            print(f"{key}: the answer is {len(plain)} token(s) long; skipped", file=sys.stderr)
+            continue
         speeds, plans = {}, {}
         for m in [*fixed, auto]:
             out, speeds[m], plans[m] = live_run(llm, ids, m, costs, args.max_new_tokens)

@@ -271,6 +271,7 @@ def test_live_prices_the_forwards_the_replay_prices_where_the_replay_is_exact(
 @pytest.mark.parametrize("argv, needle", [
     (["--sets", "tuning,tunnig"], "--sets: unknown set(s) tunnig; choose from tuning,"),
     (["--fixed", "draft_model:x"], "--fixed: K of 'draft_model:x' must be"),
+    (["--max-new-tokens", "1"], "--max-new-tokens must be at least 2"),
     (["--model", "/nonexistent"], "target model directory /nonexistent does not exist")])
 def test_live_refuses_bad_options_before_loading(argv, needle, capsys):
     with pytest.raises(SystemExit) as err:

@@ -31,14 +31,15 @@ K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
   it is priced at, and acceptance is learnt from the guesses it did draft (a round whose
   drafts were all accepted, however few, lifts the positions past it as any other does).
 
-a_i is estimated per request (per row) and per drafter, as an exponentially weighted average
-with a prior, and weighed pooled with the positions before it (`pooled`); costs come from a
-calibration at first use (specrt.spec.costs), cached per machine and build, and nothing else: a
-plan is a function of the batch's histories and the calibrated costs, never of how long this
-run's rounds took, so two identical requests run alone (or beside identical companions) get
-the same plans (and a seeded sampled request the same output) however busy the machine is;
-in a mixed batch the plan, and so a sampled request's random stream, depends on the others
-(so a seeded sampled request runs alone: specrt.engine.request.runs_alone).
+a_i is estimated per request (per row), as an exponentially weighted average with a prior:
+the draft model's per position, weighed pooled with the positions before it (`pooled`), prompt
+lookup's per matched length (above). Costs come from a calibration at first use
+(specrt.spec.costs), cached per machine and build, and nothing else: a plan is a function of
+the batch's histories and the calibrated costs, never of how long this run's rounds took, so
+two identical requests run alone (or beside identical companions) get the same plans (and a
+seeded sampled request the same output) however busy the machine is; in a mixed batch the
+plan, and so a sampled request's random stream, depends on the others (so a seeded sampled
+request runs alone: specrt.engine.request.runs_alone).
 A busier machine slows drafting and verifying alike, which moves no choice; the ratio between
 them is what the calibration measured. Costs are for the round's whole batch, priced by the
 tokens each row really computes (rows are packed: a row without guesses scores one token; past
@@ -163,12 +164,12 @@ def expected_tokens(alphas: list[float], k: int) -> float:
 
 
 def pooled(alphas: list[float]) -> list[float]:
-    """Per-position estimates as the planner weighs them: a_1 as learnt, and a_i (i >= 2) the
-    mean of a_2 .. a_i. A later position is observed in fewer rounds, so its own estimate is
-    noisy: one rejection at position 3 would cut K below 3 for a dozen rounds. Given the
-    guesses before it were right, a guess is about as likely right at one position as at the
-    next (burst-y text: more likely), so pooling costs little bias (replayed traces,
-    benchmarks/RESULTS.md "auto replayed")."""
+    """The draft model's per-position estimates as the planner weighs them: a_1 as learnt,
+    and a_i (i >= 2) the mean of a_2 .. a_i. A later position is observed in fewer rounds, so
+    its own estimate is noisy: one rejection at position 3 would cut K below 3 for a dozen
+    rounds. Given the guesses before it were right, a guess is about as likely right at one
+    position as at the next (burst-y text: more likely), so pooling costs little bias
+    (replayed traces, benchmarks/RESULTS.md "auto replayed")."""
     out, total = list(alphas[:1]), 0.0
     for i, a in enumerate(alphas[1:], 1):
         total += a
