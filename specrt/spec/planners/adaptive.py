@@ -394,7 +394,7 @@ class AdaptivePlanner:
             state = self.states[self._ngram_state(length + i)]
             state.tally[row][0] += outcome
             state.tally[row][1] += 1
-            _learn_tied(state.alphas[row], state.seen[row], outcome, 1,
+            _learn_tied(state.alphas[row], state.seen[row], outcome,
                         COPY_WEIGHT if state.name == COPY_STATE else NGRAM_WEIGHT)
 
 
@@ -433,15 +433,11 @@ def _learn(alphas: list[float], seen: list[int], accepted: int, drafted: int,
             alphas[i] = _ewma(alphas[i], max(alphas[i], alphas[drafted - 1]), SPREAD)
 
 
-def _learn_tied(alphas: list[float], seen: list[int], accepted: int, drafted: int,
-                weight: float) -> None:
-    """Update one row's acceptance, one value for every position, with each guess the round
-    observed in turn: the accepted ones, then the rejected one if any."""
-    a = alphas[0]
-    for outcome in [1.0] * accepted + [0.0] * (accepted < drafted):
-        seen[0] += 1
-        a = _ewma(a, outcome, _weight(weight, seen[0]))
-    alphas[:] = [a] * len(alphas)
+def _learn_tied(alphas: list[float], seen: list[int], outcome: float, weight: float) -> None:
+    """Update one row's acceptance, one value for every position, with one guess's outcome
+    (1: accepted, 0: rejected)."""
+    seen[0] += 1
+    alphas[:] = [_ewma(alphas[0], outcome, _weight(weight, seen[0]))] * len(alphas)
 
 
 def _relax(alphas: list[float], tally: list[int], prior: float) -> None:
