@@ -262,10 +262,7 @@ def live_command(args) -> int:
             if out != plain:
                 mismatches.append(f"{key} {m}")
         auto_tps = speeds.pop(auto)
-        best = max(speeds, key=speeds.get)
-        rows.append({"trace": key, "set": s, "best": best, "best_tps": speeds[best],
-                     "plain_tps": plain_tps, "auto_tps": auto_tps,
-                     "ratio": auto_tps / speeds[best], "mix": plans[auto], "fixed": speeds})
+        rows.append(_row(key, s, speeds, plain_tps, auto_tps, plans[auto]))
     text = render(rows, auto)
     print(text)
     if mismatches:
@@ -346,11 +343,19 @@ def replay_all(traces: dict, fixed: list[str], auto: str, costs,
     for key, trace in traces.items():
         speeds = {m: replay(trace, m, costs, draft_stop=draft_stop)[0] for m in fixed}
         auto_tps, mix, _ = replay(trace, auto, costs, draft_stop=draft_stop)
-        best = max(speeds, key=speeds.get)
-        rows.append({"trace": key, "set": trace["set"], "best": best, "best_tps": speeds[best],
-                     "plain_tps": replay(trace, "plain", costs)[0], "auto_tps": auto_tps,
-                     "ratio": auto_tps / speeds[best], "mix": mix, "fixed": speeds})
+        rows.append(_row(key, trace["set"], speeds, replay(trace, "plain", costs)[0], auto_tps,
+                         mix))
     return rows
+
+
+def _row(key: str, set_name: str, speeds: dict[str, float], plain_tps: float, auto_tps: float,
+         mix: dict) -> dict:
+    """One prompt's row of `render`'s table (and the JSON): the best of the fixed settings'
+    `speeds`, plain's and auto's tokens/s, auto's plan mix."""
+    best = max(speeds, key=speeds.get)
+    return {"trace": key, "set": set_name, "best": best, "best_tps": speeds[best],
+            "plain_tps": plain_tps, "auto_tps": auto_tps, "ratio": auto_tps / speeds[best],
+            "mix": mix, "fixed": speeds}
 
 
 def render(rows: list[dict], auto: str) -> str:
