@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import (PRIOR_COUNT, PRIORS, PROBE_BASE, WEIGHT,
+from specrt.spec.planners.adaptive import (PRIOR_COUNT, PRIORS, PROBE_BASE, PROBE_MAX, WEIGHT,
                                           AdaptivePlanner, _learn, expected_tokens, pooled)
 from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
@@ -987,6 +987,36 @@ def test_probes_run_only_where_the_draft_could_win(batch):
         assert probes and plans.index(probes[0]) == PROBE_BASE - 1
     else:
         assert probes == []
+
+
+class CyclingMatch(FixedMatch):
+    """A match whose length runs 1, 2, ..., COPYING - 1 and around again, round by round."""
+
+    def matches(self, ctx, k):
+        from specrt.spec.drafters.ngram import COPYING
+        self.length = self.length % (COPYING - 1) + 1
+        return super().matches(ctx, k)
+
+
+@pytest.mark.parametrize("cycling", [False, True])
+def test_prompt_lookup_is_probed_as_one_drafter(cycling):
+    """Prompt lookup whose guesses are always wrong is probed every PROBE_BASE rounds, the
+    gap doubling after each probe: as often when its matches change length from round to
+    round (each length learning in its own state) as when they keep one length."""
+    rounds = 2000
+    planner = AdaptivePlanner(16, _ngram_costs(), draft_model=None,
+                              ngram=CyclingMatch(0) if cycling else FixedMatch(3))
+    planner.reset([0])
+    for name in planner.states:                             # every state: wrong all along
+        planner.states[name].alphas[0][:] = [0.01] * 16
+    plans = _plans(planner, _ctx(1, remaining=10 * rounds), rounds)
+    probes = [i for i, p in enumerate(plans) if p != "plain"]
+    gaps, gap = [], PROBE_BASE
+    while sum(gaps) + gap <= rounds:                        # PROBE_BASE, 2x, 4x, ... rounds
+        gaps.append(gap)
+        gap = min(2 * gap, PROBE_MAX)
+    assert plans[probes[0]] == "ngram:1"
+    assert [b - a for a, b in zip([-1] + probes, probes)] == gaps
 
 
 @pytest.mark.parametrize("remaining,expected", [(4, "plain"), (200, "draft_model:")])
