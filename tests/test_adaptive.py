@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import (PRIOR_COUNT, PRIORS, PROBE_BASE, PROBE_MAX, WEIGHT,
+from specrt.spec.planners.adaptive import (PRIOR_COUNT, PRIORS, PROBE_BASE, WEIGHT,
                                           AdaptivePlanner, _learn, expected_tokens, pooled)
 from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
@@ -804,6 +804,31 @@ def test_ngram_acceptance_is_kept_per_match_length():
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
 
 
+def test_a_match_length_that_turns_good_is_probed_while_other_lengths_win():
+    """Each matched length keeps its own probe gap: 1-token matches wrong for their first 60
+    rounds and right after, beside 3-token matches right all along, are probed again and
+    drafted on merit once right, though prompt lookup never stopped winning its 3-token
+    rounds (with one probe gap for the drafter, each of those rounds put the 1-token
+    matches' probe off again: they ran as plain steps to the end)."""
+    drafter = TwoKindsOfMatch()
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
+    planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
+    planner.reset([0])
+    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True], params=[SamplingParams()],
+                          generators=[None])
+    short = []                                              # (round, plan) of 1-token matches
+    for i in range(400):
+        plan = planner.choose(ctx)
+        n = 1 if drafter.round % 2 else 3
+        if n == 1:
+            short.append((i, plan.label))
+        right = n == 3 or i >= 60
+        planner.observe(plan, [plan.k if right else 0], [plan.k], 0.0, 0.0)
+    # lost on merit: plain steps but for probes (K = 1); found again: drafted whole
+    assert {label for i, label in short if 12 <= i < 60} == {"plain", "ngram:1"}
+    assert {label for i, label in short if i >= 200} == {"ngram:4"}
+
+
 class FixedMatch:
     """An n-gram drafter stand-in with one match of a given length for every row."""
 
@@ -987,36 +1012,6 @@ def test_probes_run_only_where_the_draft_could_win(batch):
         assert probes and plans.index(probes[0]) == PROBE_BASE - 1
     else:
         assert probes == []
-
-
-class CyclingMatch(FixedMatch):
-    """A match whose length runs 1, 2, ..., COPYING - 1 and around again, round by round."""
-
-    def matches(self, ctx, k):
-        from specrt.spec.drafters.ngram import COPYING
-        self.length = self.length % (COPYING - 1) + 1
-        return super().matches(ctx, k)
-
-
-@pytest.mark.parametrize("cycling", [False, True])
-def test_prompt_lookup_is_probed_as_one_drafter(cycling):
-    """Prompt lookup whose guesses are always wrong is probed every PROBE_BASE rounds, the
-    gap doubling after each probe: as often when its matches change length from round to
-    round (each length learning in its own state) as when they keep one length."""
-    rounds = 2000
-    planner = AdaptivePlanner(16, _ngram_costs(), draft_model=None,
-                              ngram=CyclingMatch(0) if cycling else FixedMatch(3))
-    planner.reset([0])
-    for name in planner.states:                             # every state: wrong all along
-        planner.states[name].alphas[0][:] = [0.01] * 16
-    plans = _plans(planner, _ctx(1, remaining=10 * rounds), rounds)
-    probes = [i for i, p in enumerate(plans) if p != "plain"]
-    gaps, gap = [], PROBE_BASE
-    while sum(gaps) + gap <= rounds:                        # PROBE_BASE, 2x, 4x, ... rounds
-        gaps.append(gap)
-        gap = min(2 * gap, PROBE_MAX)
-    assert plans[probes[0]] == "ngram:1"
-    assert [b - a for a, b in zip([-1] + probes, probes)] == gaps
 
 
 @pytest.mark.parametrize("remaining,expected", [(4, "plain"), (200, "draft_model:")])

@@ -55,13 +55,15 @@ own mean acceptance move `RELAX` of the way back up to it (`_relax`), so a bad s
 is not held against the draft model for the rest of the answer, while one wrong all along
 stays out (its mean falls with it).
 
-A drafter that lost is probed again with K = 1 after `PROBE_BASE` rounds unused, the gap
-doubling after each probe until the drafter wins a round on merit, so a text that turns
-predictable is noticed without paying much for a drafter that does not pay. A probe runs only
-if the drafter could win at all: accepted at OPTIMISTIC, it would beat a plain step at the
-round's costs (in a busy batch the draft model's catch-up and the wider verify pass rarely
-can), and never where the draft model would first have to catch up on more than a plain step
-costs (a prompt it has not read): that is bought on merit or not at all.
+A drafter that lost is probed again with K = 1 in the `PROBE_BASE`-th round since it last
+drafted, the gap doubling after each probe until it wins a round on merit, so a text that
+turns predictable is noticed without paying much for a drafter that does not pay. Prompt
+lookup keeps a gap per matched length: a length that lost is probed while others win. A
+probe runs only if the drafter could win at all: accepted at OPTIMISTIC, it would beat a
+plain step at the round's costs (in a busy batch the draft model's catch-up and the wider
+verify pass rarely can), and never where the draft model would first have to catch up on
+more than a plain step costs (a prompt it has not read): that is bought on merit or not at
+all.
 """
 from __future__ import annotations
 
@@ -136,17 +138,8 @@ class DrafterState:
                                   # observed per position (an n-gram state: in [b][0])
     tally: list[list[int]] = dataclasses.field(default_factory=list)  # [B][2] guesses
                                   # accepted and guesses observed, over the row's request
-
-
-@dataclasses.dataclass
-class ProbeClock:
-    """When a drafter that lost is looked at again: one per drafter, whatever state its
-    rounds feed. Kept per n-gram state, the eight states' gaps doubled apart, and prompt
-    lookup that never paid was probed 49 times in 2,000 rounds whose matches changed length
-    where one clock probes it 7 times (`test_prompt_lookup_is_probed_as_one_drafter`)."""
-
-    idle_rounds: int = 0          # rounds since the drafter last proposed
-    gap: int = PROBE_BASE         # rounds idle before the next probe
+    idle_rounds: int = 0          # rounds since this drafter last proposed
+    probe_gap: int = PROBE_BASE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +149,7 @@ class Decision:
     feeds: tuple[str | None, ...]   # [B] the state each row's outcome updates (None: none;
                                     # an n-gram round's: its first guess's, the later ones
                                     # learn in the states of the longer matches they follow)
-    probe: str | None = None        # the drafter probed ("draft_model" | "ngram"), if
-                                    # not a choice on merit
+    probe: str | None = None        # the state probed, if not a choice on merit
     draft_won: tuple[bool | None, ...] = ()   # [B] whether the draft model, caught up, would
                                     # have won the round (None: the row sat it out; (): no
                                     # draft model)
@@ -201,7 +193,6 @@ class AdaptivePlanner:
         self.ngram = ngram
         self.drafters = tuple(d for d in (draft_model, ngram) if d is not None)
         self.states: dict[str, DrafterState] = {}
-        self.clocks = {d.name: ProbeClock() for d in self.drafters}   # drafter -> its probes
         self.rounds: list[int] = []       # [B] rounds planned for the row's request
         self.draft_wins: list[int] = []   # [B] ... that the draft model, caught up, would win
 
@@ -209,7 +200,6 @@ class AdaptivePlanner:
     def new_batch(self) -> None:
         """A batch starts with no other request running: forget every row and probe."""
         self.states = {}
-        self.clocks = {d.name: ProbeClock() for d in self.drafters}
         self.rounds, self.draft_wins = [], []
 
     def reset(self, rows: list[int]) -> None:
@@ -263,7 +253,8 @@ class AdaptivePlanner:
             if longest and _could_win(lambda k: _mean(
                     expected_tokens([OPTIMISTIC] * min(k, guesses[b]), k) for b in rows)
                     / cv[k], longest, plain):
-                can_probe.append("ngram")
+                longest_match = max(matches[b][1] for b in rows)
+                can_probe.append(self.states[self._ngram_state(longest_match)])
         draft_won = ()
         if self.draft_model is not None:
             state = self.states["draft_model"]
@@ -285,14 +276,13 @@ class AdaptivePlanner:
             if catch_up.lump <= plain and _could_win(
                     lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
                     self.max_k, plain):
-                can_probe.insert(0, "draft_model")
+                can_probe.insert(0, state)
 
         name, k, probe = best[0], best[1], None
         if k == 0:
-            for drafter in can_probe:
-                clock = self.clocks[drafter]
-                if clock.idle_rounds + 1 >= clock.gap:
-                    name, k, probe = drafter, 1, drafter
+            for state in can_probe:
+                if state.idle_rounds + 1 >= state.probe_gap:
+                    name, k, probe = state.drafter, 1, state.name
                     break
         return self._plan(ctx, name, k, probe, matches, draft_won)
 
@@ -358,9 +348,8 @@ class AdaptivePlanner:
                 self.rounds[row] += 1
                 self.draft_wins[row] += won
         used = set(decision.feeds)
-        drafting = {self.states[key].drafter for key in used - {None}}
-        for drafter, clock in self.clocks.items():
-            clock.idle_rounds = 0 if drafter in drafting else clock.idle_rounds + 1
+        for state in self.states.values():
+            state.idle_rounds = 0 if state.name in used else state.idle_rounds + 1
         draft = self.states.get("draft_model")
         if draft is not None:
             for row, feed in enumerate(decision.feeds):
@@ -378,12 +367,12 @@ class AdaptivePlanner:
             state.tally[row][0] += n
             state.tally[row][1] += min(n + 1, d)
             _learn(state.alphas[row], state.seen[row], n, d, WEIGHT)
-        for drafter in drafting:
-            clock = self.clocks[drafter]
-            if drafter == decision.probe:   # won nothing on merit: wait longer before the next
-                clock.gap = min(2 * clock.gap, PROBE_MAX)
+        for key in used - {None}:
+            state = self.states[key]
+            if key == decision.probe:   # won nothing on merit: wait longer before the next probe
+                state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
             else:
-                clock.gap = PROBE_BASE
+                state.probe_gap = PROBE_BASE
 
     def _ngram_state(self, n: int) -> str:
         """The state a guess following a match of n tokens learns in: one per length, and a
