@@ -783,23 +783,30 @@ class TwoKindsOfMatch:
         return [([11, 12, 13, 14][:k], n)]
 
 
-def test_ngram_acceptance_is_kept_per_match_length():
-    """1-token matches that always miss must not drag down 3-token matches that always hit:
-    the planner learns to skip the first and draft the whole match on the second."""
+def _two_kinds_rounds(rounds: int, right) -> list[tuple[int, int, str]]:
+    """(round, matched length, plan) of `rounds` rounds of one request over TwoKindsOfMatch,
+    whose guesses are all accepted where right(round, length), else all rejected."""
     drafter = TwoKindsOfMatch()
     costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
     planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
     planner.reset([0])
     ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True], params=[SamplingParams()],
                           generators=[None])
-    plans = {1: [], 3: []}
-    for _ in range(80):
+    out = []
+    for i in range(rounds):
         plan = planner.choose(ctx)
         n = 1 if drafter.round % 2 else 3
-        plans[n].append(plan.label)
-        k = plan.k
-        planner.observe(plan, [0 if n == 1 else k], [k], 0.0, costs.verify_seconds(k + 1))
-    late_short, late_long = plans[1][-20:], plans[3][-20:]
+        out.append((i, n, plan.label))
+        planner.observe(plan, [plan.k if right(i, n) else 0], [plan.k], 0.0, 0.0)
+    return out
+
+
+def test_ngram_acceptance_is_kept_per_match_length():
+    """1-token matches that always miss must not drag down 3-token matches that always hit:
+    the planner learns to skip the first and draft the whole match on the second."""
+    plans = _two_kinds_rounds(80, lambda i, n: n == 3)
+    late_short = [label for _, n, label in plans if n == 1][-20:]
+    late_long = [label for _, n, label in plans if n == 3][-20:]
     assert late_long == ["ngram:4"] * 20
     assert sum(p == "plain" for p in late_short) >= 18       # at most a probe or two
 
@@ -810,20 +817,8 @@ def test_a_match_length_that_turns_good_is_probed_while_other_lengths_win():
     drafted on merit once right, though prompt lookup never stopped winning its 3-token
     rounds (with one probe gap for the drafter, each of those rounds put the 1-token
     matches' probe off again: they ran as plain steps to the end)."""
-    drafter = TwoKindsOfMatch()
-    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(9)], draft=[1.0] * 9)
-    planner = AdaptivePlanner(8, costs, draft_model=None, ngram=drafter)
-    planner.reset([0])
-    ctx = SimpleNamespace(histories=[[1, 2, 3]], active=[True], params=[SamplingParams()],
-                          generators=[None])
-    short = []                                              # (round, plan) of 1-token matches
-    for i in range(400):
-        plan = planner.choose(ctx)
-        n = 1 if drafter.round % 2 else 3
-        if n == 1:
-            short.append((i, plan.label))
-        right = n == 3 or i >= 60
-        planner.observe(plan, [plan.k if right else 0], [plan.k], 0.0, 0.0)
+    short = [(i, label) for i, n, label in _two_kinds_rounds(400, lambda i, n: n == 3 or i >= 60)
+             if n == 1]
     # lost on merit: plain steps but for probes (K = 1); found again: drafted whole
     assert {label for i, label in short if 12 <= i < 60} == {"plain", "ngram:1"}
     assert {label for i, label in short if i >= 200} == {"ngram:4"}
