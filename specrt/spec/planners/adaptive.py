@@ -138,6 +138,8 @@ class DrafterState:
                                   # observed per position (an n-gram state: in [b][0])
     tally: list[list[int]] = dataclasses.field(default_factory=list)  # [B][2] guesses
                                   # accepted and guesses observed, over the row's request
+                                  # (the draft model's, which `_relax` reads; an n-gram
+                                  # state's stays [0, 0])
     idle_rounds: int = 0          # rounds since this drafter last proposed
     probe_gap: int = PROBE_BASE
 
@@ -394,8 +396,6 @@ class AdaptivePlanner:
         ones, then the rejected one if any) in the state of the match it followed."""
         for i, outcome in enumerate([1] * accepted + [0] * (accepted < drafted)):
             state = self.states[self._ngram_state(length + i)]
-            state.tally[row][0] += outcome
-            state.tally[row][1] += 1
             _learn_tied(state.alphas[row], state.seen[row], outcome,
                         COPY_WEIGHT if state.name == COPY_STATE else NGRAM_WEIGHT)
 
