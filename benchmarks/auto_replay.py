@@ -135,6 +135,7 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
 
     prompt, out, guess = trace["prompt"], trace["output"], trace["draft"]
     sure = trace.get("confidence") or [1.0] * len(out)
+    ends = frozenset(trace.get("eos_ids", ()))
     name, _, k_text = method.partition(":")
     k_fixed = int(k_text or 0)
     spec = SpecConfig()
@@ -152,19 +153,21 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
     while done < len(out):
         history = prompt + out[:done]
         ctx = DraftContext([history], [True], [None], [None], remaining=[budget - done],
-                           generated=[done])
+                           generated=[done], ends=[ends])
         if planner is not None:
             plan = planner.choose(ctx)
             who, k = (plan.drafter.name if plan.drafter is not None else "plain"), plan.k
         else:
             who, k = name, k_fixed
-        if who == "draft_model":
+        room = ctx.room(0, k)                    # no room for a guess: a plain step
+        if who == "draft_model" and room:
             lag = len(history) - draft.fed
             if lag > LONG_CATCH_UP:              # a long catch-up runs alone first
                 seconds += costs.draft_pass([lag - 1])
                 lag = 1
-            drafted = next((j + 1 for j in range(k - 1)
-                            if done + j < len(out) and sure[done + j] < draft_stop), k)
+            # it stops after a guess it is unsure of, or one that ends the answer
+            drafted = next((j + 1 for j in range(room - 1) if done + j < len(out)
+                            and (sure[done + j] < draft_stop or guess[done + j] in ends)), room)
             seconds += costs.draft_pass([lag]) + (drafted - 1) * costs.draft_pass([1])
             seconds += costs.verify_pass([drafted + 1])
             guesses = guess[done:done + drafted]
@@ -179,7 +182,7 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
         while (accepted < len(guesses) and done + accepted < len(out)
                and guesses[accepted] == out[done + accepted]):
             accepted += 1
-        if who == "draft_model":                 # it fed its guesses but the last; rolled back
+        if who == "draft_model" and drafted:     # it fed its guesses but the last; rolled back
             draft.fed = len(history) + min(accepted, drafted - 1)
         label = f"{who}:{k}" if drafted else "plain"     # no n-gram match: a plain step
         mix[label] = mix.get(label, 0) + 1
@@ -412,7 +415,8 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
         scores = logits[len(ids) - 1:len(text) - 1, :draft_vocab]                # [N, V_c]
         traces[f"{s}:{task}:{item['id']}"] = {
             "set": s, "prompt": ids, "output": out, "draft": scores.argmax(-1).tolist(),
-            "confidence": confidence(scores).tolist(), "max_new_tokens": max_new_tokens}
+            "confidence": confidence(scores).tolist(), "max_new_tokens": max_new_tokens,
+            "eos_ids": sorted(llm.eos_ids)}
     return traces
 
 

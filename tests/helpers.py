@@ -23,6 +23,14 @@ PAYING = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 33)],
                    draft=[0.05 + 0.01 * t for t in range(1, 33)])
 
 
+def drafted_k_a_round(stats: dict, k: int) -> bool:
+    """Whether a request's rounds all drafted k guesses, but those its budget had no room for
+    k in (`DraftContext.room`: with k or fewer tokens left, at most k - 1 rounds, each of at
+    least one guess): the stats of a draft model that never stops early."""
+    n, d = stats["num_draft_tokens"], stats["num_drafts"]
+    return d > 0 and k * d - (k - 1) ** 2 <= n <= k * d
+
+
 @contextlib.contextmanager
 def slots_held_at_reserve(engine):
     """Record, for each request the engine gives a slot inside the block, how many slots were

@@ -44,17 +44,18 @@ SPECS = {
 
 @pytest.fixture(scope="module")
 def llms(tiny_noeos_dir, tiny_draft_dir):
-    """(dtype, cuda_graphs) -> LLM on CUDA, built on first use. draft_stop 0: the eager
-    engines draft all K, as the graphed ones always do (the tiny draft is never sure: with a
-    stop, every eager round would draft 1, and a seeded sampled request would not draw what it
-    draws on the graphed engine)."""
+    """(dtype, cuda_graphs) -> LLM on CUDA, built on first use. The eager engines draft all
+    K, as the graphed ones always do: draft_stop 0 and no cut at the budget (`cut_short`; the
+    tiny draft is never sure: with a stop, every eager round would draft 1, and a seeded
+    sampled request would not draw what it draws on the graphed engine)."""
     built = {}
 
     def get(dtype: str, graphs: bool) -> specrt.LLM:
         if (dtype, graphs) not in built:
-            built[(dtype, graphs)] = specrt.LLM(
+            llm = built[(dtype, graphs)] = specrt.LLM(
                 tiny_noeos_dir, draft=tiny_draft_dir, dtype=dtype, device="cuda",
                 max_seq_len=256, max_batch_size=3, cuda_graphs=graphs, draft_stop=0.0)
+            llm.engine.draft_drafter.cut_short = False
         return built[(dtype, graphs)]
     return get
 

@@ -25,6 +25,15 @@ PROMPTS = [list(range(40, 70)), [5, 6, 7, 8], [250, 3], [9, 9, 9, 9, 9, 9]]
 BUDGETS = [40, 23, 31, 17]           # rows finish at different rounds: idle rows in the batch
 
 
+def _drafting_k(engine: Engine) -> Engine:
+    """An eager engine whose draft model drafts all K every round, as the static loop does
+    (no stop on its confidence, at an end id or at the budget), so that a seeded sampled
+    request draws what it draws on the static path."""
+    engine.draft_drafter.stop_below = 0.0
+    engine.draft_drafter.cut_short = False
+    return engine
+
+
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     """Head size 64 (what the CUDA backend's fused kernels serve) and a draft that agrees with
@@ -183,7 +192,7 @@ def test_static_round_triton_kernels(models, monkeypatch, sampled):
     got, rounds = generate(engine, PROMPTS[:2], spec, params, budgets=budgets)
     assert got[1] == plain[1]
     if sampled:
-        eager, _ = generate(Engine(target, draft, 2, MAX_SEQ, draft_stop=0.0), PROMPTS[:2],
+        eager, _ = generate(_drafting_k(Engine(target, draft, 2, MAX_SEQ)), PROMPTS[:2],
                             spec, params, budgets=budgets)
         assert got == eager
     else:
@@ -208,7 +217,7 @@ def test_sampled_static_round_equals_eager(models, spec):
     target, draft = models["torch_ref"]
     plain, _ = generate(Engine(target, None, 4, MAX_SEQ), PROMPTS, None)
     # the static loop drafts all K: so does the eager engine compared with it
-    eager, _ = generate(Engine(target, draft, 4, MAX_SEQ, draft_stop=0.0), PROMPTS, spec,
+    eager, _ = generate(_drafting_k(Engine(target, draft, 4, MAX_SEQ)), PROMPTS, spec,
                         SAMPLED)
     engine, sections = _checked_engine(target, draft, 4)
     got, rounds = generate(engine, PROMPTS, spec, SAMPLED)
@@ -284,7 +293,7 @@ def test_static_passes_on_the_cpu_native_backend_give_the_eager_bits_in_bf16(nat
     assert static_plain == plain
     spec = SpecConfig("draft_model", 3)
     params = SAMPLED if sampled else None
-    eager, _ = generate(Engine(target, draft, 4, MAX_SEQ, draft_stop=0.0), PROMPTS, spec, params)
+    eager, _ = generate(_drafting_k(Engine(target, draft, 4, MAX_SEQ)), PROMPTS, spec, params)
     got, rounds = generate(Engine(target, draft, 4, MAX_SEQ, static=True), PROMPTS, spec, params)
     assert rounds > 0 and got == eager
     if not sampled:

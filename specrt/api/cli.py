@@ -401,7 +401,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--draft-stop", default=DRAFT_STOP, type=float, metavar="P",
                    help="the draft model stops a round's drafts after a guess it gives less "
-                        f"than this probability (default {DRAFT_STOP}; 0: always K). The "
+                        f"than this probability (default {DRAFT_STOP}; 0: never). The "
                         "output does not change")
 
 

@@ -66,7 +66,7 @@ class LLM:
         (and the special tokens), "auto" = 65536 for vocabularies over twice that (see
         specrt.spec.drafters.draft_model.shortlist), None = every token; draft_stop: the draft
         model stops a request's drafts in a round after a guess it gives less than this
-        probability (0 = always K; with cuda_graphs every round drafts K). Every argument is
+        probability (0 = never; with cuda_graphs every round drafts K). Every argument is
         checked (specrt.api.args) before any file is read."""
         args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
                        max_queue, draft_dtype, draft_vocab, draft_stop)

@@ -66,8 +66,9 @@ class Engine:
         (specrt.engine.static_round), captured as CUDA graphs on CUDA -- all of them for
         K <= graph_max_k here, at load (`warm_up`) -- and run eagerly elsewhere.
         draft_stop: the draft model stops a row's drafting after a guess it gives less than
-        this probability (0: always K; not with static runners, which always draft K; see
-        specrt.spec.drafters.draft_model)."""
+        this probability (0: never; not with static runners, which always draft K; see
+        specrt.spec.drafters.draft_model). On the eager path no round drafts a guess past one
+        that ends the answer or past what the budget has room for (`DraftContext.usable`)."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -303,7 +304,8 @@ class Engine:
             generators=[r.generator if r is not None else None for r in rows],
             remaining=[r.request.max_new_tokens - len(r.outputs) if r is not None else 0
                        for r in rows],
-            generated=[len(r.outputs) if r is not None else 0 for r in rows])
+            generated=[len(r.outputs) if r is not None else 0 for r in rows],
+            ends=[r.request.eos_ids if r is not None else frozenset() for r in rows])
         result = run_round(self.target, self.cache, self.planner, ctx, generating, self.graphs)
         steps = []
         drafts = result.outcome.drafts

@@ -15,7 +15,9 @@ round with no drafts is exactly a plain decoding step.
 
 The round, in order (`run_round`):
 1. the planner *chooses* a plan (a drafter and K, or a plain step) from past rounds only;
-2. the drafter *proposes* up to K draft tokens per active row;
+2. the drafter *proposes* up to K draft tokens per active row (none past one that ends the
+   row's answer or past what its budget has room for, `DraftContext.usable`; the static draft
+   loop drafts all K);
 3. the target *verifies* [last committed token] + drafts in ONE pass;
 4. *acceptance* (greedy or rejection sampling, with caller-drawn randomness) picks the
    accepted prefix and the recovered / bonus token;

@@ -32,7 +32,7 @@ def check_draft_stop(value) -> float:
     """A draft stop (a probability) -> float, or one clear error naming the fix."""
     return check_number("draft_stop", value, 0.0, 1.0,
                         fix=f"the draft's probability below which it stops a round's drafts "
-                            f"({DRAFT_STOP}; 0 drafts all K)")
+                            f"({DRAFT_STOP}; 0 never stops on it)")
 
 
 def means_plain(flag: str) -> bool:

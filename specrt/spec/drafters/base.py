@@ -50,6 +50,28 @@ class DraftContext:
     generators: list[torch.Generator | None]   # [B] each row's own randomness (None: greedy)
     remaining: list[int] | None = None  # [B] tokens each row may still commit (None: unknown)
     generated: list[int] | None = None  # [B] tokens each row has committed so far (None: unknown)
+    ends: list[frozenset[int]] | None = None   # [B] ids that end each row's answer (its EOS
+                                               # ids; None: unknown)
+
+    def room(self, b: int, k: int) -> int:
+        """How many of k guesses row b can use: one fewer than the tokens it may still
+        commit (with r left, r - 1 accepted guesses and the bonus token fill them), so a
+        guess past that is never committed, right or wrong."""
+        return k if self.remaining is None else max(0, min(k, self.remaining[b] - 1))
+
+    def ends_answer(self, b: int, token: int) -> bool:
+        """Whether `token` ends row b's answer: no guess after it is ever committed (the
+        answer stops there if it is accepted, and every later guess is rejected if not)."""
+        return self.ends is not None and token in self.ends[b]
+
+    def usable(self, b: int, guesses: list[int]) -> list[int]:
+        """The guesses of row b that could be committed: at most `room`, and none past one
+        that `ends_answer`."""
+        guesses = guesses[: self.room(b, len(guesses))]
+        for i, t in enumerate(guesses):
+            if self.ends_answer(b, t):
+                return guesses[: i + 1]
+        return guesses
 
 
 class Drafter(Protocol):

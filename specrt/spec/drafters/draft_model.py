@@ -15,7 +15,9 @@ value it has not read back). The stop decides how many guesses are verified, nev
 tokens are emitted: greedy output stays identical, and sampling stays exact (each guess is
 still drawn from q, a recovered or bonus token from the target). Where a row stops depends on
 its own logits only, and a row that stopped draws no more randomness, so a seeded request's
-rounds are the same alone or in any batch.
+rounds are the same alone or in any batch. On the eager path a row also stops after a guess that
+ends its answer, or at the last guess its budget has room for (`DraftContext.usable`: no later
+guess could be committed), and a row with no room for any sits the round out.
 
 With `static` (an engine with graphs) a round's proposal is one `StaticDraftLoop` replay:
 catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token eagerly
@@ -25,6 +27,8 @@ variant (each row's warp settings and noise staged; greedy rows beside it still 
 argmax).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -86,8 +90,10 @@ class DraftModelDrafter:
         self.model = model
         # A row stops drafting after a guess whose `confidence` is below this (0: every row
         # drafts K). A static drafter always drafts K, in its eager rounds too, so a request's
-        # rounds do not depend on which path served them.
+        # rounds do not depend on which path served them; nor does it stop at a guess that
+        # ends the answer or at the row's budget (`cut_short`).
         self.stop_below = 0.0 if static else stop_below
+        self.cut_short = not static
         # static: run proposals through a StaticDraftLoop (a CUDA graph on CUDA, in `pool`):
         # catch-up and all K guesses in one replay.
         self.static = static
@@ -129,6 +135,9 @@ class DraftModelDrafter:
         """`propose`, except that on the static path the device work is left to the caller:
         the proposal's `pending` (the draft graph's replay) fills its tokens, so the round can
         run it beside the verify replay with no host sync between them."""
+        if self.cut_short:    # a row whose budget has no room for a guess sits the round out
+            ctx = dataclasses.replace(ctx, active=[a and ctx.room(b, k) > 0
+                                                   for b, a in enumerate(ctx.active)])
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
         fed = [len(p) for p in pending]
         if max(fed) == 0:
@@ -155,10 +164,11 @@ class DraftModelDrafter:
     def _propose_eager(self, ctx: DraftContext, k: int, pending: list[list[int]]
                        ) -> tuple[torch.Tensor, list, list[int]]:
         """(tokens [B, K'] NO_DRAFT-padded, q of each of the K' <= k steps, drafts per row):
-        each active row drafts until its k-th guess or one below `stop_below`, the rows still
-        drafting feed their last guess to the next step together (the last guess of a row is
-        never fed: nothing would read its K/V), and a row that stopped neither computes nor
-        draws any more."""
+        each active row drafts until its k-th guess, or (`cut_short`) one below `stop_below`,
+        one that ends its answer or the last its budget has room for (`DraftContext.usable`);
+        the rows still drafting feed their last guess to the next step together (the last
+        guess of a row is never fed: nothing would read its K/V), and a row that stopped
+        neither computes nor draws any more."""
         device = self.model.device
         V = self.common_vocab
         # Catch up on the unseen committed tokens; its last logits give the first guess.
@@ -176,15 +186,26 @@ class DraftModelDrafter:
             guesses.append(guess)
             qs.append(q)
             counts = [c + d for c, d in zip(counts, drafting)]
-            if i + 1 < k and self.stop_below > 0:
-                sure = (confidence(step) >= self.stop_below).tolist()
-                drafting = [d and s for d, s in zip(drafting, sure)]
+            if i + 1 < k and self.cut_short:
+                drafting = [d and g for d, g in zip(drafting, self._goes_on(ctx, step, guess,
+                                                                            counts, k))]
                 if not any(drafting):
                     break
         tokens = torch.stack(guesses, dim=1)                                 # [B, K']
         past = torch.arange(tokens.shape[1], device=device)[None, :] \
             >= torch.tensor(counts, device=device)[:, None]                 # [B, K']
         return tokens.masked_fill_(past, NO_DRAFT), qs, counts
+
+    def _goes_on(self, ctx: DraftContext, step: torch.Tensor, guess: torch.Tensor,
+                 counts: list[int], k: int) -> list[bool]:
+        """[B] whether each row drafts another guess after this step's (step: its logits
+        [B, V_c], guess: [B]): not after one it is unsure of, one that ends its answer, or
+        the last its budget has room for."""
+        B = len(counts)
+        sure = ((confidence(step) >= self.stop_below).tolist() if self.stop_below > 0
+                else [True] * B)
+        return [s and n < ctx.room(b, k) and not ctx.ends_answer(b, t)
+                for b, (s, n, t) in enumerate(zip(sure, counts, guess.tolist()))]
 
     def _readable(self, pending: list[list[int]]) -> list[list[int]]:
         """The draft reads ids below its own vocabulary size only; a target with more ids (a

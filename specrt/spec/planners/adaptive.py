@@ -12,7 +12,9 @@ committed tokens each row has not fed it, and c_lump the catch-up of rows furthe
 tokens the rows are expected to still commit with the draft model: as many as they have
 committed so far (at least MIN_HORIZON, at most their budget and HORIZON), times the share of
 the rounds it would be drafting in (`_draft_share`).
-K = 0 is a plain decoding step (value 1 / c_verify(1)). Options:
+K = 0 is a plain decoding step (value 1 / c_verify(1)). A row is priced for no more guesses than
+could be committed (`DraftContext.usable`: none past an end id, at most one fewer than the tokens
+its budget has left), as it is drafted. Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the number of tokens the match offers). Its acceptance is kept per matched
   length n ("ngram/n"): a guess that follows a 3-token match is right far more often than one
@@ -260,24 +262,28 @@ class AdaptivePlanner:
         draft_won = ()
         if self.draft_model is not None:
             state = self.states["draft_model"]
-            cv = [verify([k * a for a in ctx.active]) for k in range(self.max_k + 1)]
+            # a row drafts at most what its budget has room for (`DraftContext.room`)
+            room = [ctx.room(b, self.max_k) if a else 0 for b, a in enumerate(ctx.active)]
+            max_k = max(room, default=0)
+            cv = [verify([min(k, r) for r in room]) for k in range(max_k + 1)]
             catch_up = self._catch_up(ctx, rows)
             caught_up = dataclasses.replace(catch_up, lump=0.0)
             others, won = best[2], False
             weighed = {b: pooled(state.alphas[b]) for b in rows}
-            for k in range(1, self.max_k + 1):
-                e = _mean(expected_tokens(weighed[b], k) for b in rows)
+            for k in range(1, max_k + 1):
+                e = _mean(expected_tokens(weighed[b], min(k, room[b])) for b in rows)
                 won = won or e / caught_up.cost(k, e, cv) > others
                 best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
                            key=lambda c: c[2])
-            draft_won = tuple(won if a else None for a in ctx.active)
-            optimistic = [expected_tokens([OPTIMISTIC] * k, k) for k in range(self.max_k + 1)]
+            draft_won = tuple(won if a and max_k else None for a in ctx.active)
+            optimistic = [_mean(expected_tokens([OPTIMISTIC] * k, min(k, room[b]))
+                                for b in rows) for k in range(max_k + 1)]
             # A probe is a cheap look; one that must first catch up on a long stretch (a
             # prompt the draft model has not read) would pay that whole lump to learn a
             # little, so it is bought on merit or not at all (the rent-or-buy rule above).
-            if catch_up.lump <= plain and _could_win(
+            if max_k and catch_up.lump <= plain and _could_win(
                     lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
-                    self.max_k, plain):
+                    max_k, plain):
                 can_probe.insert(0, state)
 
         name, k, probe = best[0], best[1], None
