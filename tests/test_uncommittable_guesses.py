@@ -1,14 +1,17 @@
-"""Guesses that could never be committed are neither drafted nor verified: none past one that
+"""Guesses that could add no token are neither drafted nor verified: none past one that
 ends the answer (accepted, the answer stops there; rejected, every later guess is too), and none
 past one fewer than the tokens a row's budget has left (with r left, r - 1 accepted guesses and
 the bonus token fill it). What each drafter proposes, what `auto` plans, and that output stays
 what plain decoding gives."""
+import dataclasses
+
 import pytest
 import torch
 
 import specrt
 from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
+from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext
 from specrt.spec.drafters.draft_model import DraftModelDrafter
 from specrt.spec.drafters.ngram import NgramDrafter
@@ -120,6 +123,46 @@ def test_auto_plans_the_draft_model_no_further_than_the_budget(remaining, most):
     plan = planner.choose(_ctx([PROMPT], remaining=[remaining]))
     assert plan.k == most
     assert plan.label == (f"draft_model:{most}" if most else "plain")
+
+
+class _Lagging:
+    """A draft model the planner only prices, row b `lags[b]` tokens behind."""
+    name = "draft_model"
+
+    def __init__(self, lags, cut_short=True):
+        self._lags, self.cut_short = lags, cut_short
+
+    def lags(self, ctx):
+        return [n if a else 0 for n, a in zip(self._lags, ctx.active)]
+
+
+def test_auto_prices_no_catch_up_for_a_row_with_no_room():
+    """A row with one token left is not fed this round, so how far behind it is costs
+    nothing: a long unread prompt there must not shorten the other row's plan."""
+    # PAYING's draft costs, timed up to a 300-token catch-up: 3 plain steps
+    costs = CostModel(verify=PAYING.verify, draft=[0.05 + 0.01 * t for t in range(1, 301)])
+    plans = []
+    for lags in ([1, 1], [1, 300]):
+        planner = AdaptivePlanner(8, costs, draft_model=_Lagging(lags))
+        planner.reset([0, 1])
+        planner.states["draft_model"].alphas[0][:] = [0.5] * 8      # the lump would tip it
+        ctx = dataclasses.replace(_ctx([PROMPT] * 2, remaining=[40, 1]), generated=[5, 5])
+        plans.append(planner.choose(ctx).label)
+    assert plans[0] == plans[1] != "plain", plans
+
+
+@pytest.mark.parametrize("cut_short", [True, False])
+def test_auto_prices_each_rows_verify_as_it_is_drafted(cut_short, monkeypatch):
+    """The eager draft model drafts a row no further than its room; a static loop (`cut_short`
+    off) drafts K on every row, and its verify pass is priced so."""
+    planner = AdaptivePlanner(4, PAYING, draft_model=_Lagging([1, 1], cut_short))
+    planner.reset([0, 1])
+    widths = []
+    real = PAYING.verify_pass
+    monkeypatch.setattr(planner.costs, "verify_pass", lambda rows: widths.append(list(rows))
+                        or real(rows))
+    planner.choose(_ctx([PROMPT] * 2, remaining=[40, 3]))             # room: 4 and 2
+    assert ([5, 5] in widths) is not cut_short and ([5, 3] in widths) is cut_short, widths
 
 
 @pytest.fixture(scope="module")

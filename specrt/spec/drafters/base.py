@@ -55,8 +55,9 @@ class DraftContext:
 
     def room(self, b: int, k: int) -> int:
         """How many of k guesses row b can use: one fewer than the tokens it may still
-        commit (with r left, r - 1 accepted guesses and the bonus token fill them), so a
-        guess past that is never committed, right or wrong."""
+        commit. With r left, r - 1 accepted guesses and the bonus token fill them, so a guess
+        past that adds no token, right or wrong (an r-th guess, right, would only take the
+        bonus token's place: the same token greedy, the same distribution sampled)."""
         return k if self.remaining is None else max(0, min(k, self.remaining[b] - 1))
 
     def ends_answer(self, b: int, token: int) -> bool:
@@ -65,7 +66,7 @@ class DraftContext:
         return self.ends is not None and token in self.ends[b]
 
     def usable(self, b: int, guesses: list[int]) -> list[int]:
-        """The guesses of row b that could be committed: at most `room`, and none past one
+        """The guesses of row b that could add a token: at most `room`, and none past one
         that `ends_answer`."""
         guesses = guesses[: self.room(b, len(guesses))]
         for i, t in enumerate(guesses):

@@ -43,7 +43,7 @@ class NgramDrafter:
             if len(index) < len(history):
                 index.extend(history[len(index):])
             out.append((index.propose(k), index.agreement(COPYING)) if active else ([], 0))
-        # guesses that could never be committed (past one that ends the answer, or past the
+        # guesses that could add no token (past one that ends the answer, or past the
         # row's budget) are neither priced nor verified
         usable = [ctx.usable(b, guesses) for b, (guesses, _) in enumerate(out)]
         return [(u, n) if u else ([], 0) for u, (_, n) in zip(usable, out)]

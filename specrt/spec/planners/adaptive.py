@@ -260,13 +260,22 @@ class AdaptivePlanner:
                 longest_match = max(matches[b][1] for b in rows)
                 can_probe.append(self.states[self._ngram_state(longest_match)])
         draft_won = ()
-        if self.draft_model is not None:
+        # A row's guesses past its room (`DraftContext.room`) could add no token: the draft
+        # model drafts no more (a static loop, `cut_short` off, drafts K on every active row,
+        # and is priced so), and a row with no room at all sits the round out.
+        room = ([ctx.room(b, self.max_k) if a else 0 for b, a in enumerate(ctx.active)]
+                if self.draft_model is not None else [])
+        max_k = max(room, default=0)
+        if max_k:
             state = self.states["draft_model"]
-            # a row drafts at most what its budget has room for (`DraftContext.room`)
-            room = [ctx.room(b, self.max_k) if a else 0 for b, a in enumerate(ctx.active)]
-            max_k = max(room, default=0)
-            cv = [verify([min(k, r) for r in room]) for k in range(max_k + 1)]
-            catch_up = self._catch_up(ctx, rows)
+            if getattr(self.draft_model, "cut_short", True):
+                drafting = [r > 0 for r in room]
+                cv = [verify([min(k, r) for r in room]) for k in range(max_k + 1)]
+            else:
+                drafting = list(ctx.active)
+                cv = [verify([k * a for a in drafting]) for k in range(max_k + 1)]
+            catch_up = self._catch_up(dataclasses.replace(ctx, active=drafting),
+                                      [b for b in rows if drafting[b]])
             caught_up = dataclasses.replace(catch_up, lump=0.0)
             others, won = best[2], False
             weighed = {b: pooled(state.alphas[b]) for b in rows}
@@ -275,13 +284,13 @@ class AdaptivePlanner:
                 won = won or e / caught_up.cost(k, e, cv) > others
                 best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
                            key=lambda c: c[2])
-            draft_won = tuple(won if a and max_k else None for a in ctx.active)
+            draft_won = tuple(won if d else None for d in drafting)
             optimistic = [_mean(expected_tokens([OPTIMISTIC] * k, min(k, room[b]))
                                 for b in rows) for k in range(max_k + 1)]
             # A probe is a cheap look; one that must first catch up on a long stretch (a
             # prompt the draft model has not read) would pay that whole lump to learn a
             # little, so it is bought on merit or not at all (the rent-or-buy rule above).
-            if max_k and catch_up.lump <= plain and _could_win(
+            if catch_up.lump <= plain and _could_win(
                     lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
                     max_k, plain):
                 can_probe.insert(0, state)
