@@ -88,8 +88,8 @@ class DraftModelDrafter:
                  max_seq_len: int, static: bool = False, pool: GraphPool | None = None,
                  stop_below: float = DRAFT_STOP):
         self.model = model
-        # A row stops drafting after a guess whose `confidence` is below this (0: every row
-        # drafts K). A static drafter always drafts K, in its eager rounds too, so a request's
+        # A row stops drafting after a guess whose `confidence` is below this (0: no stop on
+        # it). A static drafter always drafts K, in its eager rounds too, so a request's
         # rounds do not depend on which path served them; nor does it stop at a guess that
         # ends the answer or at the row's budget (`cut_short`).
         self.stop_below = 0.0 if static else stop_below

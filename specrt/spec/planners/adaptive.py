@@ -13,8 +13,9 @@ tokens the rows are expected to still commit with the draft model: as many as th
 committed so far (at least MIN_HORIZON, at most their budget and HORIZON), times the share of
 the rounds it would be drafting in (`_draft_share`).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). A row is priced for no more guesses than
-could be committed (`DraftContext.usable`: none past an end id, at most one fewer than the tokens
-its budget has left), as it is drafted. Options:
+could add a token (`DraftContext.usable`: none past an end id, at most one fewer than the tokens
+its budget has left), as the eager drafters draft it (a static draft loop drafts K on every row,
+and is priced so). Options:
 - the n-gram drafter, whenever its index has a match (its guesses are free: c_draft = 0,
   and K is at most the number of tokens the match offers). Its acceptance is kept per matched
   length n ("ngram/n"): a guess that follows a 3-token match is right far more often than one
