@@ -37,7 +37,11 @@ def test_streams_text_and_traces_rounds(tiny_noeos_dir, tiny_draft_dir):
                    "--max-new-tokens", 16, "--dtype", "float32", "--speculative-config", spec,
                    "--trace")
     rounds = [line for line in proc.stderr.splitlines() if line.startswith("round ")]
-    assert rounds and all("| draft_model:3 |" in r and "kept" in r for r in rounds)
+    # each round drafts, but the last may be a plain step: with one token left, no guess could
+    # add one (DraftContext.room)
+    drafted = [r for r in rounds if "| draft_model:3 |" in r]
+    assert drafted and rounds[:len(drafted)] == drafted and len(rounds) - len(drafted) <= 1
+    assert all("kept" in r for r in drafted)
     assert "draft_model K=3" in proc.stderr and "acceptance" in proc.stderr
     api = json.loads(run_cli("--model", tiny_noeos_dir, "--draft", tiny_draft_dir, "--prompt",
                              "def add", "--max-new-tokens", 16, "--dtype", "float32",

@@ -638,7 +638,9 @@ def test_speculative_metrics_add_up(server, client):
     drafts = delta('vllm:spec_decode_num_drafts_total{model_name="tiny"}')
     per_pos = {k: delta(k) for k in m1
                if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")}
-    assert drafts > 0 and 0 < accepted <= drafted == 3 * drafts
+    # each round drafts 3 guesses, but the last rounds of a request, with 3 or fewer tokens
+    # left (DraftContext.room: at most 2 rounds, each at least 1 short): 3 requests
+    assert drafts > 0 and 0 < accepted <= drafted and 3 * drafts - 3 * 4 <= drafted <= 3 * drafts
     assert sum(per_pos.values()) == accepted
     positions = sorted(int(re.search(r'position="(\d+)"', k).group(1)) for k in per_pos)
     assert positions == [0, 1, 2] and all(v > 0 for v in per_pos.values()), per_pos
