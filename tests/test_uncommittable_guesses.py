@@ -107,24 +107,6 @@ def test_prompt_lookup_offers_no_guess_past_the_end_or_the_budget():
     assert ngram.matches(ctx, 5) == [([], 0)] and ngram.propose(ctx, 5) is None
 
 
-class _CaughtUpDraft:
-    """A draft model the planner only prices, caught up with every row."""
-    name = "draft_model"
-
-    def lags(self, ctx):
-        return [1 if a else 0 for a in ctx.active]
-
-
-@pytest.mark.parametrize("remaining, most", [(500, 8), (4, 3), (2, 1), (1, 0)])
-def test_auto_plans_the_draft_model_no_further_than_the_budget(remaining, most):
-    planner = AdaptivePlanner(8, PAYING, draft_model=_CaughtUpDraft())
-    planner.reset([0])
-    planner.states["draft_model"].alphas[0][:] = [0.99] * 8     # every guess pays
-    plan = planner.choose(_ctx([PROMPT], remaining=[remaining]))
-    assert plan.k == most
-    assert plan.label == (f"draft_model:{most}" if most else "plain")
-
-
 class _Lagging:
     """A draft model the planner only prices, row b `lags[b]` tokens behind."""
     name = "draft_model"
@@ -134,6 +116,16 @@ class _Lagging:
 
     def lags(self, ctx):
         return [n if a else 0 for n, a in zip(self._lags, ctx.active)]
+
+
+@pytest.mark.parametrize("remaining, most", [(500, 8), (4, 3), (2, 1), (1, 0)])
+def test_auto_plans_the_draft_model_no_further_than_the_budget(remaining, most):
+    planner = AdaptivePlanner(8, PAYING, draft_model=_Lagging([1]))     # caught up
+    planner.reset([0])
+    planner.states["draft_model"].alphas[0][:] = [0.99] * 8     # every guess pays
+    plan = planner.choose(_ctx([PROMPT], remaining=[remaining]))
+    assert plan.k == most
+    assert plan.label == (f"draft_model:{most}" if most else "plain")
 
 
 def test_auto_prices_no_catch_up_for_a_row_with_no_room():

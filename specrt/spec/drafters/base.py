@@ -60,6 +60,12 @@ class DraftContext:
         bonus token's place: the same token greedy, the same distribution sampled)."""
         return k if self.remaining is None else max(0, min(k, self.remaining[b] - 1))
 
+    def with_room(self, k: int) -> "DraftContext":
+        """This context with only the active rows that have room for a guess (`room`) left
+        active: a row with none sits the round out."""
+        return dataclasses.replace(self, active=[a and self.room(b, k) > 0
+                                                 for b, a in enumerate(self.active)])
+
     def ends_answer(self, b: int, token: int) -> bool:
         """Whether `token` ends row b's answer: no guess after it is ever committed (the
         answer stops there if it is accepted, and every later guess is rejected if not)."""

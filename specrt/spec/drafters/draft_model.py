@@ -28,8 +28,6 @@ argmax).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from specrt.model.config import ModelConfig
@@ -136,8 +134,7 @@ class DraftModelDrafter:
         the proposal's `pending` (the draft graph's replay) fills its tokens, so the round can
         run it beside the verify replay with no host sync between them."""
         if self.cut_short:    # a row whose budget has no room for a guess sits the round out
-            ctx = dataclasses.replace(ctx, active=[a and ctx.room(b, k) > 0
-                                                   for b, a in enumerate(ctx.active)])
+            ctx = ctx.with_room(k)
         pending = [h[s:] if a else [] for h, s, a in zip(ctx.histories, self.seen, ctx.active)]
         fed = [len(p) for p in pending]
         if max(fed) == 0:

@@ -270,13 +270,13 @@ class AdaptivePlanner:
         if max_k:
             state = self.states["draft_model"]
             if getattr(self.draft_model, "cut_short", True):
-                drafting = [r > 0 for r in room]
+                fed = ctx.with_room(self.max_k)
                 cv = [verify([min(k, r) for r in room]) for k in range(max_k + 1)]
             else:
-                drafting = list(ctx.active)
-                cv = [verify([k * a for a in drafting]) for k in range(max_k + 1)]
-            catch_up = self._catch_up(dataclasses.replace(ctx, active=drafting),
-                                      [b for b in rows if drafting[b]])
+                fed = ctx
+                cv = [verify([k * a for a in ctx.active]) for k in range(max_k + 1)]
+            drafting = fed.active
+            catch_up = self._catch_up(fed, [b for b in rows if drafting[b]])
             caught_up = dataclasses.replace(catch_up, lump=0.0)
             others, won = best[2], False
             weighed = {b: pooled(state.alphas[b]) for b in rows}
