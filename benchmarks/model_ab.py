@@ -1,10 +1,12 @@
 """Benchmark: one model's forward passes under two builds of specrt, interleaved in one run.
 
 Run: python -m benchmarks.model_ab [--base REV] [--model DIR] [--quant int8] [--rounds N]
+                                   [--widths 1,4]
 
 `kernel_ab` times two builds of the matrix products alone; this times what a model does with
-them: a decode step, a 4-token pass (a draft's first forward of a round, a short verify pass)
-and a prompt pass of --prompt tokens, through the whole forward (the C++ layer loop, the
+them: a decode step, a 4-token pass (a draft's first forward of a round, a short verify pass;
+--widths: passes of other widths, such as a target's verify passes of K + 1 tokens) and a
+prompt pass of --prompt tokens, through the whole forward (the C++ layer loop, the
 attention, the head). The base revision's tree is copied out (git archive) and its extensions
 built there (~2-3 min); each build then serves from its own process with the model loaded once,
 and the rounds alternate between them (ABBA), so the machine's swings in memory bandwidth hit
@@ -28,7 +30,6 @@ from pathlib import Path
 
 from benchmarks.harness import cli, machine, report, revisions
 
-PASSES = ("step", "4-token pass", "prompt pass")
 
 # What each build's process runs: load the model, then time the passes once per line read.
 CHILD = r"""
@@ -38,7 +39,8 @@ from specrt.model.config import ModelConfig
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.draft_model import draft_head_rows
 
-model_dir, quant, threads, prompt = sys.argv[1:5]
+model_dir, quant, threads, prompt, widths = sys.argv[1:6]
+widths = [int(w) for w in widths.split(",")]
 torch.set_num_threads(int(threads))
 quant = None if quant == "none" else quant
 head = draft_head_rows(ModelConfig.from_dir(model_dir), Tokenizer(model_dir)) if quant else None
@@ -63,13 +65,13 @@ def prompt_pass():
     return time.perf_counter() - t0
 
 
-timed(1, 2), timed(4, 2), prompt_pass()     # warm-up: a process's first wide pass is ~2x slower
+[timed(w, 2) for w in widths], prompt_pass()     # warm-up: a process's first wide pass is ~2x slower
 # the backend it runs on and its build id: "library" in it names an extension that did not
 # load (setup.py skips a failing one), whose part then runs on PyTorch's ops
 print("ready", getattr(model.backend, "name", type(model.backend).__name__),
       getattr(model.backend, "build_id", ""), flush=True)
 for _ in sys.stdin:
-    print(timed(1, 20), timed(4, 10), prompt_pass(), flush=True)
+    print(*[timed(w, 20 if w == 1 else 10) for w in widths], prompt_pass(), flush=True)
 """
 
 
@@ -84,25 +86,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=cli.count, default=252, help="prompt pass tokens (default 252)")
     p.add_argument("--rounds", type=cli.count, default=11, help="interleaved rounds (default 11)")
     p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
+    p.add_argument("--widths", type=_widths, default=[1, 4],
+                   help="comma-separated widths (tokens) of the passes timed besides the "
+                        "prompt's (default 1,4: a decode step and a 4-token pass)")
     return p
 
 
-def _base_tree(rev: str, into: Path) -> Path:
-    """The tree of `rev` under `into`, its extensions built."""
-    revisions.checkout(rev, into)
-    print(f"building {rev} (~2-3 min) ...", file=sys.stderr)
-    built = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
-                           cwd=into, capture_output=True, text=True)
-    if built.returncode != 0:
-        cli.fail(f"building {rev} failed:\n{built.stderr[-3000:]}")
-    return into
+def _widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts >= 1, such as "
+                                         f"1,4, got {text!r}")
+    return widths
+
+
+def _pass_name(width: int) -> str:
+    return "step" if width == 1 else f"{width}-token pass"
 
 
 def _start(tree: Path, args, model_dir: Path) -> tuple[subprocess.Popen, str]:
     """The build's process, loaded, and the backend its model runs on (name and build id)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(model_dir), args.quant,
-                             str(args.threads), str(args.prompt)],
+                             str(args.threads), str(args.prompt),
+                             ",".join(map(str, args.widths))],
                             cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     ready, _, backend = proc.stdout.readline().strip().partition(" ")
@@ -121,7 +131,7 @@ def main(argv=None) -> int:
     report.print_header("model A/B: one model under two builds", info,
                         {"base": args.base, "model": model_dir.name, "quant": args.quant})
     with tempfile.TemporaryDirectory(prefix="model_ab_") as tmp:
-        trees = {"A": _base_tree(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
+        trees = {"A": revisions.built(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
         started = {tag: _start(tree, args, model_dir) for tag, tree in trees.items()}
         procs = {tag: proc for tag, (proc, _) in started.items()}
         backends = {tag: backend for tag, (_, backend) in started.items()}
@@ -143,13 +153,14 @@ def main(argv=None) -> int:
             proc.stdin.close()
             proc.wait()
     med = {tag: [statistics.median(c) * 1e3 for c in zip(*rows)] for tag, rows in times.items()}
+    passes = [*map(_pass_name, args.widths), "prompt pass"]
     ratio = [statistics.median(a[i] / b[i] for a, b in zip(times["A"], times["B"]))
-             for i in range(len(PASSES))]
-    names = [p if p != "prompt pass" else f"{args.prompt}-token prompt pass" for p in PASSES]
+             for i in range(len(passes))]
+    names = [p if p != "prompt pass" else f"{args.prompt}-token prompt pass" for p in passes]
     print(report.table(["pass", f"A {args.base} ms", "B worktree ms", "A / B per round"],
                        [[n, f"{a:.2f}", f"{b:.2f}", f"{r:.3f}"]
                         for n, a, b, r in zip(names, med["A"], med["B"], ratio)]))
-    report.emit_json({"base": args.base, "ms": med, "a_over_b": dict(zip(PASSES, ratio))})
+    report.emit_json({"base": args.base, "ms": med, "a_over_b": dict(zip(passes, ratio))})
     return 0
 
 

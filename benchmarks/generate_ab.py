@@ -1,0 +1,208 @@
+"""Benchmark: whole requests under two builds of specrt, interleaved in one run.
+
+Run: python -m benchmarks.generate_ab [--base REV] [--sets tuning,held-out]
+                                      [--prompts-per-task N] [--methods plain,auto:16]
+                                      [--max-new-tokens 64] [--repeats N] [--no-progress]
+
+`kernel_ab` times two builds' matrix products and `model_ab` their forward passes; this times
+what a user sees: greedy requests of the recorded prompt sets (benchmarks.auto_replay's) on
+the default pair, as `LLM()` loads it, each method under both builds. The base revision's tree
+is copied out and built (~1-3 min); each build then serves from its own process, and every
+(prompt, method) runs under both, in alternating order (ABBA over the sweep), so the
+machine's swings in memory bandwidth hit both alike.
+
+`auto` plans from a calibration of each build (specrt.spec.costs), and a calibration is timed
+once: both are timed at the start, one after the other, into calibration files of this run
+(not the user's cache), so neither build plans from one timed in another hour. A pair timed
+in different memory speeds is not a fair pair (a calibration timed while the memory runs fast
+prices verify passes far above a decode step, and `auto` then drafts little), so the pair is
+timed again, up to CALIBRATIONS times, until the two builds' decode steps in it lie within
+STEP_SPREAD of each other (a change that makes the step itself that much faster never passes,
+and is warned about). The read bandwidth measured around the calibrations did not tell: in one
+run, readings of 63 and 54 GB/s framed steps of 58 and 87 ms, 59 and 35 GB/s two of 89 ms.
+
+Prints per method each build's decode-only tokens/s (summed over the prompts), the geometric
+mean over prompts of B / A (> 1: the working tree is faster), and whether both builds gave the
+same tokens (greedy: they should, unless a kernel change alters bits) and the same as plain
+decoding. JSON on the last line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.auto_replay import PROMPT_SETS, prompt_items
+from benchmarks.harness import cli, machine, report, revisions
+
+CALIBRATIONS = 4          # tries at a pair of calibrations timed at one memory speed
+STEP_SPREAD = 1.1         # ... the slower build's decode step in them / the faster's
+
+# What each build's process runs: load the default pair, then serve one job per line read.
+CHILD = r"""
+import json, os, sys, torch
+from pathlib import Path
+torch.set_num_threads(int(sys.argv[1]))
+from specrt import LLM
+from specrt.spec import calibration
+llm = LLM()
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    if "calibrate" in job:
+        if job["fresh"]:           # forget this process's calibration: time it again
+            calibration._cache.clear()
+            Path(os.environ["SPECRT_CALIBRATION"]).unlink(missing_ok=True)
+        costs = llm.cost_model(job["calibrate"])
+        print(json.dumps({"verify": costs.verify[:8], "draft": costs.draft[:8]}), flush=True)
+        continue
+    item = job["item"]
+    ids = (llm.encode(messages=item["messages"]) if "messages" in item
+           else llm.encode(item["prompt"], chat=True))
+    res = llm.submit(ids, max_new_tokens=job["max_new"], speculative=job["spec"]).result()
+    print(json.dumps({"ids": list(res.token_ids), "tokens": len(res.token_ids) - 1,
+                      "seconds": res.stats["seconds"] - res.stats["prefill_seconds"]}),
+          flush=True)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("benchmarks.generate_ab", __doc__)
+    p.add_argument("--base", default="HEAD~1", help="git revision of build A (default HEAD~1); "
+                   "B is the working tree as it is built")
+    p.add_argument("--sets", default="tuning,held-out",
+                   help=f"prompt sets (default tuning,held-out; of {','.join(PROMPT_SETS)})")
+    p.add_argument("--prompts-per-task", type=cli.count, default=1,
+                   help="prompts of each task of each set (default 1)")
+    p.add_argument("--methods", default="plain,auto:16",
+                   help="comma-separated methods: plain, auto:K, draft_model:K, ngram:K "
+                        "(default plain,auto:16)")
+    p.add_argument("--max-new-tokens", type=cli.count, default=64,
+                   help="new tokens per request (default 64)")
+    p.add_argument("--repeats", type=cli.count, default=1, help="sweeps (default 1)")
+    p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def speculative(method: str) -> dict | None:
+    """`LLM`'s speculative= argument for a method label, or exit 2 naming the syntax."""
+    name, _, k = method.partition(":")
+    if name == "plain" and not k:
+        return None
+    if name in ("auto", "draft_model", "ngram") and k.isdigit() and int(k) > 0:
+        return {"method": name, "num_speculative_tokens": int(k)}
+    cli.fail(f"unknown method {method!r} in --methods: use plain, auto:K, draft_model:K or "
+             "ngram:K (K >= 1)")
+
+
+def _start(tree: Path, threads: int, calibration: Path) -> subprocess.Popen:
+    """The build's process, the default pair loaded, its calibrations kept in `calibration`."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "SPECRT_CALIBRATION": str(calibration)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(threads)], cwd=tree, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "ready":
+        cli.fail(f"the default pair did not load under {tree}")
+    return proc
+
+
+def _ask(proc: subprocess.Popen, job: dict) -> dict:
+    proc.stdin.write(json.dumps(job) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        cli.fail(f"a build's process died on {str(job)[:80]}")
+    return json.loads(line)
+
+
+def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> None:
+    """Both builds' calibrations for auto:k, timed one after the other at one memory speed
+    (see the module's doc), their curves printed."""
+    for attempt in range(1, CALIBRATIONS + 1):
+        curves = {tag: _ask(procs[tag], {"calibrate": k, "fresh": attempt > 1})
+                  for tag in ("A", "B")}
+        steps = [curves[tag]["verify"][0] for tag in ("A", "B")]
+        spread = max(steps) / min(steps)
+        print(f"calibrations for auto:{k}, try {attempt}:", file=sys.stderr)
+        for tag in ("A", "B"):
+            print(f"  {tag}: target passes of 1-8 tokens "
+                  + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["verify"]) + " ms; draft "
+                  + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["draft"]) + " ms",
+                  file=sys.stderr)
+        if spread <= STEP_SPREAD:
+            return
+    print(f"warning: no pair of calibrations for auto:{k} was timed at one memory speed in "
+          f"{CALIBRATIONS} tries (the last: decode steps {spread:.2f}x apart); its comparison "
+          "is not fair",
+          file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    sets = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in sets if s not in PROMPT_SETS]
+    if unknown or not sets:
+        cli.fail(f"unknown prompt set(s) {unknown or args.sets!r}: use {','.join(PROMPT_SETS)}")
+    methods = [m for m in args.methods.split(",") if m]
+    specs = {m: speculative(m) for m in methods}
+    if "plain" not in specs:
+        methods, specs = ["plain", *methods], {"plain": None, **specs}
+    items, seen = [], {}
+    for s, task, item in prompt_items({s: PROMPT_SETS[s] for s in sets}):
+        seen[(s, task)] = seen.get((s, task), 0) + 1
+        if seen[(s, task)] <= args.prompts_per_task:
+            items.append((f"{s}:{task}:{item['id']}", item))
+    info = machine.machine_info(args.threads, "cpu")
+    report.print_header("generate A/B: whole requests under two builds", info,
+                        {"base": args.base, "sets": ",".join(sets), "prompts": len(items),
+                         "methods": ",".join(methods), "max_new_tokens": args.max_new_tokens,
+                         "repeats": args.repeats})
+    runs: dict[tuple[str, str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="generate_ab_") as tmp:
+        trees = {"A": revisions.built(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
+        procs = {tag: _start(tree, args.threads, Path(tmp) / f"calibration_{tag}.json")
+                 for tag, tree in trees.items()}
+        autos = [int(m.partition(":")[2]) for m in methods if m.startswith("auto:")]
+        for k in sorted(set(autos)):
+            _calibrate(procs, k)
+        jobs = [(key, item, m) for _ in range(args.repeats) for key, item in items
+                for m in methods]
+        for i, (key, item, m) in enumerate(cli.progress(jobs, desc="requests",
+                                                             disable=args.no_progress)):
+            for tag in ("A", "B") if i % 2 == 0 else ("B", "A"):
+                out = _ask(procs[tag], {"item": item, "max_new": args.max_new_tokens,
+                                        "spec": specs[m]})
+                runs.setdefault((tag, key, m), []).append(out)
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+    rows, summary = [], {}
+    keys = [key for key, _ in items]
+    for m in methods:
+        speed = {tag: sum(r["tokens"] for k in keys for r in runs[(tag, k, m)])
+                 / sum(r["seconds"] for k in keys for r in runs[(tag, k, m)]) for tag in "AB"}
+        ratios = [sum(r["seconds"] for r in runs[("A", k, m)])
+                  / sum(r["seconds"] for r in runs[("B", k, m)]) for k in keys]
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        same = sum(all(r["ids"] == runs[("A", k, m)][0]["ids"]
+                       for tag in "AB" for r in runs[(tag, k, m)]) for k in keys)
+        plain = sum(all(r["ids"] == runs[("A", k, "plain")][0]["ids"]
+                        for tag in "AB" for r in runs[(tag, k, m)]) for k in keys)
+        rows.append([m, f"{speed['A']:.2f}", f"{speed['B']:.2f}", f"{geo:.3f}",
+                     f"{min(ratios):.3f}", f"{max(ratios):.3f}", f"{same}/{len(keys)}",
+                     f"{plain}/{len(keys)}"])
+        summary[m] = {"tok_s": speed, "b_over_a_geo": geo, "b_over_a": dict(zip(keys, ratios)),
+                      "same_tokens": same, "same_as_plain": plain}
+    print(report.table(["method", f"A {args.base} tok/s", "B worktree tok/s", "B / A geo",
+                        "lowest", "highest", "A = B tokens", "= plain"], rows))
+    report.emit_json({"base": args.base, "prompts": keys, "methods": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
