@@ -1,4 +1,6 @@
 """The CPU skinny-matmul kernels (specrt._gemv) against F.linear, their specification."""
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,19 @@ needs_kernel = pytest.mark.skipif(not cpu_gemv.AVAILABLE,
 def test_extension_is_built():
     # make test always builds it; a missing extension would silently cost half the speed
     assert cpu_gemv._gemv is not None
+
+
+@needs_kernel
+def test_a_zen_4_is_told_from_its_cpuid():
+    # gemv.cpp takes 3-6-row passes over its tiles there: the CPU must be named right
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to check the CPUID reading against")
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in
+              cpuinfo.read_text().splitlines() if ":" in line)}   # every core's are the same
+    zen4 = (cpu_gemv.LEVEL == "avx512" and fields.get("vendor_id") == "AuthenticAMD"
+            and fields.get("cpu family") == "25")
+    assert cpu_gemv._gemv.avx512_halves() is zen4
 
 
 @needs_kernel

@@ -48,6 +48,22 @@ inline bool cpu_supported() { return cpu_avx512() || cpu_avx2(); }
 // Which level they run at here: "avx512", "avx2" or "none".
 inline const char* cpu_level() { return cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "none"; }
 
+// An AMD Zen 4 (family 0x19 with AVX-512): it runs each 512-bit operation as two 256-bit
+// halves, so a 512-bit load takes its load ports for a whole cycle, and kernels that load more
+// per product than others pay more there than on a Zen 5 or a Xeon (gemv.cpp). Read once per
+// process.
+inline bool cpu_avx512_halves() {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_avx512() || !__get_cpuid(0, &a, &b, &c, &d)) return false;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // AuthenticAMD
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xf, family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+    return family == 0x19;
+  }();
+  return yes;
+}
+
 // The int8 and int4 kernels of gemv_int8.cpp / gemv_int4.cpp: AVX-512 and its VNNI.
 inline bool cpu_avx512_vnni() { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
 

@@ -132,7 +132,16 @@ SPECRT_TILES(block_f32, float)
 // read; one at a time 1.18-1.19x, 1.13-1.14x, 1.14-1.19x, 1.09-1.13x and 1.05-1.08x that, bits
 // identical (benchmarks/RESULTS.md, "A new CPU ..."; not measured on the EPYCs, whose decode
 // steps measured the same either way).
+//
+// A Zen 4 (cpu_avx512_halves) runs each 512-bit operation as two 256-bit halves: a load then
+// holds its load ports for a whole cycle, and whole rows load a vector of x for every product
+// where the tiled driver's 8 x 3 tiles load 11 vectors for 24. There (2 threads, kernel_ab
+// over the 1.5B's shapes) whole rows read 3, 4, 5 and 6 rows of x at 0.88, 0.85, 0.79 and 0.74
+// of the streaming read and the tiled driver at 0.92, 0.92, 0.88 and 0.86 (1.04-1.16x), 2 rows
+// at 0.99 against 0.93: it takes whole rows for at most MB_FEW_HALVES rows of x
+// (benchmarks/RESULTS.md, "Zen 4: narrow verify passes tiled").
 constexpr int NB_DEC = 4, MB_FEW = 6;   // a decode step's tile over long rows; up to 6 x rows
+constexpr int MB_FEW_HALVES = 2;        // ... up to 2 on a Zen 4
 constexpr int64_t ROW_AT_A_TIME_K = 2048;
 
 // x rows [MB, K] bf16 against NB whole weight rows w [NB, K]: the lane sums of each (weight
@@ -178,7 +187,8 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
                int64_t M, int64_t N, int64_t K, int threads) {
   if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
   const Vector512<Bf16Store> store{{bias, out, out_f32, N}};
-  if (M <= MB_FEW) return few_bf16(x, w, M, N, K, threads, store);
+  if (M <= (cpu_avx512_halves() ? MB_FEW_HALVES : MB_FEW))
+    return few_bf16(x, w, M, N, K, threads, store);
   gemv_tiled<NB_MAX, MB_MAX, 512>(Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table,
                                    store);
 }

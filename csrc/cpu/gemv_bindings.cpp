@@ -93,4 +93,7 @@ PYBIND11_MODULE(_gemv, m) {
         "Hash of the sources and flags this module was built from");
   m.def("cpu_supported", &specrt::cpu_supported, "AVX-512F/BW/VL/BF16 or AVX2/FMA/F16C available on this CPU");
   m.def("cpu_level", &specrt::cpu_level, "the level the kernels run at here: avx512, avx2 or none");
+  m.def("avx512_halves", &specrt::cpu_avx512_halves,
+        "an AMD Zen 4: 512-bit operations run as two 256-bit halves (gemv.cpp takes fewer rows "
+        "of x over whole weight rows)");
 }
