@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import (PRIOR_COUNT, PRIORS, PROBE_BASE, WEIGHT,
-                                          AdaptivePlanner, _learn, expected_tokens, pooled)
+from specrt.spec.planners.adaptive import (BUY_MARGIN, MIN_HORIZON, PRIOR_COUNT, PRIORS,
+                                          PROBE_BASE, WEIGHT, AdaptivePlanner, _learn,
+                                          expected_tokens, pooled)
 from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
 from specrt.spec.sampling import SamplingParams
@@ -1034,6 +1035,28 @@ def test_a_long_catch_up_waits_until_the_answer_has_run_long_enough(generated, e
     planner.reset([0])
     plan = planner.choose(_ctx(1, 500, history=1000, generated=generated))
     assert plan.label.startswith(expected)
+
+
+@pytest.mark.parametrize("edge, margin, expected", [(1.01, BUY_MARGIN, "plain"),
+                                                    (1.01, 0.0, "draft_model:1"),
+                                                    (1.05, BUY_MARGIN, "draft_model:1")])
+def test_a_catch_up_is_bought_only_if_it_wins_its_round_by_the_margin(monkeypatch, edge, margin,
+                                                                      expected):
+    """A draft model 300 tokens behind, priced so that drafting one token (its catch-up spread
+    over the MIN_HORIZON tokens the answer is expected to run) commits `edge` times the tokens
+    per second of a plain step: 1% ahead, it is not bought (it would be without the margin), 5%
+    ahead, it is."""
+    from specrt.spec.planners import adaptive
+    monkeypatch.setattr(adaptive, "BUY_MARGIN", margin)
+    e = 1 + PRIORS["draft_model"]                  # tokens a 1-guess round commits
+    step, verify = 0.1, 1.0                        # a draft step; every target pass
+    # e / (step + verify + lump * e / MIN_HORIZON) = edge / verify
+    lump = (e * verify / edge - step - verify) * MIN_HORIZON / e
+    costs = CostModel(verify=[verify] * 4, draft=[step] + [lump] * 400)
+    planner = AdaptivePlanner(1, costs, draft_model=LaggingDraft(300), ngram=None)
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500, history=300, generated=1))
+    assert plan.label == expected
 
 
 class CopiesFromThePrompt:
