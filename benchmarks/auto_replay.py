@@ -114,6 +114,7 @@ class TraceDraft:
     """The draft model as the planner sees it (a CatchUpDrafter): only how far it lags."""
 
     name = "draft_model"
+    cut_short = True                     # drafts no guess that could add no token, as `replay`
 
     def __init__(self):
         self.fed = 0                     # tokens of the row's text whose K/V it holds

@@ -26,6 +26,7 @@ class OracleDrafter:
     wrong). Costs nothing, so only acceptance drives the planner."""
 
     name = "draft_model"
+    cut_short = True
 
     def __init__(self, prompts, answers, vocab, right=True):
         self.full = [p + a for p, a in zip(prompts, answers)]
@@ -941,6 +942,7 @@ class LaggingDraft:
     """A draft model the planner only prices: each active row is `lag` tokens behind."""
 
     name = "draft_model"
+    cut_short = True
 
     def __init__(self, lag):
         self.lag = lag

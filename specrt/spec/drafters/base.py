@@ -128,6 +128,9 @@ class CatchUpDrafter(Protocol):
     not seen (a draft model): that forward's cost depends on how many."""
 
     name: str
+    cut_short: bool     # a row's round stops at the guesses that could add a token
+                        # (`DraftContext.usable`); False: every active row drafts all K (a
+                        # static loop, which cannot stop on a value it has not read back)
 
     def lags(self, ctx: DraftContext) -> list[int]:
         """[B] committed tokens each active row has not fed the drafter yet (0: inactive).

@@ -283,7 +283,7 @@ class AdaptivePlanner:
         max_k = max(room, default=0)
         if max_k:
             state = self.states["draft_model"]
-            if getattr(self.draft_model, "cut_short", True):
+            if self.draft_model.cut_short:
                 fed = ctx.with_room(self.max_k)
                 cv = [verify([min(k, r) for r in room]) for k in range(max_k + 1)]
             else:
