@@ -131,6 +131,7 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
     model stops below `draft_stop` (traces recorded without confidences: never)."""
     from specrt.spec.config import SpecConfig
     from specrt.spec.drafters.base import LONG_CATCH_UP, DraftContext
+    from specrt.spec.drafters.draft_model import goes_on
     from specrt.spec.drafters.ngram import NgramDrafter
     from specrt.spec.planners.adaptive import AdaptivePlanner
 
@@ -150,6 +151,12 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
         planner.new_batch()
         planner.reset([0])
     budget = trace.get("max_new_tokens", len(out))
+
+    def known(i: int) -> tuple[bool, bool]:
+        """The draft's guess at answer position i: whether it was sure of it, and whether it
+        ends the answer (past the recorded answer: sure, no end)."""
+        return (sure[i] >= draft_stop, guess[i] in ends) if i < len(out) else (True, False)
+
     done, seconds, mix, total_accepted = 1, 0.0, {}, 0   # the first token is the prefill's
     while done < len(out):
         history = prompt + out[:done]
@@ -166,9 +173,9 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
             if lag > LONG_CATCH_UP:              # a long catch-up runs alone first
                 seconds += costs.draft_pass([lag - 1])
                 lag = 1
-            # it stops after a guess it is unsure of, or one that ends the answer
-            drafted = next((j + 1 for j in range(room - 1) if done + j < len(out)
-                            and (sure[done + j] < draft_stop or guess[done + j] in ends)), room)
+            drafted = 1         # it stops as the engine's does (past the answer: not recorded,
+            while goes_on(*known(done + drafted - 1), drafted, room):    # taken as sure)
+                drafted += 1
             seconds += costs.draft_pass([lag]) + (drafted - 1) * costs.draft_pass([1])
             seconds += costs.verify_pass([drafted + 1])
             guesses = guess[done:done + drafted]

@@ -54,6 +54,14 @@ def confidence(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
 
+def goes_on(sure: bool, ends_answer: bool, guesses: int, room: int) -> bool:
+    """The stop of a row's round (eager path, `cut_short`): whether it drafts another guess
+    after its `guesses`-th, which the draft was `sure` of (its `confidence` at least the
+    stop) and which `ends_answer` or not. Not after one it is unsure of, one that ends the
+    answer, or the last of the `room` its budget has (`DraftContext.room`)."""
+    return sure and not ends_answer and guesses < room
+
+
 def shortlist(vocab_size: int, special_ids, n="auto") -> list[int] | None:
     """The token ids a draft model scores: the first n ids plus the special ones (None: all).
     Byte-level BPE numbers its tokens in merge order, so the low ids are the frequent ones: on
@@ -196,12 +204,11 @@ class DraftModelDrafter:
     def _goes_on(self, ctx: DraftContext, step: torch.Tensor, guess: torch.Tensor,
                  counts: list[int], k: int) -> list[bool]:
         """[B] whether each row drafts another guess after this step's (step: its logits
-        [B, V_c], guess: [B]): not after one it is unsure of, one that ends its answer, or
-        the last its budget has room for."""
+        [B, V_c], guess: [B]; `goes_on`)."""
         B = len(counts)
         sure = ((confidence(step) >= self.stop_below).tolist() if self.stop_below > 0
                 else [True] * B)
-        return [s and n < ctx.room(b, k) and not ctx.ends_answer(b, t)
+        return [goes_on(s, ctx.ends_answer(b, t), n, ctx.room(b, k))
                 for b, (s, n, t) in enumerate(zip(sure, counts, guess.tolist()))]
 
     def _readable(self, pending: list[list[int]]) -> list[list[int]]:
