@@ -24,7 +24,8 @@ run, readings of 63 and 54 GB/s framed steps of 58 and 87 ms, 59 and 35 GB/s two
 Prints per method each build's decode-only tokens/s (summed over the prompts), the geometric
 mean over prompts of B / A (> 1: the working tree is faster), and whether both builds gave the
 same tokens (greedy: they should, unless a kernel change alters bits) and the same as plain
-decoding. JSON on the last line.
+decoding. JSON on the last line, with both calibrations (to replay `auto` on them:
+benchmarks.auto_replay).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ for line in sys.stdin:
             calibration._cache.clear()
             Path(os.environ["SPECRT_CALIBRATION"]).unlink(missing_ok=True)
         costs = llm.cost_model(job["calibrate"])
-        print(json.dumps({"verify": costs.verify[:8], "draft": costs.draft[:8]}), flush=True)
+        print(json.dumps({"verify": costs.verify, "draft": costs.draft}), flush=True)
         continue
     item = job["item"]
     ids = (llm.encode(messages=item["messages"]) if "messages" in item
@@ -120,9 +121,10 @@ def _ask(proc: subprocess.Popen, job: dict) -> dict:
     return json.loads(line)
 
 
-def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> None:
+def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> dict[str, dict]:
     """Both builds' calibrations for auto:k, timed one after the other at one memory speed
-    (see the module's doc), their curves printed."""
+    (see the module's doc), their curves printed: tag -> {"verify": [seconds of a target pass
+    of 1, 2, ... tokens], "draft": [the same for the draft]}."""
     for attempt in range(1, CALIBRATIONS + 1):
         curves = {tag: _ask(procs[tag], {"calibrate": k, "fresh": attempt > 1})
                   for tag in ("A", "B")}
@@ -131,15 +133,15 @@ def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> None:
         print(f"calibrations for auto:{k}, try {attempt}:", file=sys.stderr)
         for tag in ("A", "B"):
             print(f"  {tag}: target passes of 1-8 tokens "
-                  + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["verify"]) + " ms; draft "
-                  + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["draft"]) + " ms",
+                  + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["verify"][:8]) + " ms; draft "
+                  + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["draft"][:8]) + " ms",
                   file=sys.stderr)
         if spread <= STEP_SPREAD:
-            return
+            return curves
     print(f"warning: no pair of calibrations for auto:{k} was timed at one memory speed in "
           f"{CALIBRATIONS} tries (the last: decode steps {spread:.2f}x apart); its comparison "
-          "is not fair",
-          file=sys.stderr)
+          "is not fair", file=sys.stderr)
+    return curves
 
 
 def main(argv=None) -> int:
@@ -168,8 +170,7 @@ def main(argv=None) -> int:
         procs = {tag: _start(tree, args.threads, Path(tmp) / f"calibration_{tag}.json")
                  for tag, tree in trees.items()}
         autos = [int(m.partition(":")[2]) for m in methods if m.startswith("auto:")]
-        for k in sorted(set(autos)):
-            _calibrate(procs, k)
+        calibrations = {k: _calibrate(procs, k) for k in sorted(set(autos))}
         jobs = [(key, item, m) for _ in range(args.repeats) for key, item in items
                 for m in methods]
         for i, (key, item, m) in enumerate(cli.progress(jobs, desc="requests",
@@ -200,7 +201,8 @@ def main(argv=None) -> int:
                       "same_tokens": same, "same_as_plain": plain}
     print(report.table(["method", f"A {args.base} tok/s", "B worktree tok/s", "B / A geo",
                         "lowest", "highest", "A = B tokens", "= plain"], rows))
-    report.emit_json({"base": args.base, "prompts": keys, "methods": summary})
+    report.emit_json({"base": args.base, "prompts": keys, "methods": summary,
+                      "calibrations": calibrations})
     return 0
 
 
