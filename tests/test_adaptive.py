@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import (BUY_MARGIN, MIN_HORIZON, PRIOR_COUNT, PRIORS,
+from specrt.spec.planners.adaptive import (LUMP_PREMIUM, MIN_HORIZON, PRIOR_COUNT, PRIORS,
                                           PROBE_BASE, WEIGHT, AdaptivePlanner, _learn,
                                           expected_tokens, pooled)
 from specrt.engine.request import Request
@@ -1039,23 +1039,26 @@ def test_a_long_catch_up_waits_until_the_answer_has_run_long_enough(generated, e
     assert plan.label.startswith(expected)
 
 
-@pytest.mark.parametrize("edge, margin, expected", [(1.01, BUY_MARGIN, "plain"),
-                                                    (1.01, 0.0, "draft_model:1"),
-                                                    (1.05, BUY_MARGIN, "draft_model:1")])
-def test_a_catch_up_is_bought_only_if_it_wins_its_round_by_the_margin(monkeypatch, edge, margin,
-                                                                      expected):
-    """A draft model 300 tokens behind, priced so that drafting one token (its catch-up spread
-    over the MIN_HORIZON tokens the answer is expected to run) commits `edge` times the tokens
-    per second of a plain step: 1% ahead, it is not bought (it would be without the margin), 5%
-    ahead, it is."""
+@pytest.mark.parametrize("lag, edge, premium, expected", [
+    (300, 1.01, LUMP_PREMIUM, "plain"), (300, 1.01, 0.0, "draft_model:1"),
+    (300, 1.05, LUMP_PREMIUM, "draft_model:1"), (1, 1.01, LUMP_PREMIUM, "draft_model:1")])
+def test_a_catch_up_is_priced_above_its_time(monkeypatch, lag, edge, premium, expected):
+    """A draft model `lag` tokens behind, priced so that drafting one token, its catch-up spread
+    over the MIN_HORIZON tokens the answer is expected to run, commits `edge` times the tokens
+    per second of a plain step. With its catch-up priced LUMP_PREMIUM above its time, 1% ahead
+    is not enough to buy it (it would be at its time), 5% is; a draft model that keeps up has
+    nothing to buy and drafts 1% ahead."""
     from specrt.spec.planners import adaptive
-    monkeypatch.setattr(adaptive, "BUY_MARGIN", margin)
+    monkeypatch.setattr(adaptive, "LUMP_PREMIUM", premium)
     e = 1 + PRIORS["draft_model"]                  # tokens a 1-guess round commits
     step, verify = 0.1, 1.0                        # a draft step; every target pass
-    # e / (step + verify + lump * e / MIN_HORIZON) = edge / verify
+    # e / (step + verify + lump * e / MIN_HORIZON) = edge / verify, the lump at its time
     lump = (e * verify / edge - step - verify) * MIN_HORIZON / e
-    costs = CostModel(verify=[verify] * 4, draft=[step] + [lump] * 400)
-    planner = AdaptivePlanner(1, costs, draft_model=LaggingDraft(300), ngram=None)
+    if lag == 1:                                   # no lump: its first forward costs that much
+        costs = CostModel(verify=[verify] * 4, draft=[e * verify / edge - verify] * 4)
+    else:
+        costs = CostModel(verify=[verify] * 4, draft=[step] + [lump] * 400)
+    planner = AdaptivePlanner(1, costs, draft_model=LaggingDraft(lag), ngram=None)
     planner.reset([0])
     plan = planner.choose(_ctx(1, 500, history=300, generated=1))
     assert plan.label == expected

@@ -128,20 +128,21 @@ OPTIMISTIC = 0.9
 HORIZON = 256                 # at most this many future tokens amortize a draft catch-up
 # ... and at least this many: an answer that has just started is expected to go on this long.
 MIN_HORIZON = 16
-# A catch-up lump is paid now, for savings that come only if the answer runs on and the draft
-# model keeps winning rounds; a purchase that wins its round by a hair stakes several plain
-# steps on almost nothing. So a draft model that must first catch up on a long stretch is
-# bought only if it beats the round's other options by this much. On a calibration where the
-# target's 4-token pass cost 0.94 of the one before (Zen 4, 3-6-token passes on the tiled
-# kernel), a 252-token rewrite and a 259-token document question bought the draft's read of the
-# prompt in their first rounds, where prompt lookup was about to copy: 0.77x and 0.78x their
-# time without it. Replayed (64 prompts, 64 and 128 tokens, six calibrations of two builds),
-# 0.02 raised auto's mean share of the best fixed setting on every one (+0.2 to +1.0 points)
-# and lowered no prompt's lowest; 0.04 and up cost the code edits whose drafts pay from the
-# start. On a seventh, timed while memory ran fast (verify passes priced far above a step,
-# where auto hardly drafts), the mean fell 1.7 and 0.5 points (benchmarks/RESULTS.md, "Zen 4:
-# narrow verify passes tiled; a margin to buy the draft").
-BUY_MARGIN = 0.02
+# A catch-up lump is a sure cost paid now, for savings that come only if the answer runs on
+# and the draft model keeps winning rounds: it is priced this much above its time. Unpriced, a
+# purchase that won its round by a hair staked several plain steps on almost nothing: on a
+# calibration where the target's 4-token pass cost 0.94 of the one before (Zen 4, 3-6-token
+# passes on the tiled kernel), a 252-token rewrite and a 259-token document question bought the
+# draft's read of the prompt in their first rounds, where prompt lookup was about to copy:
+# 0.77x and 0.78x their time without it. A premium on the lump itself weighs a small catch-up
+# (a few plain rounds) and one row's prompt in a batch only by their share of the round's
+# price. Replayed (64 prompts, 64 and 128 tokens, eight calibrations of two builds), 0.1 raised
+# auto's mean share of the best fixed setting on 15 of the 16 replays (+0.2 to +1.0 points) and
+# tied 1; one lowest prompt fell, 0.751 -> 0.745 (0.05: smaller gains; 0.15 and 0.2: lower means
+# and lowest prompts on several). On a ninth calibration, timed while memory ran fast, the mean
+# fell 0.8 and 0.4 points (benchmarks/RESULTS.md, "Zen 4: narrow verify passes tiled; a premium
+# on the draft's catch-up").
+LUMP_PREMIUM = 0.1
 
 
 @dataclasses.dataclass
@@ -297,10 +298,8 @@ class AdaptivePlanner:
             for k in range(1, max_k + 1):
                 e = _mean(expected_tokens(weighed[b], min(k, room[b])) for b in rows)
                 won = won or e / caught_up.cost(k, e, cv) > others
-                value = e / catch_up.cost(k, e, cv)
-                if catch_up.lump:
-                    value /= 1 + BUY_MARGIN
-                best = max(best, ("draft_model", k, value), key=lambda c: c[2])
+                best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
+                           key=lambda c: c[2])
             draft_won = tuple(won if d else None for d in drafting)
             optimistic = [_mean(expected_tokens([OPTIMISTIC] * k, min(k, room[b]))
                                 for b in rows) for k in range(max_k + 1)]
@@ -330,7 +329,7 @@ class AdaptivePlanner:
         budget). So a short answer after a long prompt (a question about a document) never
         pays the prompt's catch-up, while one that keeps going pays it once drafting would have
         saved about as much as it costs: a rent-or-buy rule that forgoes at most about the
-        lump's price. A purchase must win its round by BUY_MARGIN (`choose`). A request near its
+        lump's price, LUMP_PREMIUM above its time (`_DraftCosts.cost`). A request near its
         end, or a busy batch, does not pay for a few drafted rounds; nor does one whose text
         prompt lookup drafts better, for the rounds it finds no match in (`_draft_share`)."""
         lags = self.draft_model.lags(ctx)
@@ -441,8 +440,9 @@ class _DraftCosts:
 
     def cost(self, k: int, e: float, cv: list[float]) -> float:
         """Seconds per round of drafting k tokens that commit e on average: this round's
-        forwards and verify pass plus the round's share of the lump."""
-        return self.first + (k - 1) * self.step + cv[k] + self.lump * e / self.horizon
+        forwards and verify pass plus the round's share of the lump (at LUMP_PREMIUM)."""
+        lump = self.lump * (1 + LUMP_PREMIUM)
+        return self.first + (k - 1) * self.step + cv[k] + lump * e / self.horizon
 
 
 def _could_win(value, max_k: int, plain: float) -> bool:
