@@ -5,26 +5,30 @@ Run: python -m benchmarks.generate_ab [--base REV] [--sets tuning,held-out]
                                       [--max-new-tokens 64] [--repeats N] [--no-progress]
 
 `kernel_ab` times two builds' matrix products and `model_ab` their forward passes; this times
-what a user sees: greedy requests of the recorded prompt sets (benchmarks.auto_replay's) on
-the default pair, as `LLM()` loads it, each method under both builds. The base revision's tree
-is copied out and built (~1-3 min); each build then serves from its own process, and every
-(prompt, method) runs under both, in alternating order (ABBA over the sweep), so the
-machine's swings in memory bandwidth hit both alike.
+what a user sees: greedy requests of the recorded prompt sets (benchmarks.auto_replay's) on the
+default pair, as `LLM()` loads it, each method under both builds. The base revision's tree is
+copied out and built (~1-3 min); each build then serves from its own process, and every (prompt,
+method) runs under both, in alternating order (ABBA over the sweep), so the machine's swings in
+memory bandwidth hit both alike.
 
 `auto` plans from a calibration of each build (specrt.spec.costs), and a calibration is timed
-once: both are timed at the start, one after the other, into calibration files of this run
-(not the user's cache), so neither build plans from one timed in another hour. A pair timed
-in different memory speeds is not a fair pair (a calibration timed while the memory runs fast
+once: both are timed at the start, one after the other, into calibration files of this run (not
+the user's cache), so neither build plans from one timed in another hour. A pair timed in
+different memory speeds is not a fair pair (a calibration timed while the memory runs fast
 prices verify passes far above a decode step, and `auto` then drafts little), so the pair is
 timed again, up to CALIBRATIONS times, until the two builds' decode steps in it lie within
 STEP_SPREAD of each other (a change that makes the step itself that much faster never passes,
-and is warned about). The read bandwidth measured around the calibrations did not tell: in one
-run, readings of 63 and 54 GB/s framed steps of 58 and 87 ms, 59 and 35 GB/s two of 89 ms.
+and is warned about). That makes the pair fair, not typical: both may be timed while the memory
+runs fast (their steps are printed; 55-57 ms for the default pair's target on the development
+machine's fast stretches, 86-92 ms on its usual ones), and both builds' `auto` then plans as
+such a calibration makes it. The read bandwidth measured around the calibrations did not tell:
+in one run, readings of 63 and 54 GB/s framed steps of 58 and 87 ms, 59 and 35 GB/s two of 89
+ms.
 
 Prints per method each build's decode-only tokens/s (summed over the prompts), the geometric
-mean over prompts of B / A (> 1: the working tree is faster), and whether both builds gave the
-same tokens (greedy: they should, unless a kernel change alters bits) and the same as plain
-decoding. JSON on the last line, with both calibrations (to replay `auto` on them:
+mean over prompts of B's tokens/s / A's (> 1: the working tree is faster), and whether both
+builds gave the same tokens (greedy: they should, unless a kernel change alters bits) and the
+same as plain decoding. JSON on the last line, with both calibrations (to replay `auto` on them:
 benchmarks.auto_replay).
 """
 from __future__ import annotations
@@ -144,6 +148,12 @@ def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> dict[str, dict]:
     return curves
 
 
+def _speed(runs: list[dict]) -> float:
+    """Decode-only tokens/s over runs (NaN where they decoded nothing)."""
+    seconds = sum(r["seconds"] for r in runs)
+    return sum(r["tokens"] for r in runs) / seconds if seconds > 0 else float("nan")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     sets = [s for s in args.sets.split(",") if s]
@@ -170,12 +180,15 @@ def main(argv=None) -> int:
         procs = {tag: _start(tree, args.threads, Path(tmp) / f"calibration_{tag}.json")
                  for tag, tree in trees.items()}
         autos = [int(m.partition(":")[2]) for m in methods if m.startswith("auto:")]
-        calibrations = {k: _calibrate(procs, k) for k in sorted(set(autos))}
-        jobs = [(key, item, m) for _ in range(args.repeats) for key, item in items
-                for m in methods]
-        for i, (key, item, m) in enumerate(cli.progress(jobs, desc="requests",
-                                                             disable=args.no_progress)):
-            for tag in ("A", "B") if i % 2 == 0 else ("B", "A"):
+        # one calibration serves every K here (LLM.cost_model times passes up to 128 tokens
+        # with a draft model, MAX_SPECULATIVE_TOKENS + 1 at most)
+        calibrations = {"auto": _calibrate(procs, max(autos))} if autos else {}
+        # each (prompt, method) alternates AB, BA over the repeats, and over the prompts each
+        # method starts with A as often as with B
+        jobs = [(r + i + j, key, item, m) for r in range(args.repeats)
+                for i, (key, item) in enumerate(items) for j, m in enumerate(methods)]
+        for turn, key, item, m in cli.progress(jobs, desc="requests", disable=args.no_progress):
+            for tag in ("A", "B") if turn % 2 == 0 else ("B", "A"):
                 out = _ask(procs[tag], {"item": item, "max_new": args.max_new_tokens,
                                         "spec": specs[m]})
                 runs.setdefault((tag, key, m), []).append(out)
@@ -185,17 +198,17 @@ def main(argv=None) -> int:
     rows, summary = [], {}
     keys = [key for key, _ in items]
     for m in methods:
-        speed = {tag: sum(r["tokens"] for k in keys for r in runs[(tag, k, m)])
-                 / sum(r["seconds"] for k in keys for r in runs[(tag, k, m)]) for tag in "AB"}
-        ratios = [sum(r["seconds"] for r in runs[("A", k, m)])
-                  / sum(r["seconds"] for r in runs[("B", k, m)]) for k in keys]
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        speed = {tag: _speed([r for k in keys for r in runs[(tag, k, m)]]) for tag in "AB"}
+        ratios = [_speed(runs[("B", k, m)]) / _speed(runs[("A", k, m)]) for k in keys]
+        timed = [r for r in ratios if r == r]       # a request that decoded nothing: NaN
+        geo = math.exp(sum(map(math.log, timed)) / len(timed)) if timed else float("nan")
         same = sum(all(r["ids"] == runs[("A", k, m)][0]["ids"]
                        for tag in "AB" for r in runs[(tag, k, m)]) for k in keys)
         plain = sum(all(r["ids"] == runs[("A", k, "plain")][0]["ids"]
                         for tag in "AB" for r in runs[(tag, k, m)]) for k in keys)
         rows.append([m, f"{speed['A']:.2f}", f"{speed['B']:.2f}", f"{geo:.3f}",
-                     f"{min(ratios):.3f}", f"{max(ratios):.3f}", f"{same}/{len(keys)}",
+                     f"{min(timed, default=math.nan):.3f}",
+                     f"{max(timed, default=math.nan):.3f}", f"{same}/{len(keys)}",
                      f"{plain}/{len(keys)}"])
         summary[m] = {"tok_s": speed, "b_over_a_geo": geo, "b_over_a": dict(zip(keys, ratios)),
                       "same_tokens": same, "same_as_plain": plain}

@@ -8,7 +8,7 @@ them: a decode step, a 4-token pass (a draft's first forward of a round, a short
 --widths: passes of other widths, such as a target's verify passes of K + 1 tokens) and a
 prompt pass of --prompt tokens, through the whole forward (the C++ layer loop, the
 attention, the head). The base revision's tree is copied out (git archive) and its extensions
-built there (~2-3 min); each build then serves from its own process with the model loaded once,
+built there (~1-3 min); each build then serves from its own process with the model loaded once,
 and the rounds alternate between them (ABBA), so the machine's swings in memory bandwidth hit
 both alike. Prints each build's median milliseconds per pass and the median per-round ratio
 base / new (> 1: the working tree is faster); JSON on the last line. The two builds' numbers
@@ -65,7 +65,8 @@ def prompt_pass():
     return time.perf_counter() - t0
 
 
-[timed(w, 2) for w in widths], prompt_pass()     # warm-up: a process's first wide pass is ~2x slower
+# warm-up: a process's first wide pass is ~2x slower
+[timed(w, 2) for w in widths], prompt_pass()
 # the backend it runs on and its build id: "library" in it names an extension that did not
 # load (setup.py skips a failing one), whose part then runs on PyTorch's ops
 print("ready", getattr(model.backend, "name", type(model.backend).__name__),
