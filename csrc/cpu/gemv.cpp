@@ -6,10 +6,10 @@
 // depends on M. These kernels stream W once per call in tiles of 8 weight rows (each dotted
 // with up to 3 rows of x at a time from registers), split N across threads, and accumulate every
 // output element in the same k order whatever M is: a verify pass and a decode step give
-// bit-identical values for the same row (a decode step and passes of up to 6 rows take their
-// own path over whole weight rows, few_bf16 below, with the same bits). Plain C++17 + AVX-512
-// intrinsics, selected at run time (cpu_avx512); CPUs with AVX2 only take gemv_avx2.cpp, and
-// callers fall back to the library path elsewhere (cpu_supported).
+// bit-identical values for the same row (a decode step and passes of up to 6 rows, 2 on a Zen
+// 4, take their own path over whole weight rows, few_bf16 below, with the same bits). Plain
+// C++17 + AVX-512 intrinsics, selected at run time (cpu_avx512); CPUs with AVX2 only take
+// gemv_avx2.cpp, and callers fall back to the library path elsewhere (cpu_supported).
 #include "gemv.h"
 
 #include <immintrin.h>
@@ -113,11 +113,11 @@ SPECRT_TILES(block_f32, float)
 // weight rows x 7-17 rows of x at 0.75-0.93x (benchmarks/RESULTS.md, "AVX-512 on Zen 5" and
 // "Zen 5: the int8 draft's decode step and narrow verify passes").
 //
-// Verify passes (2-6 rows of x), and a decode step over rows of at most ROW_AT_A_TIME_K
-// values, take the weight rows one at a time, in memory order: the loads then run through
-// memory as one linear stream, as the streaming read's do. Four rows at a time make four
-// short interleaved streams (the 0.5B's rows are 1,792 bytes), which the hardware prefetcher
-// apparently does not follow (a harness over one K = 896 matrix: four rows without the
+// Verify passes (2-6 rows of x; 2 on a Zen 4, below), and a decode step over rows of at most
+// ROW_AT_A_TIME_K values, take the weight rows one at a time, in memory order: the loads then
+// run through memory as one linear stream, as the streaming read's do. Four rows at a time make
+// four short interleaved streams (the 0.5B's rows are 1,792 bytes), which the hardware
+// prefetcher apparently does not follow (a harness over one K = 896 matrix: four rows without the
 // software prefetch at 0.41-0.58 of the streaming read, one row at 0.98-1.00). On a Zen 4
 // EPYC (2 threads) four rows read the 0.5B's K = 896 products at 0.80-0.85 of the streaming
 // read and its decode step took 1.56x the read's time when memory was fast; one row at a
