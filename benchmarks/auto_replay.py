@@ -173,8 +173,9 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
             if lag > LONG_CATCH_UP:              # a long catch-up runs alone first
                 seconds += costs.draft_pass([lag - 1])
                 lag = 1
-            drafted = 1         # it stops as the engine's does (past the answer: not recorded,
-            while goes_on(*known(done + drafted - 1), drafted, room):    # taken as sure)
+            # it stops as the engine's does (past the recorded answer: taken as sure)
+            drafted = 1
+            while goes_on(*known(done + drafted - 1), drafted, room):
                 drafted += 1
             seconds += costs.draft_pass([lag]) + (drafted - 1) * costs.draft_pass([1])
             seconds += costs.verify_pass([drafted + 1])

@@ -139,9 +139,9 @@ MIN_HORIZON = 16
 # price. Replayed (64 prompts, 64 and 128 tokens, eight calibrations of two builds), 0.1 raised
 # auto's mean share of the best fixed setting on 15 of the 16 replays (+0.2 to +1.0 points) and
 # tied 1; one lowest prompt fell, 0.751 -> 0.745 (0.05: smaller gains; 0.15 and 0.2: lower means
-# and lowest prompts on several). On a ninth calibration, timed while memory ran fast, the mean
-# fell 0.8 and 0.4 points (benchmarks/RESULTS.md, "Zen 4: narrow verify passes tiled; a premium
-# on the draft's catch-up").
+# and lowest prompts on several). On three timed while memory ran fast, where buying the draft
+# model is marginal, the mean fell 0.4 to 2.5 points (benchmarks/RESULTS.md, "Zen 4: narrow
+# verify passes tiled; a premium on the draft's catch-up").
 LUMP_PREMIUM = 0.1
 
 
