@@ -1107,6 +1107,26 @@ def test_a_catch_up_is_not_bought_for_the_rounds_prompt_lookup_finds_no_match_in
         "draft_model:")
 
 
+def test_a_round_prompt_lookup_copied_is_not_one_the_draft_model_would_win():
+    """A rewrite's first round: prompt lookup drafts a 1-token match, and the draft model,
+    300 tokens behind, is not worth its catch-up yet but would have won the round caught up.
+    If the match's guesses were right (the answer copies its prompt), the round does not count
+    towards the share of rounds the draft model is expected to draft in (`_draft_share`),
+    which spreads its catch-up; if they were wrong, it does."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 18)],
+                      draft=[0.2 + 0.01 * t for t in range(1, 18)])
+    wins = {}
+    for accepted in (0, 3):
+        planner = AdaptivePlanner(16, costs, draft_model=LaggingDraft(300), ngram=FixedMatch(1))
+        planner.reset([0])
+        plan = planner.choose(_ctx(1, 500, history=300, generated=1))
+        assert plan.label.startswith("ngram:") and plan.notes.draft_won == (True,)
+        planner.observe(plan, [min(accepted, plan.k)], [plan.k], 0.0, 0.0)
+        wins[accepted] = (planner.rounds[0], planner.draft_wins[0], planner._draft_share([0]))
+    assert wins[0] == (1, 1, 1.0)
+    assert wins[3] == (1, 0, pytest.approx(2 / 3))
+
+
 def test_a_pass_is_priced_by_the_tokens_each_row_computes():
     """Rows are packed: a row without drafts adds one token, not K + 1; past the backend's
     pass size the rows run in chunks of whole rows, each streaming the weights again."""
