@@ -23,7 +23,10 @@ runs fast (their steps are printed; 55-57 ms for the default pair's target on th
 machine's fast stretches, 86-92 ms on its usual ones), and both builds' `auto` then plans as
 such a calibration makes it. The read bandwidth measured around the calibrations did not tell:
 in one run, readings of 63 and 54 GB/s framed steps of 58 and 87 ms, 59 and 35 GB/s two of 89
-ms.
+ms. `--calibration FILE` plans both builds from the calibration in FILE instead (a calibration
+file holding one pair of the target and the draft model timed together, as `SPECRT_CALIBRATION`
+files of one build do), timing none: what `auto` does in whole requests with a calibration timed
+at another memory speed than the requests run at.
 
 Prints per method each build's decode-only tokens/s (summed over the prompts), the geometric
 mean over prompts of B's tokens/s / A's (> 1: the working tree is faster), and whether both
@@ -63,6 +66,10 @@ for line in sys.stdin:
         if job["fresh"]:           # forget this process's calibration: time it again
             calibration._cache.clear()
             Path(os.environ["SPECRT_CALIBRATION"]).unlink(missing_ok=True)
+        if job.get("given"):       # plan from these curves: what timing them would return
+            given = job["given"]
+            calibration._measure = lambda models, max_t, graphed: (
+                [given["verify"][:max_t], given["draft"][:max_t]], False)
         costs = llm.cost_model(job["calibrate"])
         print(json.dumps({"verify": costs.verify, "draft": costs.draft}), flush=True)
         continue
@@ -91,8 +98,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="new tokens per request (default 64)")
     p.add_argument("--repeats", type=cli.count, default=1, help="sweeps (default 1)")
     p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="plan both builds' auto from a copy of this calibration file, timing "
+                        "none (default: time a pair at the start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
+
+
+def given_calibration(path: str) -> dict[str, list[float]]:
+    """The pair of curves a calibration file holds ({"verify": the target's seconds per pass
+    size, "draft": the draft model's}: the two entries timed beside each other, the slower
+    step the target's), or exit 2 naming what is wrong with the file."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        cli.fail(f"--calibration {path}: cannot read it as a calibration file ({e})")
+    if not isinstance(entries, dict) or not entries or not all(
+            isinstance(v, list) and v and all(isinstance(x, (int, float)) and x > 0 for x in v)
+            for v in entries.values()):
+        cli.fail(f"--calibration {path}: not a calibration file (a JSON object of forward "
+                 "times per model, as specrt saves in ~/.cache/specrt/calibration.json)")
+    pairs = {frozenset((k, f"{other} | beside {model}"))
+             for k in entries for model, _, other in [k.partition(" | beside ")]
+             if other and f"{other} | beside {model}" in entries}
+    if len(pairs) != 1:
+        cli.fail(f"--calibration {path}: it holds {len(pairs)} pairs of a target and a draft "
+                 "model timed together, not one: keep the pair to plan from in a file of its "
+                 "own")
+    first, second = (entries[k] for k in sorted(next(iter(pairs))))
+    if len(first) != len(second):
+        cli.fail(f"--calibration {path}: its pair's curves differ in length ({len(first)} and "
+                 f"{len(second)} pass sizes): not a calibration specrt saved")
+    target, draft = (first, second) if first[0] >= second[0] else (second, first)
+    return {"verify": target, "draft": draft}
 
 
 def speculative(method: str) -> dict | None:
@@ -125,13 +163,18 @@ def _ask(proc: subprocess.Popen, job: dict) -> dict:
     return json.loads(line)
 
 
-def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> dict[str, dict]:
+def _calibrate(procs: dict[str, subprocess.Popen], k: int,
+               given: dict[str, list[float]] | None = None) -> dict[str, dict]:
     """Both builds' calibrations for auto:k, timed one after the other at one memory speed
     (see the module's doc), their curves printed: tag -> {"verify": [seconds of a target pass
-    of 1, 2, ... tokens], "draft": [the same for the draft]}."""
+    of 1, 2, ... tokens], "draft": [the same for the draft]}. given: the curves both builds
+    plan from instead (`given_calibration`; none is timed)."""
     for attempt in range(1, CALIBRATIONS + 1):
-        curves = {tag: _ask(procs[tag], {"calibrate": k, "fresh": attempt > 1})
-                  for tag in ("A", "B")}
+        curves = {tag: _ask(procs[tag], {"calibrate": k, "fresh": attempt > 1,
+                                         "given": given}) for tag in ("A", "B")}
+        if given is not None and any(c != given[what][:len(c)] for tag in ("A", "B")
+                                     for what, c in curves[tag].items()):
+            cli.fail("--calibration: a build did not plan from the given calibration")
         steps = [curves[tag]["verify"][0] for tag in ("A", "B")]
         spread = max(steps) / min(steps)
         print(f"calibrations for auto:{k}, try {attempt}:", file=sys.stderr)
@@ -140,7 +183,7 @@ def _calibrate(procs: dict[str, subprocess.Popen], k: int) -> dict[str, dict]:
                   + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["verify"][:8]) + " ms; draft "
                   + " ".join(f"{s * 1e3:.1f}" for s in curves[tag]["draft"][:8]) + " ms",
                   file=sys.stderr)
-        if spread <= STEP_SPREAD:
+        if spread <= STEP_SPREAD or given is not None:
             return curves
     print(f"warning: no pair of calibrations for auto:{k} was timed at one memory speed in "
           f"{CALIBRATIONS} tries (the last: decode steps {spread:.2f}x apart); its comparison "
@@ -174,6 +217,7 @@ def main(argv=None) -> int:
                         {"base": args.base, "sets": ",".join(sets), "prompts": len(items),
                          "methods": ",".join(methods), "max_new_tokens": args.max_new_tokens,
                          "repeats": args.repeats})
+    given = given_calibration(args.calibration) if args.calibration else None
     runs: dict[tuple[str, str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="generate_ab_") as tmp:
         trees = {"A": revisions.built(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
@@ -182,7 +226,7 @@ def main(argv=None) -> int:
         autos = [int(m.partition(":")[2]) for m in methods if m.startswith("auto:")]
         # one calibration serves every K here (LLM.cost_model times passes up to 128 tokens
         # with a draft model, MAX_SPECULATIVE_TOKENS + 1 at most)
-        calibrations = {"auto": _calibrate(procs, max(autos))} if autos else {}
+        calibrations = {"auto": _calibrate(procs, max(autos), given)} if autos else {}
         # each (prompt, method) alternates AB, BA over the repeats, and over the prompts each
         # method starts with A as often as with B
         jobs = [(r + i + j, key, item, m) for r in range(args.repeats)
