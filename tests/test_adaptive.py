@@ -1127,6 +1127,43 @@ def test_a_round_prompt_lookup_copied_is_not_one_the_draft_model_would_win():
     assert wins[3] == (1, 0, pytest.approx(2 / 3))
 
 
+def test_in_a_batch_only_the_rows_whose_lookup_guesses_were_right_copied():
+    """Per row: of two rows whose prompt-lookup round the draft model would have won, the one
+    whose guesses were accepted copied (not won), the other not; a draft-model round whose
+    guesses were accepted is won as before."""
+    costs = CostModel(verify=[1.0 + 0.03 * t for t in range(1, 18)],
+                      draft=[0.2 + 0.01 * t for t in range(1, 18)])
+    planner = AdaptivePlanner(16, costs, draft_model=LaggingDraft(300), ngram=FixedMatch(1))
+    planner.reset([0, 1])
+    plan = planner.choose(_ctx(2, 500, history=300, generated=1))
+    assert plan.label.startswith("ngram:") and plan.notes.draft_won == (True, True)
+    planner.observe(plan, [2, 0], [plan.k, plan.k], 0.0, 0.0)
+    assert planner.rounds == [1, 1] and planner.draft_wins == [0, 1]
+    caught_up = AdaptivePlanner(16, costs, draft_model=LaggingDraft(1))
+    caught_up.reset([0])
+    plan = caught_up.choose(_ctx(1, 500, history=300, generated=1))
+    assert plan.label.startswith("draft_model:") and plan.notes.draft_won == (True,)
+    caught_up.observe(plan, [plan.k], [plan.k], 0.0, 0.0)
+    assert caught_up.rounds == [1] and caught_up.draft_wins == [1]
+
+
+def test_a_calibration_timed_in_fast_memory_still_buys_the_draft_for_a_code_prompt():
+    """A calibration timed while memory ran fast (a 57 ms target step; its curves' first 17
+    pass sizes, in ms) prices a verify pass at more steps: buying the draft model's read of an
+    80-token prompt, spread over the 16 tokens a new answer is expected to run, then needs an
+    acceptance of ~0.72. At the draft model's prior a request's first round buys it (at 0.65
+    and 0.7 it decoded such a request plain throughout, where drafting was ~2x plain)."""
+    verify = [57.2, 76.6, 85.9, 91.4, 94.5, 99.4, 104.0, 110.1, 116.7, 126.6, 136.6, 146.6,
+              156.6, 166.6, 176.6, 186.6, 197.7]
+    draft = [9.1, 12.2, 13.3, 13.3, 13.3, 13.3, 19.4, 19.4, 20.5, 21.6, 22.6, 23.7, 24.7, 25.7,
+             26.8, 27.8, 29.8]
+    costs = CostModel(verify=[v / 1e3 for v in verify], draft=[d / 1e3 for d in draft])
+    planner = AdaptivePlanner(16, costs, draft_model=LaggingDraft(80))
+    planner.reset([0])
+    assert planner.choose(_ctx(1, 500, history=80, generated=1)).label.startswith(
+        "draft_model:")
+
+
 def test_a_pass_is_priced_by_the_tokens_each_row_computes():
     """Rows are packed: a row without drafts adds one token, not K + 1; past the backend's
     pass size the rows run in chunks of whole rows, each streaming the weights again."""

@@ -85,11 +85,11 @@ COPY_STATE = "ngram/copy"
 # fast memory (~55 ms) a verify pass costs more steps, buying the draft's read of a prompt then
 # needs ~0.75 acceptance, and at 0.65 `auto` decoded most code plain (replayed: 84-89% of the
 # best fixed setting, against 97%). 0.75, with a round that prompt lookup copied not counted as
-# one the draft model would win (`observe`), replayed on 64 prompts at 64 tokens: 94-95% on
-# three fast-memory calibrations and 97.2-99.0% on eight slow ones (every set's mean at or above
-# 0.65's but one, -0.2 points); its lowest prompt fell, a 10-token answer after a 132-token
-# prompt, 0.734 -> 0.702 (benchmarks/RESULTS.md, "A fast-memory calibration, the draft's prior,
-# and copied rounds"; earlier, "The draft model's prior").
+# one the draft model would win (`observe`), replayed on 64 prompts at 64 tokens: 93-95% on
+# three fast-memory calibrations and 97.2-99.0% on eight slow ones (no calibration's mean and no
+# set's fell; at 128 tokens two sets' fell 0.2 points); its lowest prompt fell, a 10-token
+# answer after a 132-token prompt, 0.734 -> 0.702 (benchmarks/RESULTS.md, "A fast-memory
+# calibration, the draft's prior, and copied rounds"; earlier, "The draft model's prior").
 PRIORS = {"draft_model": 0.75, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # "ngram": n = 3-7
           COPY_STATE: 0.8}
 # EWMA weight of the newest observation of a position: an average over ~12 rounds. At 0.3
@@ -219,6 +219,7 @@ class AdaptivePlanner:
         self.states: dict[str, DrafterState] = {}
         self.rounds: list[int] = []       # [B] rounds planned for the row's request
         self.draft_wins: list[int] = []   # [B] ... that the draft model, caught up, would win
+                                          # and prompt lookup did not copy (`observe`)
 
     # --- planner protocol -------------------------------------------------------------------
     def new_batch(self) -> None:
@@ -348,11 +349,11 @@ class AdaptivePlanner:
         """The share of the rows' remaining rounds the draft model is expected to draft in
         once caught up: the share of their rounds so far it would have won with no catch-up to
         pay and prompt lookup did not copy (`observe`; weighed as the mean with a prior of 1
-        counted PRIOR_COUNT times). A rewrite that
-        prompt lookup copies from the prompt has rounds with no match, where a draft model that
-        never read the prompt looks worth buying against a plain step; bought, it would draft
-        in those few rounds only, having spent a lump of ~6 plain steps (replayed at 64
-        tokens: three rewrites 76-85% -> 97-119% of the best fixed setting,
+        counted PRIOR_COUNT times). A rewrite that prompt lookup copies from the prompt has
+        rounds with no match, where a draft model that never read the prompt looks worth buying
+        against a plain step; bought, it would draft in those few rounds only, having spent a
+        lump of ~6 plain steps (replayed at 64 tokens: three rewrites 76-85% -> 97-119% of the
+        best fixed setting,
         benchmarks/RESULTS.md, "Rent or buy: the draft model's catch-up ...")."""
         return _mean((self.draft_wins[b] + PRIOR_COUNT) / (self.rounds[b] + PRIOR_COUNT)
                      for b in rows) if rows else 1.0
@@ -382,9 +383,10 @@ class AdaptivePlanner:
         """Learn acceptance from the round's outcome (its timings are not used: see above)."""
         decision: Decision = plan.notes
         copied = [plan.drafter is self.ngram and plan.k > 0 and n > 0 for n in num_accepted]
+        copied += [False] * (len(decision.draft_won) - len(copied))
         for row, won in enumerate(decision.draft_won):
             if won is not None:
-                # A round whose prompt-lookup guesses were right was copied text: the draft
+                # A round in which a prompt-lookup guess was accepted copied text: the draft
                 # model, however it was priced, was not what the row needed. Counted as won,
                 # a rewrite's first rounds (a 1-token match copied, then none) bought the
                 # draft's read of its prompt at once (replayed, benchmarks/RESULTS.md,
