@@ -2,7 +2,8 @@
 
 Run: python -m benchmarks.generate_ab [--base REV] [--sets tuning,held-out]
                                       [--prompts-per-task N] [--methods plain,auto:16]
-                                      [--max-new-tokens 64] [--repeats N] [--no-progress]
+                                      [--max-new-tokens 64] [--repeats N]
+                                      [--calibration FILE] [--no-progress]
 
 `kernel_ab` times two builds' matrix products and `model_ab` their forward passes; this times
 what a user sees: greedy requests of the recorded prompt sets (benchmarks.auto_replay's) on the
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from benchmarks.auto_replay import PROMPT_SETS, prompt_items
 from benchmarks.harness import cli, machine, report, revisions
+from specrt.spec import calibration
 
 CALIBRATIONS = 4          # tries at a pair of calibrations timed at one memory speed
 STEP_SPREAD = 1.1         # ... the slower build's decode step in them / the faster's
@@ -66,12 +68,15 @@ for line in sys.stdin:
         if job["fresh"]:           # forget this process's calibration: time it again
             calibration._cache.clear()
             Path(os.environ["SPECRT_CALIBRATION"]).unlink(missing_ok=True)
+        needed = []
         if job.get("given"):       # plan from these curves: what timing them would return
-            given = job["given"]
-            calibration._measure = lambda models, max_t, graphed: (
-                [given["verify"][:max_t], given["draft"][:max_t]], False)
+            def given(models, max_t, graphed, curves=job["given"]):
+                needed.append(max_t)
+                return [curves["verify"][:max_t], curves["draft"][:max_t]], False
+            calibration._measure = given
         costs = llm.cost_model(job["calibrate"])
-        print(json.dumps({"verify": costs.verify, "draft": costs.draft}), flush=True)
+        print(json.dumps({"verify": costs.verify, "draft": costs.draft, "needed": needed}),
+              flush=True)
         continue
     item = job["item"]
     ids = (llm.encode(messages=item["messages"]) if "messages" in item
@@ -111,11 +116,10 @@ def given_calibration(path: str) -> dict[str, list[float]]:
     step the target's), or exit 2 naming what is wrong with the file."""
     try:
         entries = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         cli.fail(f"--calibration {path}: cannot read it as a calibration file ({e})")
     if not isinstance(entries, dict) or not entries or not all(
-            isinstance(v, list) and v and all(isinstance(x, (int, float)) and x > 0 for x in v)
-            for v in entries.values()):
+            calibration.valid_entry(k, v) for k, v in entries.items()):
         cli.fail(f"--calibration {path}: not a calibration file (a JSON object of forward "
                  "times per model, as specrt saves in ~/.cache/specrt/calibration.json)")
     pairs = {frozenset((k, f"{other} | beside {model}"))
@@ -170,11 +174,21 @@ def _calibrate(procs: dict[str, subprocess.Popen], k: int,
     of 1, 2, ... tokens], "draft": [the same for the draft]}. given: the curves both builds
     plan from instead (`given_calibration`; none is timed)."""
     for attempt in range(1, CALIBRATIONS + 1):
-        curves = {tag: _ask(procs[tag], {"calibrate": k, "fresh": attempt > 1,
+        # given: fresh, so each build asks for its curves (`needed`: the pass sizes it plans
+        # from) rather than using any it has cached
+        curves = {tag: _ask(procs[tag], {"calibrate": k, "fresh": attempt > 1 or bool(given),
                                          "given": given}) for tag in ("A", "B")}
-        if given is not None and any(c != given[what][:len(c)] for tag in ("A", "B")
-                                     for what, c in curves[tag].items()):
-            cli.fail("--calibration: a build did not plan from the given calibration")
+        needed = {tag: curves[tag].pop("needed") for tag in ("A", "B")}
+        if given is not None:
+            for tag in ("A", "B"):
+                if not needed[tag] or curves[tag] != {w: c[:needed[tag][-1]]
+                                                      for w, c in given.items()}:
+                    cli.fail(f"--calibration: build {tag} did not plan from the given "
+                             "calibration (a build older than `generate_ab --calibration`?)")
+                if needed[tag][-1] > len(given["verify"]):
+                    cli.fail(f"--calibration: its curves time {len(given['verify'])} pass "
+                             f"sizes, and build {tag} plans from {needed[tag][-1]}: give a "
+                             "calibration this kind of engine saved")
         steps = [curves[tag]["verify"][0] for tag in ("A", "B")]
         spread = max(steps) / min(steps)
         print(f"calibrations for auto:{k}, try {attempt}:", file=sys.stderr)
@@ -207,6 +221,10 @@ def main(argv=None) -> int:
     specs = {m: speculative(m) for m in methods}
     if "plain" not in specs:
         methods, specs = ["plain", *methods], {"plain": None, **specs}
+    autos = [int(m.partition(":")[2]) for m in methods if m.startswith("auto:")]
+    if args.calibration and not autos:
+        cli.fail("--calibration is what auto plans from: add an auto:K method to --methods")
+    given = given_calibration(args.calibration) if args.calibration else None
     items, seen = [], {}
     for s, task, item in prompt_items({s: PROMPT_SETS[s] for s in sets}):
         seen[(s, task)] = seen.get((s, task), 0) + 1
@@ -217,13 +235,11 @@ def main(argv=None) -> int:
                         {"base": args.base, "sets": ",".join(sets), "prompts": len(items),
                          "methods": ",".join(methods), "max_new_tokens": args.max_new_tokens,
                          "repeats": args.repeats})
-    given = given_calibration(args.calibration) if args.calibration else None
     runs: dict[tuple[str, str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="generate_ab_") as tmp:
         trees = {"A": revisions.built(args.base, Path(tmp) / "A"), "B": revisions.ROOT}
         procs = {tag: _start(tree, args.threads, Path(tmp) / f"calibration_{tag}.json")
                  for tag, tree in trees.items()}
-        autos = [int(m.partition(":")[2]) for m in methods if m.startswith("auto:")]
         # one calibration serves every K here (LLM.cost_model times passes up to 128 tokens
         # with a draft model, MAX_SPECULATIVE_TOKENS + 1 at most)
         calibrations = {"auto": _calibrate(procs, max(autos), given)} if autos else {}
