@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=cli.count, default=1, help="sweeps (default 1)")
     p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
     p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="plan both builds' auto from a copy of this calibration file, timing "
-                        "none (default: time a pair at the start)")
+                   help="plan both builds' auto from the pair of curves in this calibration "
+                        "file, timing none (default: time a pair at the start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 

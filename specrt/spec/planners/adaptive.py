@@ -81,15 +81,16 @@ from specrt.spec.planners.base import PLAIN, Plan
 COPY_STATE = "ngram/copy"
 # Acceptance before a request's first round, per state. The draft model's: its per-prompt
 # agreement with the target is 0.58-1.0 on the recorded traces (mean 0.83). 0.65 was chosen on
-# calibrations timed while memory was slow (a target step of ~86 ms here); timed in a burst of
-# fast memory (~55 ms) a verify pass costs more steps, buying the draft's read of a prompt then
-# needs ~0.75 acceptance, and at 0.65 `auto` decoded most code plain (replayed: 84-89% of the
-# best fixed setting, against 97%). 0.75, with a round that prompt lookup copied not counted as
-# one the draft model would win (`observe`), replayed on 64 prompts at 64 tokens: 93-95% on
-# three fast-memory calibrations and 97.2-99.0% on eight slow ones (no calibration's mean and no
-# set's fell; at 128 tokens two sets' fell 0.2 points); its lowest prompt fell, a 10-token
-# answer after a 132-token prompt, 0.734 -> 0.702 (benchmarks/RESULTS.md, "A fast-memory
-# calibration, the draft's prior, and copied rounds"; earlier, "The draft model's prior").
+# four calibrations of one build (benchmarks/RESULTS.md, "The draft model's prior"). On one timed
+# in a burst of fast memory (a ~55 ms target step where ~86 ms is usual here) a verify pass
+# costs more steps, buying the draft's read of a prompt needs ~0.75 acceptance, and at 0.65
+# `auto` decoded most code plain (replayed: 84-89% of the best fixed setting, against 97%).
+# 0.75, with a round that prompt lookup copied not counted as one the draft model would win
+# (`observe`), replayed on 64 prompts at 64 tokens: 93-95% on three fast-memory calibrations and
+# 97.2-99.0% on eight slow ones (no calibration's mean and no set's fell; at 128 tokens two
+# sets' fell 0.2 points). Its lowest prompt fell, a 10-token answer after a 132-token prompt,
+# whose draft it buys and does not repay: 0.734 -> 0.702 (benchmarks/RESULTS.md, "A fast-memory
+# calibration, the draft's prior, and copied rounds").
 PRIORS = {"draft_model": 0.75, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # "ngram": n = 3-7
           COPY_STATE: 0.8}
 # EWMA weight of the newest observation of a position: an average over ~12 rounds. At 0.3
@@ -353,8 +354,8 @@ class AdaptivePlanner:
         rounds with no match, where a draft model that never read the prompt looks worth buying
         against a plain step; bought, it would draft in those few rounds only, having spent a
         lump of ~6 plain steps (replayed at 64 tokens: three rewrites 76-85% -> 97-119% of the
-        best fixed setting,
-        benchmarks/RESULTS.md, "Rent or buy: the draft model's catch-up ...")."""
+        best fixed setting, benchmarks/RESULTS.md, "Rent or buy: the draft model's catch-up
+        ...")."""
         return _mean((self.draft_wins[b] + PRIOR_COUNT) / (self.rounds[b] + PRIOR_COUNT)
                      for b in rows) if rows else 1.0
 
