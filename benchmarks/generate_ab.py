@@ -122,9 +122,9 @@ def given_calibration(path: str) -> dict[str, list[float]]:
             calibration.valid_entry(k, v) for k, v in entries.items()):
         cli.fail(f"--calibration {path}: not a calibration file (a JSON object of forward "
                  "times per model, as specrt saves in ~/.cache/specrt/calibration.json)")
-    pairs = {frozenset((k, f"{other} | beside {model}"))
-             for k in entries for model, _, other in [k.partition(" | beside ")]
-             if other and f"{other} | beside {model}" in entries}
+    pairs = {frozenset((k, f"{other}{calibration.BESIDE}{model}"))
+             for k in entries for model, _, other in [k.partition(calibration.BESIDE)]
+             if other and f"{other}{calibration.BESIDE}{model}" in entries}
     if len(pairs) != 1:
         cli.fail(f"--calibration {path}: it holds {len(pairs)} pairs of a target and a draft "
                  "model timed together, not one: keep the pair to plan from in a file of its "

@@ -68,6 +68,8 @@ try:
     _TICK = 1.0 / os.sysconf("SC_CLK_TCK")   # seconds of one /proc/stat count
 except (AttributeError, ValueError, OSError):
     _TICK = 0.01
+# In a key, between a model's own key and that of each model timed beside it (`timed_together`)
+BESIDE = " | beside "
 _TRIES = 2            # calibrations tried before one from a busy machine is used unsaved
 check_busy = True     # off in the test suite, whose tests count forwards and saved entries
 _cache: dict[str, list[float]] = {}
@@ -119,7 +121,7 @@ def timed_together(models: list[Transformer], max_t: int,
     """`forward_seconds` of each model, timed interleaved (each T and repeat runs every model
     in turn), so a change in the machine's speed during the calibration hits all alike and
     their ratios hold. graphed: time the static runners an engine with graphs replays."""
-    keys = [_key(m, max_t, graphed) + "".join(f" | beside {_key(o, max_t, graphed)}"
+    keys = [_key(m, max_t, graphed) + "".join(f"{BESIDE}{_key(o, max_t, graphed)}"
                                               for o in models if o is not m)
             for m in models]
     with _lock:
