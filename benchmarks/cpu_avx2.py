@@ -11,7 +11,7 @@ the machine's drift hits every configuration alike:
 1. steps: median ms of a decode step, a 5-token verify pass (position ~130) and a 128-token
    prefill per token, for the target and the draft, the old way (torch_ref; fp32 = the old
    default, bf16) and the new (cpu_native bf16; the draft also int8, the new default, both
-   drafts scoring the 65,536-id shortlist as `LLM` loads them);
+   drafts scoring the default shortlist as `LLM` loads them);
 2. end to end: the default pair as `LLM` loads it the old way (SPECRT_BACKEND=torch_ref,
    dtype float32) and the new way (the defaults), greedy, chat template, the first prompt of
    each task of benchmarks/prompts.json, plain / draft_model:3 / auto; decode-only tokens/s

@@ -3,7 +3,7 @@
 Run: python -m benchmarks.draft_quant [--quick] [--prompts FILE] [--drafts bfloat16,int8,int4]
 
 One target (bf16) and the same draft model loaded once per form in --drafts: quantized ones as
-`LLM` loads them (scoring the first 65,536 token ids and the special ones: see
+`LLM` loads them (scoring the default shortlist of token ids and the special ones: see
 specrt.spec.drafters.draft_model.shortlist), the unquantized one over the whole vocabulary;
 each in its own engine sharing the target's weights, all on this thread. Measures:
 - step costs: a target decode step and a step of each draft, in turns (the order reversed

@@ -2,7 +2,7 @@
 
 Run: python -m benchmarks.huge_pages [--rounds N] [--order huge-first|small-first]
 
-Loads the default pair's target (bf16) and its draft as `LLM` loads it (int8, 65,536-id
+Loads the default pair's target (bf16) and its draft as `LLM` loads it (int8, the default
 shortlist) twice each in one process: once with the CPU backend's huge-page arena
 (`specrt.kernels.cpu.huge_pages`) and once without, checks that both give the same logits,
 then times 10 decode steps at position 60 of each, the two placements alternating in each

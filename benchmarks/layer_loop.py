@@ -3,7 +3,7 @@
 Run: python -m benchmarks.layer_loop [--rounds N]        (--help for the knobs)
 
 The default pair's target (bf16) and its draft as `LLM` loads it, int8 (the default), int4
-(`draft_dtype="int4"`) and bf16 (`draft_dtype="bfloat16"`), all scoring the 65,536-id
+(`draft_dtype="int4"`) and bf16 (`draft_dtype="bfloat16"`), all scoring the default
 shortlist, each on the CPU-native backend. Each round times 10 decode steps at position 60 of
 every model with the fused loop (`specrt.kernels.cpu.layers`) and with the per-op loop
 (`CpuNative.layers_per_op`), the order alternating from round to round, so the machine's drift

@@ -10,9 +10,9 @@ reversed every other round), median microseconds per call:
 - argmax of 1, 6 and 17 rows: torch.argmax against `specrt.kernels.cpu.ops.argmax` (the C++
   kernel `specrt.kernels.argmax` runs on the CPU; checked to give the same indices first);
 - the draft's confidence over a shortlisted row (ids past --shortlist at -inf, as a draft
-  scoring its 65,536 most frequent ids leaves them): the sum of exp(x - max) it was computed
+  scoring its shortlist of frequent ids leaves them): the sum of exp(x - max) it was computed
   as before, against the softmax's largest entry it is now (`draft_model.confidence`; the two
-  checked to agree within 1e-4: each sums 65,558 fp32 terms in its own order, ~5e-6 apart);
+  checked to agree within 1e-4: each sums ~50,000 fp32 terms in its own order, ~5e-6 apart);
 - the top-p cut (0.9) of a sampled position: the stable sort of the whole row
   (`sampling.top_p_cut_sorted`, the specification) against the ranked cut `warp` takes on the
   CPU (`sampling.top_p_cut`; checked to cut the same tokens), on a peaked row (a handful of
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import cli, machine, report, timing
+from specrt.spec.drafters.draft_model import SHORTLIST
 
 SECTION = "## Work over the vocabulary (benchmarks/vocab_ops.py)"
 ROWS = (1, 6, 17)          # a plain step or a draft guess, a K = 5 and a K = 16 verify pass
@@ -47,9 +48,9 @@ def build_parser():
                    help="interleaved rounds (median; default 200)")
     p.add_argument("--vocab", type=cli.count, default=151936,
                    help="ids per row (default 151,936: the default pair's vocabulary)")
-    p.add_argument("--shortlist", type=cli.count, default=65558,
-                   help="ids the draft scores in the confidence row (default 65,558: the "
-                   "default shortlist with its special ids)")
+    p.add_argument("--shortlist", type=cli.count, default=SHORTLIST + 22,
+                   help=f"ids the draft scores in the confidence row (default {SHORTLIST + 22:,}: "
+                   "the default shortlist with the default pair's 22 special ids)")
     p.add_argument("--threads", type=cli.count, default=2, help="torch threads (default 2)")
     cli.add_record_args(p)
     return p

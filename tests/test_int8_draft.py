@@ -305,9 +305,12 @@ def test_a_float16_pair_keeps_its_draft_unquantized_and_refuses_int8(tiny_noeos_
             specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float16", draft_dtype=fmt)
 
 
-def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir):
-    """A draft scoring only ids < 100 (and the special tokens) proposes nothing else, and the
-    target still decides: greedy output equals plain decoding."""
+@pytest.mark.parametrize("prompt", [list(range(40, 70)), [*range(40, 60), *range(200, 230)]],
+                         ids=["shortlisted ids", "ids past the shortlist"])
+def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir, prompt):
+    """A draft scoring only ids < 100 (and the special tokens) proposes nothing else but the
+    ids its request has read, and the target still decides: greedy output equals plain
+    decoding."""
     llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32", max_seq_len=256,
                      draft_vocab=100)
     try:
@@ -315,14 +318,81 @@ def test_draft_vocab_shortlist_keeps_output_exact(tiny_noeos_dir, tiny_draft_dir
         allowed = set(draft.head_rows.tolist())
         assert set(range(100)) <= allowed and len(allowed) < draft.cfg.vocab_size
         assert draft.lm_head.weight.shape[0] == len(allowed)
-        prompt = list(range(40, 70))
         plain = llm.generate(prompt, max_new_tokens=40).token_ids
         run = llm.submit(prompt, max_new_tokens=40,
                          speculative={"method": "draft_model", "num_speculative_tokens": 4})
         proposed = [t for chunk in run.chunks() for t in chunk.step.draft_tokens]
         assert run.result().token_ids == plain
-        assert proposed and set(proposed) <= allowed
+        assert proposed and set(proposed) <= allowed | set(prompt) | set(plain)
     finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("also", [[[250, 120], [300]], [[], [101, 319, 200]], [[150], []]])
+def test_a_shortlisted_pass_scores_the_ids_each_row_names_as_the_full_head(tiny_draft_dir,
+                                                                           also):
+    """`also_score`: a shortlisted model scores row b's ids also[b] too, as the full model
+    does, and no other id past its shortlist; in a decode step, a catch-up's last token and a
+    padded pass alike."""
+    from specrt.model.transformer import Transformer
+
+    rows = list(range(100))
+    full = Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64)
+    short = Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64, head_rows=rows)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    for kw in (dict(num_valid=[4, 3]), dict(num_valid=[4, 3], last_only=True)):
+        want = full.forward(ids, full.new_cache(2, 64), **kw)                 # [2, T, V]
+        got = short.forward(ids, short.new_cache(2, 64), also_score=also, **kw)
+        for b in range(2):
+            scored = torch.zeros(want.shape[-1], dtype=torch.bool)
+            scored[rows + also[b]] = True
+            valid = slice(None) if kw.get("last_only") else slice(0, kw["num_valid"][b])
+            torch.testing.assert_close(got[b, valid][:, scored], want[b, valid][:, scored],
+                                       rtol=1e-5, atol=1e-5)
+            assert torch.isneginf(got[b, valid][:, ~scored]).all()
+
+
+def test_a_shortlisted_draft_scores_what_its_row_read_past_the_shortlist(tiny_noeos_dir,
+                                                                        tiny_draft_dir):
+    """The eager draft model names, per row, the ids past its shortlist that the row's request
+    has read (prompt and answer so far) in order of first use, the same whether the request
+    runs alone or beside another; a new request on the row starts from none."""
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32", max_seq_len=256,
+                     draft_vocab=100)
+    named = []
+    model = llm.engine.draft
+    forward = model.forward
+
+    def spy(*args, also_score=None, **kw):
+        named.append([list(r) for r in also_score] if also_score is not None else None)
+        return forward(*args, also_score=also_score, **kw)
+
+    model.forward = spy
+    spec = {"method": "draft_model", "num_speculative_tokens": 3}
+    prompts = [[*range(40, 50), 250, 120, 250, 7, 300], [*range(10, 30), 199]]
+    shortlist = set(model.head_rows.tolist())
+    try:
+        alone = []
+        for p in prompts:
+            named.clear()
+            out = llm.generate(p, max_new_tokens=12, speculative=spec).token_ids
+            read = list(dict.fromkeys(t for t in p + out if t not in shortlist))
+            rows = [r[0] for r in named if r is not None]
+            assert rows and all(read[:len(r)] == r for r in rows)      # a prefix, growing
+            in_prompt = list(dict.fromkeys(t for t in p if t not in shortlist))
+            assert rows[0][:len(in_prompt)] == in_prompt
+            alone.append(read)
+        named.clear()
+        together = llm.generate(prompts, max_new_tokens=12, speculative=spec)
+        assert [r.token_ids for r in together] == [
+            llm.generate(p, max_new_tokens=12).token_ids for p in prompts]
+        # every row names a prefix of one request's own read ids (a request may move rows),
+        # never a mix of two
+        rows = [r for names in named if names is not None for r in names if r]
+        owner = [[b for b in range(2) if alone[b][:len(r)] == r] for r in rows]
+        assert rows and all(owner) and {b for o in owner for b in o} == {0, 1}
+    finally:
+        model.forward = forward
         llm.close()
 
 

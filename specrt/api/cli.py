@@ -395,8 +395,9 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                         "multiples of 128); or --dtype itself. The output does not change: "
                         "only the target decides what is emitted")
     p.add_argument("--draft-vocab", default="auto", type=draft_vocab_flag,
-                   help="token ids the draft scores: auto (default: the first 65536 and the "
-                        "special tokens when the vocabulary is over twice that), all, or N")
+                   help="token ids the draft scores: auto (default: the first 49152 and the "
+                        "special tokens when the vocabulary is over twice that), all, or N; "
+                        "a shortlisted draft also scores the ids its request has read")
     from specrt.spec.config import DRAFT_STOP
 
     p.add_argument("--draft-stop", default=DRAFT_STOP, type=float, metavar="P",

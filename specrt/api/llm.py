@@ -63,8 +63,9 @@ class LLM:
         cuda_graphs None = on with CUDA; draft_dtype "auto" = the draft model's weights in int8
         where the CPU int8 kernel runs (the output is unchanged: only the target decides what
         is emitted), else in dtype; draft_vocab: the draft scores only the token ids below it
-        (and the special tokens), "auto" = 65536 for vocabularies over twice that (see
-        specrt.spec.drafters.draft_model.shortlist), None = every token; draft_stop: the draft
+        (and the special tokens) and the ids its request has read, "auto" = 49152 for
+        vocabularies over twice that (see specrt.spec.drafters.draft_model.shortlist), None =
+        every token; draft_stop: the draft
         model stops a request's drafts in a round after a guess it gives less than this
         probability (0 = never; with cuda_graphs every round drafts K). Every argument is
         checked (specrt.api.args) before any file is read."""

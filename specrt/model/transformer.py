@@ -44,7 +44,8 @@ class Transformer:
         for the device's default (see specrt.model.backends). quant: store the projections and
         the output head quantized ("int8", for a draft model), None: in the weights' dtype.
         head_rows: score only these token ids (a draft model's shortlist: its output head
-        shrinks to them, every other logit is -inf); None: the whole vocabulary."""
+        shrinks to them, every other logit is -inf, except the ids a pass names in
+        `also_score`); None: the whole vocabulary."""
         self.cfg = cfg
         w = weights
         self.embed = w.pop("model.embed_tokens.weight")            # [V, H]
@@ -59,9 +60,11 @@ class Transformer:
         linear = functools.partial(self.backend.linear, quant=quant)
         head = w.pop("lm_head.weight", self.embed)   # tied: the embeddings (loader.py)
         self.head_rows = None
+        self.head_all = None    # [V, H] every id's head row, in the weights' dtype (shortlisted)
         if head_rows is not None:
             self.head_rows = torch.tensor(sorted(set(head_rows)), dtype=torch.int64,
                                           device=self.device)                 # [N]
+            self.head_all = head      # tied: the embeddings, kept anyway; untied: host memory
             head = head[self.head_rows]
         self.lm_head = linear(head)
         kept = getattr(self.lm_head, "weight", None)
@@ -126,13 +129,16 @@ class Transformer:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache,
-                num_valid: list[int] | None = None, last_only: bool = False) -> torch.Tensor:
+                num_valid: list[int] | None = None, last_only: bool = False,
+                also_score: list[list[int]] | None = None) -> torch.Tensor:
         """Run T new tokens per row through the model and append their K/V to `cache`.
 
         input_ids: [B, T] token ids; row b's tokens sit at positions lengths[b] + t.
         num_valid: [B] how many of row b's T tokens are real (default all); the rest are
             right-padding: their K/V are not kept and their logits are meaningless.
         last_only: return only the logits of each row's last valid token, [B, 1, V].
+        also_score: [B] more ids each row scores, outside `head_rows` (a shortlisted model
+            only), from their head rows in the weights' dtype (`_score_also`).
         Returns fp32 logits [B, T, V] (or [B, 1, V]), zeros at the padding (which the backend
         need not compute); cache lengths advance by num_valid.
         """
@@ -146,7 +152,11 @@ class Transformer:
         h = self.backend.hidden(self, input_ids, cache, rows, last_only)    # [N | B, H]
         cache.advance(rows.valid)
         logits = self._logits(h)            # only real tokens are scored: [N | B, V]
-        return logits.view(B, 1, -1) if last_only else rows.unpack(logits)
+        unpack = (lambda x: x.view(B, 1, -1)) if last_only else rows.unpack
+        logits = unpack(logits)                                              # [B, T, V]
+        if also_score is not None and any(also_score):
+            self._score_also(logits, unpack(h), also_score)
+        return logits
 
     def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
@@ -154,6 +164,18 @@ class Transformer:
         and nothing syncs with the host. The caller owns the host mirror of the lengths
         (`cache.note_advanced`) and the capacity check. Returns fp32 logits [B, T, V]."""
         return self._logits(self.backend.hidden_static(self, input_ids, cache))
+
+    def _score_also(self, logits: torch.Tensor, h: torch.Tensor, ids: list[list[int]]) -> None:
+        """Fill in the logits of row b's ids[b] (outside the shortlist): logits [B, T, V] fp32,
+        h [B, T, H]. Each row is scored on its own, [T, H] x [H, X_b] in fp32, so its numbers
+        depend on its own ids only, never on which rows share the pass."""
+        if self.head_all is None:
+            raise ValueError("also_score is for a model loaded with head_rows")
+        for b, row in enumerate(ids):
+            if row:
+                cols = torch.tensor(row, dtype=torch.int64, device=logits.device)   # [X_b]
+                w = self.head_all.index_select(0, cols).float()                     # [X_b, H]
+                logits[b].index_copy_(-1, cols, h[b].float() @ w.T)                 # [T, X_b]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits [..., V] of the final hidden states h [..., H]."""
