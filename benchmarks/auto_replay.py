@@ -16,8 +16,9 @@ before it had been used to design planner changes, to check a change once on tex
 chosen on; later changes were chosen on them too), in the chat template, it records the
 target's plain greedy output (--max-new-tokens) and the draft model's greedy guess at every
 output position given the true text before it, with its confidence in it (one teacher-forced
-forward of the draft, as `LLM` loads it). `--sets` records some sets only, keeping the traces
-of the others.
+forward of the draft, as `LLM` loads it: a shortlisted draft also scores the ids past its
+shortlist that the text before the position holds, as the engine's eager draft does).
+`--sets` records some sets only, keeping the traces of the others.
 
 replay: greedy speculative decoding of each trace, round by round, with the real planners
 (`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace
@@ -412,15 +413,22 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
     from specrt.spec.drafters.draft_model import confidence
 
     draft = llm.engine.draft
-    draft_vocab = llm.engine.draft_drafter.common_vocab    # the ids its guesses come from
+    drafter = llm.engine.draft_drafter
+    draft_vocab = drafter.common_vocab                     # the ids its guesses come from
     traces = {}
     for s, task, item in cli.progress(items, desc="traces", disable=not progress):
         ids = encode_item(llm, item)
         out = list(llm.generate(ids, max_new_tokens=max_new_tokens).token_ids)
         text = ids + out
+        # A shortlisted draft also scores the ids past its shortlist its request has read
+        # (`DraftModelDrafter.past_shortlist`): each from the position that reads it on.
+        read = drafter.past_shortlist(text) if drafter.reads_ids else []
         with torch.inference_mode():
             logits = draft.forward(torch.tensor([text], device=draft.device),
-                                   draft.new_cache(1, len(text)))[0]           # [T, V]
+                                   draft.new_cache(1, len(text)),
+                                   also_score=[read])[0]                       # [T, V]
+            for t in read:
+                logits[:text.index(t), t] = float("-inf")
         # logits[i] scores text[i + 1]: output token t sits at len(ids) + t
         scores = logits[len(ids) - 1:len(text) - 1, :draft_vocab]                # [N, V_c]
         traces[f"{s}:{task}:{item['id']}"] = {

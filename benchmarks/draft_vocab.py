@@ -26,7 +26,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.harness import cli, machine, report
+from benchmarks.harness import cli, machine, report, results
 from benchmarks.harness.model_dirs import resolve_with_draft
 
 SECTION = "## Draft vocabulary (benchmarks/draft_vocab.py)"
@@ -135,9 +135,10 @@ def main(argv=None) -> int:
     print(text)
     if args.record:
         report.record_section(SECTION, report.results_preamble(info, args.note)
-                              + f"\nTop-1 agreement with the target's greedy answers of "
-                              f"{len(traces)} recorded prompts ({args.traces}), draft "
-                              f"{quant or 'bf16'}, teacher-forced:\n\n" + text + "\n",
+                              + "\nTop-1 agreement with the target's greedy answers of "
+                              f"{len(traces)} recorded prompts "
+                              f"({results.shown_path(args.traces)}), draft {quant or 'bf16'}, "
+                              "teacher-forced:\n\n" + text + "\n",
                               Path(args.results_md))
     report.emit_json({"rows": rows})
     return 0

@@ -55,6 +55,30 @@ def test_a_trace_holds_the_plain_output_and_the_draft_guesses(llm, traces):
     assert 0 < sum(matches) < len(matches)
 
 
+def test_a_shortlisted_draft_records_the_ids_its_request_read_from_where_it_read_them(
+        tiny_noeos_dir):
+    """The draft as the target itself, scoring ids < 100 and the ids its request has read: its
+    recorded guess is the target's token wherever that token is one it scores by then (a read
+    id from the position after it was read), and never an id it does not yet score."""
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_noeos_dir, max_seq_len=256, dtype="float32",
+                     draft_vocab=100)
+    try:
+        shortlist = set(llm.engine.draft.head_rows.tolist())
+        traces = auto_replay.record_traces(llm, ITEMS, 24)
+    finally:
+        llm.close()
+    read_hits = 0
+    for trace in traces.values():
+        text = trace["prompt"] + trace["output"]
+        for i, (guess, token) in enumerate(zip(trace["draft"], trace["output"])):
+            scored = shortlist | set(text[:len(trace["prompt"]) + i])
+            assert guess in scored
+            if token in scored:
+                assert guess == token
+                read_hits += token not in shortlist
+    assert read_hits         # some token past the shortlist was guessed from having read it
+
+
 def _engine_run(llm, prompt, method, costs, max_new_tokens=N_NEW):
     """The engine generating `prompt` with `method`; auto plans with `costs`."""
     name, k = method.split(":")

@@ -215,18 +215,29 @@ class DraftModelDrafter:
             >= torch.tensor(counts, device=device)[:, None]                 # [B, K']
         return tokens.masked_fill_(past, NO_DRAFT), qs, counts
 
+    @property
+    def reads_ids(self) -> bool:
+        """Whether the draft scores, per row, the ids its row read past its shortlist."""
+        return self._shortlist is not None
+
+    def past_shortlist(self, ids, read: list[int] | None = None) -> list[int]:
+        """`read` (default: a new list) extended by the ids of `ids` that the shortlist lacks
+        and the draft can propose, in order of first use."""
+        read = [] if read is None else read
+        for t in ids:
+            if t not in self._shortlist and t < self.common_vocab and t not in read:
+                read.append(t)
+        return read
+
     def _read_past_shortlist(self, ctx: DraftContext) -> list[list[int]] | None:
         """[B] the ids each active row has read (committed) that its shortlist lacks and it
         can propose, in order of first use; None for a draft that scores every id (or a static
         one). A row's list depends on its own request only."""
-        if self._shortlist is None:
+        if not self.reads_ids:
             return None
         for b, (h, a) in enumerate(zip(ctx.histories, ctx.active)):
             if a:
-                read = self._read[b]
-                for t in h[self._scanned[b]:]:
-                    if t not in self._shortlist and t < self.common_vocab and t not in read:
-                        read.append(t)
+                self.past_shortlist(h[self._scanned[b]:], self._read[b])
                 self._scanned[b] = len(h)
         return [self._read[b] if a else [] for b, a in enumerate(ctx.active)]
 
