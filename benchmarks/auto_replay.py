@@ -422,11 +422,12 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
         text = ids + out
         # A shortlisted draft also scores the ids past its shortlist its request has read
         # (`DraftModelDrafter.past_shortlist`): each from the position that reads it on.
-        read = drafter.past_shortlist(text) if drafter.reads_ids else []
+        read = drafter.past_shortlist(text)
         with torch.inference_mode():
             logits = draft.forward(torch.tensor([text], device=draft.device),
                                    draft.new_cache(1, len(text)),
-                                   also_score=[read])[0]                       # [T, V]
+                                   also_score=[draft.also_scoring(read)]
+                                   if read else None)[0]                       # [T, V]
             for t in read:
                 logits[:text.index(t), t] = float("-inf")
         # logits[i] scores text[i + 1]: output token t sits at len(ids) + t

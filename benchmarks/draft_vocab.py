@@ -7,10 +7,11 @@ model) every id its request has read: the prompt and the answer so far
 (`DraftModelDrafter._read_past_shortlist`). This measures what each choice keeps of the
 draft's guesses without running a single round: the recorded answers of --traces
 (`benchmarks.auto_replay record`: each prompt and the target's greedy answer) are read by the
-draft as `LLM` loads it (int8 on a CPU whose kernel runs it) but scoring the whole vocabulary,
-teacher-forced, once per prompt; at each answer position its top-1 among each vocabulary's
-ids is compared with the target's token. Prints, per vocabulary: the share of positions
-that agree (the mean of each prompt's share), per prompt set, the prompt that loses most
+draft as `LLM` loads it (int8 on a CPU whose kernel runs it) but scoring the whole vocabulary
+with its quantized head (`LLM`'s draft scores its read ids from their bf16 rows: a few ties may
+fall the other way), teacher-forced, once per prompt; at each answer position its top-1 among
+each vocabulary's ids is compared with the target's token. Prints, per vocabulary: the share
+of positions that agree (the mean of each prompt's share), per prompt set, the prompt that loses most
 against the largest --sizes entry with read ids off (the default before read ids), and the
 bytes of an int8 output head of that many rows (what each decode step reads for it). Writes
 the section "Draft vocabulary" of benchmarks/RESULTS.md (--no-record to skip); JSON on the

@@ -342,7 +342,8 @@ def test_a_shortlisted_pass_scores_the_ids_each_row_names_as_the_full_head(tiny_
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
     for kw in (dict(num_valid=[4, 3]), dict(num_valid=[4, 3], last_only=True)):
         want = full.forward(ids, full.new_cache(2, 64), **kw)                 # [2, T, V]
-        got = short.forward(ids, short.new_cache(2, 64), also_score=also, **kw)
+        got = short.forward(ids, short.new_cache(2, 64),
+                            also_score=[short.also_scoring(r) for r in also], **kw)
         for b in range(2):
             scored = torch.zeros(want.shape[-1], dtype=torch.bool)
             scored[rows + also[b]] = True
@@ -350,6 +351,40 @@ def test_a_shortlisted_pass_scores_the_ids_each_row_names_as_the_full_head(tiny_
             torch.testing.assert_close(got[b, valid][:, scored], want[b, valid][:, scored],
                                        rtol=1e-5, atol=1e-5)
             assert torch.isneginf(got[b, valid][:, ~scored]).all()
+
+
+def test_also_scoring_refuses_ids_outside_the_vocabulary_and_unshortlisted_models(
+        tiny_draft_dir):
+    from specrt.model.transformer import Transformer
+
+    short = Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64, head_rows=range(100))
+    assert short.also_scoring([]) is None
+    cols, w = short.also_scoring([250, 120])
+    assert cols.tolist() == [250, 120] and w.shape == (2, short.cfg.hidden_size)
+    with pytest.raises(ValueError, match=r"ids \[320\] are not in the vocabulary"):
+        short.also_scoring([250, 320])
+    full = Transformer.from_dir(tiny_draft_dir, "float32", "cpu", 64)
+    with pytest.raises(ValueError, match="no head_rows"):
+        full.also_scoring([250])
+
+
+def test_a_static_drafter_reads_no_ids_past_its_shortlist(tiny_noeos_dir, tiny_draft_dir):
+    """With cuda_graphs (run eagerly on the CPU) the draft loop's shapes are fixed: it scores
+    its shortlist alone, in its eager rounds too, and names nothing past it."""
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32", max_seq_len=256,
+                     draft_vocab=100, cuda_graphs=True)
+    try:
+        drafter = llm.engine.draft_drafter
+        assert drafter.static and not drafter.reads_ids
+        assert drafter.past_shortlist([250, 120, 300]) == []
+        prompt = [*range(40, 60), *range(200, 230)]
+        run = llm.submit(prompt, max_new_tokens=24,
+                         speculative={"method": "draft_model", "num_speculative_tokens": 3})
+        proposed = {t for chunk in run.chunks() for t in chunk.step.draft_tokens}
+        assert run.result().token_ids == llm.generate(prompt, max_new_tokens=24).token_ids
+        assert proposed and proposed <= set(llm.engine.draft.head_rows.tolist())
+    finally:
+        llm.close()
 
 
 def test_a_shortlisted_draft_scores_what_its_row_read_past_the_shortlist(tiny_noeos_dir,
@@ -364,7 +399,8 @@ def test_a_shortlisted_draft_scores_what_its_row_read_past_the_shortlist(tiny_no
     forward = model.forward
 
     def spy(*args, also_score=None, **kw):
-        named.append([list(r) for r in also_score] if also_score is not None else None)
+        named.append([r[0].tolist() if r is not None else [] for r in also_score]
+                     if also_score is not None else None)
         return forward(*args, also_score=also_score, **kw)
 
     model.forward = spy
@@ -401,12 +437,16 @@ def test_draft_head_rows_keep_eos_and_special_ids_past_the_shortlist():
     ids and the tokenizer's special ids, sorted; every id under "auto" for a small vocabulary."""
     from types import SimpleNamespace
 
-    from specrt.spec.drafters.draft_model import SHORTLIST, draft_head_rows
+    from specrt.spec.drafters.draft_model import SHORTLIST, SHORTLIST_ALONE, draft_head_rows
 
     tok = SimpleNamespace(special_ids=lambda: [150_000, 151_643, 10**9])   # one out of range
     big = SimpleNamespace(vocab_size=151_936, eos_token_ids=[151_645])
     rows = draft_head_rows(big, tok)
     assert rows == sorted(set(range(SHORTLIST)) | {150_000, 151_643, 151_645})
+    # a drafter that reads no ids past its shortlist (a static one) keeps the larger one
+    assert SHORTLIST < SHORTLIST_ALONE
+    assert draft_head_rows(big, tok, reads_ids=False) == sorted(
+        set(range(SHORTLIST_ALONE)) | {150_000, 151_643, 151_645})
     assert draft_head_rows(big, None, n=10) == [*range(10), 151_645]
     assert draft_head_rows(big, tok, n=None) is None
     assert draft_head_rows(SimpleNamespace(vocab_size=320, eos_token_ids=[3]), tok) is None

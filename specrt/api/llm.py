@@ -64,11 +64,11 @@ class LLM:
         where the CPU int8 kernel runs (the output is unchanged: only the target decides what
         is emitted), else in dtype; draft_vocab: the draft scores only the token ids below it
         (and the special tokens) and the ids its request has read, "auto" = 49152 for
-        vocabularies over twice that (see specrt.spec.drafters.draft_model.shortlist), None =
-        every token; draft_stop: the draft
-        model stops a request's drafts in a round after a guess it gives less than this
-        probability (0 = never; with cuda_graphs every round drafts K). Every argument is
-        checked (specrt.api.args) before any file is read."""
+        vocabularies over twice that (65536 with cuda_graphs, whose draft reads no ids: see
+        specrt.spec.drafters.draft_model.shortlist), None =
+        every token; draft_stop: the draft model stops a request's drafts in a round after a
+        guess it gives less than this probability (0 = never; with cuda_graphs every round
+        drafts K). Every argument is checked (specrt.api.args) before any file is read."""
         args = LLMArgs(model, draft, dtype, device, max_seq_len, max_batch_size, cuda_graphs,
                        max_queue, draft_dtype, draft_vocab, draft_stop)
         self.draft_dtype, self.draft_vocab = args.draft_dtype, args.draft_vocab
@@ -119,7 +119,8 @@ class LLM:
             quant = auto_draft_format(cfg, self.device, self.dtype)
         draft_model = Transformer.from_dir(
             draft_dir, self.dtype, self.device, self.max_seq_len, quant=quant,
-            head_rows=draft_head_rows(cfg, self.tokenizer, self.draft_vocab))
+            head_rows=draft_head_rows(cfg, self.tokenizer, self.draft_vocab,
+                                      reads_ids=not self.cuda_graphs))
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
         check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))

@@ -64,7 +64,8 @@ class Transformer:
         if head_rows is not None:
             self.head_rows = torch.tensor(sorted(set(head_rows)), dtype=torch.int64,
                                           device=self.device)                 # [N]
-            self.head_all = head      # tied: the embeddings, kept anyway; untied: host memory
+            self.head_all = head      # tied: the embeddings, kept anyway; untied: kept beside
+                                      # the shortlist (memory a step never reads)
             head = head[self.head_rows]
         self.lm_head = linear(head)
         kept = getattr(self.lm_head, "weight", None)
@@ -130,7 +131,8 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache,
                 num_valid: list[int] | None = None, last_only: bool = False,
-                also_score: list[list[int]] | None = None) -> torch.Tensor:
+                also_score: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+                ) -> torch.Tensor:
         """Run T new tokens per row through the model and append their K/V to `cache`.
 
         input_ids: [B, T] token ids; row b's tokens sit at positions lengths[b] + t.
@@ -138,7 +140,7 @@ class Transformer:
             right-padding: their K/V are not kept and their logits are meaningless.
         last_only: return only the logits of each row's last valid token, [B, 1, V].
         also_score: [B] more ids each row scores, outside `head_rows` (a shortlisted model
-            only), from their head rows in the weights' dtype (`_score_also`).
+            only): `also_scoring(ids)` of each row, or None (`_score_also`).
         Returns fp32 logits [B, T, V] (or [B, 1, V]), zeros at the padding (which the backend
         need not compute); cache lengths advance by num_valid.
         """
@@ -165,16 +167,30 @@ class Transformer:
         (`cache.note_advanced`) and the capacity check. Returns fp32 logits [B, T, V]."""
         return self._logits(self.backend.hidden_static(self, input_ids, cache))
 
-    def _score_also(self, logits: torch.Tensor, h: torch.Tensor, ids: list[list[int]]) -> None:
-        """Fill in the logits of row b's ids[b] (outside the shortlist): logits [B, T, V] fp32,
-        h [B, T, H]. Each row is scored on its own, [T, H] x [H, X_b] in fp32, so its numbers
-        depend on its own ids only, never on which rows share the pass."""
+    def also_scoring(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What `forward(also_score=...)` takes for a row scoring `ids` past the shortlist too:
+        (ids [X] int64, their head rows [X, H] fp32), gathered once for any number of passes;
+        None for no ids. Only for a model loaded with head_rows."""
         if self.head_all is None:
-            raise ValueError("also_score is for a model loaded with head_rows")
-        for b, row in enumerate(ids):
-            if row:
-                cols = torch.tensor(row, dtype=torch.int64, device=logits.device)   # [X_b]
-                w = self.head_all.index_select(0, cols).float()                     # [X_b, H]
+            raise ValueError("also_scoring: this model scores every id (no head_rows)")
+        if not ids:
+            return None
+        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"also_scoring: ids {bad[:3]} are not in the vocabulary "
+                             f"(0..{self.cfg.vocab_size - 1})")
+        cols = torch.tensor(ids, dtype=torch.int64, device=self.device)          # [X]
+        return cols, self.head_all.index_select(0, cols).float()                 # [X, H]
+
+    def _score_also(self, logits: torch.Tensor, h: torch.Tensor,
+                    rows: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+        """Fill in the logits of each row's ids past the shortlist (`also_scoring`): logits
+        [B, T, V] fp32, h [B, T, H]. Each row is scored on its own, [T, H] x [H, X_b] in fp32,
+        so its numbers depend on its own ids and the pass's T only, not on the other rows'
+        contents (a drafter's passes score one position per row: T = 1)."""
+        for b, row in enumerate(rows):
+            if row is not None:
+                cols, w = row                                        # [X_b], [X_b, H]
                 logits[b].index_copy_(-1, cols, h[b].float() @ w.T)                 # [T, X_b]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:

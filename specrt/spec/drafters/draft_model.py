@@ -40,7 +40,8 @@ from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, DraftScratch, Stati
 from specrt.spec.sampling import choose_rows
 
 
-SHORTLIST = 49152     # ids a draft scores by default in a vocabulary over twice as large
+SHORTLIST = 49152     # ids a draft scores by default in a vocabulary over twice as large ...
+SHORTLIST_ALONE = 65536   # ... and one that reads no ids past them (a static drafter's)
 UNREADABLE_AS = 0     # what a draft reads for a target id past its own vocabulary
 
 
@@ -62,7 +63,8 @@ def goes_on(sure: bool, ends_answer: bool, guesses: int, room: int) -> bool:
     return sure and not ends_answer and guesses < room
 
 
-def shortlist(vocab_size: int, special_ids, n="auto") -> list[int] | None:
+def shortlist(vocab_size: int, special_ids, n="auto", reads_ids: bool = True
+              ) -> list[int] | None:
     """The token ids a draft model scores: the first n ids plus the special ones (None: all).
     Byte-level BPE numbers its tokens in merge order, so the low ids are the frequent ones; the
     rare ones an answer needs are mostly names and words it repeats from its request, which the
@@ -70,24 +72,29 @@ def shortlist(vocab_size: int, special_ids, n="auto") -> list[int] | None:
     pair the first 49,152 with those agree with the target's greedy token as often as the first
     65,536 alone did (teacher-forced on 64 recorded answers: 83.66% against 83.21%; the whole
     152k vocabulary 84.35%) and cut the draft's output head by 68% (benchmarks/RESULTS.md,
-    "The draft scores what its request read"). The target scores every token, so what is
-    emitted does not change. n "auto": SHORTLIST when the vocabulary is over twice that."""
+    "The draft scores what its request read"). A static drafter (CUDA graphs) reads no ids,
+    and alone the first 49,152 agree less often (82.24%), so `reads_ids` False keeps the
+    first 65,536. The target scores every token, so what is emitted does not change. n
+    "auto": SHORTLIST (SHORTLIST_ALONE) when the vocabulary is over twice that."""
     if n == "auto":
-        n = SHORTLIST if vocab_size > 2 * SHORTLIST else None
+        size = SHORTLIST if reads_ids else SHORTLIST_ALONE
+        n = size if vocab_size > 2 * size else None
     if n is None or n >= vocab_size:
         return None
     return sorted(set(range(n)) | {t for t in special_ids if 0 <= t < vocab_size})
 
 
-def draft_head_rows(cfg: ModelConfig, tokenizer=None, n="auto") -> list[int] | None:
+def draft_head_rows(cfg: ModelConfig, tokenizer=None, n="auto", reads_ids: bool = True
+                    ) -> list[int] | None:
     """The rows a draft model with config `cfg` scores, as `LLM` loads it: the shortlist of n
     ids plus its EOS ids and the special ids of `tokenizer` (the target's, when it has one),
-    so a draft can always propose a chat marker or the end of an answer. Benchmarks that load
-    a draft themselves call this too, so they measure the model `LLM` runs."""
+    so a draft can always propose a chat marker or the end of an answer; reads_ids: whether
+    its drafter scores the ids its requests read (not a static one: `shortlist`). Benchmarks
+    that load a draft themselves call this too, so they measure the model `LLM` runs."""
     specials = set(cfg.eos_token_ids)
     if tokenizer is not None:
         specials |= set(tokenizer.special_ids())
-    return shortlist(cfg.vocab_size, specials, n)
+    return shortlist(cfg.vocab_size, specials, n, reads_ids)
 
 
 class DraftModelDrafter:
@@ -124,6 +131,7 @@ class DraftModelDrafter:
                            if model.head_rows is not None and not static else None)
         self._read = [[] for _ in range(max_batch_size)]   # [B] ids past the shortlist read
         self._scanned = [0] * max_batch_size   # committed tokens looked through for them
+        self._scoring = [None] * max_batch_size   # [B] model.also_scoring of each row's _read
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
         self._pending = [0] * max_batch_size   # committed tokens fed this round, per row
         self._guesses = [0] * max_batch_size   # guesses fed back this round, per row
@@ -131,7 +139,7 @@ class DraftModelDrafter:
     def reset(self, rows: list[int]) -> None:
         for r in rows:
             self.seen[r] = self._pending[r] = self._guesses[r] = self._scanned[r] = 0
-            self._read[r] = []
+            self._read[r], self._scoring[r] = [], None
             self.cache.rows(r, r + 1).truncate([0])
 
     def lags(self, ctx: DraftContext) -> list[int]:
@@ -222,24 +230,31 @@ class DraftModelDrafter:
 
     def past_shortlist(self, ids, read: list[int] | None = None) -> list[int]:
         """`read` (default: a new list) extended by the ids of `ids` that the shortlist lacks
-        and the draft can propose, in order of first use."""
+        and the draft can propose, in order of first use (none for a draft that reads none)."""
         read = [] if read is None else read
+        if not self.reads_ids:
+            return read
         for t in ids:
             if t not in self._shortlist and t < self.common_vocab and t not in read:
                 read.append(t)
         return read
 
-    def _read_past_shortlist(self, ctx: DraftContext) -> list[list[int]] | None:
-        """[B] the ids each active row has read (committed) that its shortlist lacks and it
-        can propose, in order of first use; None for a draft that scores every id (or a static
-        one). A row's list depends on its own request only."""
+    def _read_past_shortlist(self, ctx: DraftContext) -> list | None:
+        """[B] what the draft model scores, per active row, past its shortlist: the ids the row
+        has read (committed) that the shortlist lacks and it can propose, in order of first use
+        (`Transformer.also_scoring`, gathered again only when a row reads a new one); None for
+        a draft that scores every id (or a static one). A row's depends on its own request."""
         if not self.reads_ids:
             return None
         for b, (h, a) in enumerate(zip(ctx.histories, ctx.active)):
             if a:
-                self.past_shortlist(h[self._scanned[b]:], self._read[b])
+                read = self._read[b]
+                before = len(read)
+                self.past_shortlist(h[self._scanned[b]:], read)
                 self._scanned[b] = len(h)
-        return [self._read[b] if a else [] for b, a in enumerate(ctx.active)]
+                if len(read) > before:
+                    self._scoring[b] = self.model.also_scoring(read)
+        return [self._scoring[b] if a else None for b, a in enumerate(ctx.active)]
 
     def _goes_on(self, ctx: DraftContext, step: torch.Tensor, guess: torch.Tensor,
                  counts: list[int], k: int) -> list[bool]:
