@@ -11,11 +11,11 @@ draft as `LLM` loads it (int8 on a CPU whose kernel runs it) but scoring the who
 with its quantized head (`LLM`'s draft scores its read ids from their bf16 rows: a few ties may
 fall the other way), teacher-forced, once per prompt; at each answer position its top-1 among
 each vocabulary's ids is compared with the target's token. Prints, per vocabulary: the share
-of positions that agree (the mean of each prompt's share), per prompt set, the prompt that loses most
-against the largest --sizes entry with read ids off (the default before read ids), and the
-bytes of an int8 output head of that many rows (what each decode step reads for it). Writes
-the section "Draft vocabulary" of benchmarks/RESULTS.md (--no-record to skip); JSON on the
-last line.
+of positions that agree (the mean of each prompt's share), per prompt set, the prompt that
+loses most against the largest --sizes entry with read ids off (the default before read ids),
+and the bytes of an int8 output head of that many rows (what each decode step reads for it).
+Writes the section "Draft vocabulary" of benchmarks/RESULTS.md (--no-record to skip); JSON on
+the last line.
 
 Top-1 agreement at a position is the chance the draft's first guess there is accepted in a
 greedy round; later guesses follow the draft's own earlier guesses, which this does not model.
