@@ -410,7 +410,7 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
     each item."""
     import torch
 
-    from specrt.spec.drafters.draft_model import confidence
+    from specrt.spec.drafters.draft_model import confidence, hide_unread
 
     draft = llm.engine.draft
     drafter = llm.engine.draft_drafter
@@ -428,8 +428,7 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
                                    draft.new_cache(1, len(text)),
                                    also_score=[draft.also_scoring(read)]
                                    if read else None)[0]                       # [T, V]
-            for t in read:
-                logits[:text.index(t), t] = float("-inf")
+            hide_unread(logits, text, read)
         # logits[i] scores text[i + 1]: output token t sits at len(ids) + t
         scores = logits[len(ids) - 1:len(text) - 1, :draft_vocab]                # [N, V_c]
         traces[f"{s}:{task}:{item['id']}"] = {

@@ -56,18 +56,20 @@ def agreement(logits, prompt: list[int], output: list[int], scored: list[int],
     token. logits: [N, V] the draft's teacher-forced scores of output[0..N-1]."""
     import torch
 
+    from specrt.spec.drafters.draft_model import hide_unread
+
     V = logits.shape[-1]
-    mask = torch.full((V,), float("-inf"))
+    mask = torch.full((V,), float("-inf"))                                      # [V]
     mask[scored] = 0.0
-    if not read_ids:
-        return int(((logits + mask).argmax(-1) == torch.tensor(output)).sum()) / len(output)
-    mask[[t for t in prompt if t < V]] = 0.0
-    hits = 0
-    for i, token in enumerate(output):
-        hits += int((logits[i] + mask).argmax().item() == token)
-        if token < V:
-            mask[token] = 0.0                     # read from the next position on
-    return hits / len(output)
+    scores = logits + mask                                                      # [N, V]
+    if read_ids:
+        text = prompt + output
+        inside = set(scored)
+        read = [t for t in dict.fromkeys(text) if t < V and t not in inside]
+        scores[:, read] = logits[:, read]
+        # row i has read the prompt and output[:i]: text[:len(prompt) + i]
+        hide_unread(scores, text, read, start=len(prompt) - 1)
+    return int((scores.argmax(-1) == torch.tensor(output)).sum()) / len(output)
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 from benchmarks.harness import cli, machine, report
 from benchmarks.harness.model_dirs import resolve_with_draft

@@ -432,6 +432,34 @@ def test_a_shortlisted_draft_scores_what_its_row_read_past_the_shortlist(tiny_no
         llm.close()
 
 
+@pytest.mark.parametrize("start", [0, 1, 2])
+def test_hide_unread_hides_each_id_until_the_first_row_that_has_read_it(start):
+    """Row j of a pass over text has read text[:start + j + 1]: 8 is read at position 1, 9 at
+    2, so each is -inf in the rows before; 5 is not named, so it stays."""
+    from specrt.spec.drafters.draft_model import hide_unread
+
+    text = [5, 8, 9, 8, 5]
+    scores = torch.zeros(len(text) - start, 10)                                 # [N, V]
+    assert hide_unread(scores, text, [8, 9], start) is scores
+    for j in range(len(scores)):
+        read = set(text[:start + j + 1])
+        assert [t for t in range(10) if scores[j, t] == float("-inf")] == [
+            t for t in (8, 9) if t not in read]
+
+
+def test_past_shortlist_names_new_ids_once_in_order_of_first_use(tiny_noeos_dir,
+                                                                  tiny_draft_dir):
+    llm = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32", max_seq_len=256,
+                     draft_vocab=100)
+    try:
+        drafter = llm.engine.draft_drafter
+        read = drafter.past_shortlist([250, 5, 120, 250])
+        assert read == [250, 120]
+        assert drafter.past_shortlist([120, 300, 7, 250, 199], read) == [250, 120, 300, 199]
+    finally:
+        llm.close()
+
+
 def test_draft_head_rows_keep_eos_and_special_ids_past_the_shortlist():
     """The rows a draft scores (as LLM and the benchmarks load it): the first n ids, its EOS
     ids and the tokenizer's special ids, sorted; every id under "auto" for a small vocabulary."""

@@ -97,6 +97,19 @@ def draft_head_rows(cfg: ModelConfig, tokenizer=None, n="auto", reads_ids: bool 
     return shortlist(cfg.vocab_size, specials, n, reads_ids)
 
 
+def hide_unread(scores: torch.Tensor, text: list[int], ids, start: int = 0) -> torch.Tensor:
+    """`scores` [N, V] of one pass over `text` (row j has read text[:start + j + 1]) with each
+    id of `ids` at -inf in the rows before the first that has read it: what an eager draft that
+    scores the ids its request has read past its shortlist (`DraftModelDrafter.past_shortlist`)
+    gives at each position. Benchmarks that score a whole text at once call this. In place."""
+    first = {}
+    for i, t in enumerate(text):
+        first.setdefault(t, i)
+    for t in ids:
+        scores[:max(first[t] - start, 0), t] = float("-inf")
+    return scores
+
+
 class DraftModelDrafter:
     name = "draft_model"
 
@@ -130,6 +143,7 @@ class DraftModelDrafter:
         self._shortlist = (set(model.head_rows.tolist())
                            if model.head_rows is not None and not static else None)
         self._read = [[] for _ in range(max_batch_size)]   # [B] ids past the shortlist read
+        self._read_set = [set() for _ in range(max_batch_size)]   # [B] the same, to look up
         self._scanned = [0] * max_batch_size   # committed tokens looked through for them
         self._scoring = [None] * max_batch_size   # [B] model.also_scoring of each row's _read
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
@@ -139,7 +153,7 @@ class DraftModelDrafter:
     def reset(self, rows: list[int]) -> None:
         for r in rows:
             self.seen[r] = self._pending[r] = self._guesses[r] = self._scanned[r] = 0
-            self._read[r], self._scoring[r] = [], None
+            self._read[r], self._read_set[r], self._scoring[r] = [], set(), None
             self.cache.rows(r, r + 1).truncate([0])
 
     def lags(self, ctx: DraftContext) -> list[int]:
@@ -228,15 +242,19 @@ class DraftModelDrafter:
         """Whether the draft scores, per row, the ids its row read past its shortlist."""
         return self._shortlist is not None
 
-    def past_shortlist(self, ids, read: list[int] | None = None) -> list[int]:
+    def past_shortlist(self, ids, read: list[int] | None = None,
+                       known: set[int] | None = None) -> list[int]:
         """`read` (default: a new list) extended by the ids of `ids` that the shortlist lacks
-        and the draft can propose, in order of first use (none for a draft that reads none)."""
+        and the draft can propose, in order of first use (none for a draft that reads none);
+        `known`: the set of `read`'s ids, kept up to date with it."""
         read = [] if read is None else read
+        known = set(read) if known is None else known
         if not self.reads_ids:
             return read
         for t in ids:
-            if t not in self._shortlist and t < self.common_vocab and t not in read:
+            if t not in known and t not in self._shortlist and t < self.common_vocab:
                 read.append(t)
+                known.add(t)
         return read
 
     def _read_past_shortlist(self, ctx: DraftContext) -> list | None:
@@ -250,7 +268,7 @@ class DraftModelDrafter:
             if a:
                 read = self._read[b]
                 before = len(read)
-                self.past_shortlist(h[self._scanned[b]:], read)
+                self.past_shortlist(h[self._scanned[b]:], read, self._read_set[b])
                 self._scanned[b] = len(h)
                 if len(read) > before:
                     self._scoring[b] = self.model.also_scoring(read)
