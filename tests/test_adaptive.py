@@ -826,6 +826,48 @@ def test_a_match_length_that_turns_good_is_probed_while_other_lengths_win():
     assert {label for i, label in short if i >= 200} == {"ngram:4"}
 
 
+class AlternatingMatches:
+    """Two rows: row 0 matches 1 token every round, row 1 matches 3 tokens every other
+    round and nothing in between."""
+
+    name = "ngram"
+    min_n, max_n = 1, 3
+
+    def __init__(self):
+        self.round = 0
+
+    def reset(self, rows):
+        pass
+
+    def matches(self, ctx, k):
+        self.round += 1
+        other = ([20, 21, 22][:k], 3) if self.round % 2 else ([], 0)
+        return [([10, 11, 12, 13][:k], 1), other]
+
+
+def test_a_probe_in_a_batch_wins_no_other_state_a_round_on_merit():
+    """Every guess is wrong. A round that probes row 1's 3-token match also drafts row 0's
+    1-token match, which won nothing on merit: its probe gap keeps doubling, so in 1000
+    rounds the 1-token matches are probed once per doubling from PROBE_BASE to PROBE_MAX (6
+    times at most), not every PROBE_BASE rounds after each probe of the other length (15)."""
+    from specrt.spec.planners.adaptive import PROBE_MAX
+
+    drafter = AlternatingMatches()
+    planner = AdaptivePlanner(8, _ngram_costs(), draft_model=None, ngram=drafter)
+    planner.reset([0, 1])
+    ctx = SimpleNamespace(histories=[[1, 2, 3]] * 2, active=[True] * 2,
+                          params=[SamplingParams()] * 2, generators=[None] * 2,
+                          remaining=None, generated=None)
+    probes = {"ngram/1": 0, "ngram/3": 0}
+    for _ in range(1000):
+        plan = planner.choose(ctx)
+        if plan.notes.probe:
+            probes[plan.notes.probe] += 1
+        planner.observe(plan, [0, 0], [plan.k] * 2, 0.0, 0.0)
+    doublings = (PROBE_MAX // PROBE_BASE).bit_length()
+    assert probes["ngram/3"] >= 3 and 3 <= probes["ngram/1"] <= doublings
+
+
 class FixedMatch:
     """An n-gram drafter stand-in with one match of a given length for every row."""
 

@@ -416,10 +416,11 @@ class AdaptivePlanner:
             _learn(state.alphas[row], state.seen[row], n, d, WEIGHT)
         for key in used - {None}:
             state = self.states[key]
-            if key == decision.probe:   # won nothing on merit: wait longer before the next probe
-                state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
-            else:
+            if decision.probe is None:   # won on merit
                 state.probe_gap = PROBE_BASE
+            elif key == decision.probe:   # wait longer before the next probe
+                state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
+            # (in a batch, the other rows' states fed by a probe won nothing on merit either)
 
     def _ngram_state(self, n: int) -> str:
         """The state a guess following a match of n tokens learns in: one per length, and a
