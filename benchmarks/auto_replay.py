@@ -17,8 +17,9 @@ chosen on; later changes were chosen on them too), in the chat template, it reco
 target's plain greedy output (--max-new-tokens) and the draft model's greedy guess at every
 output position given the true text before it, with its confidence in it (one teacher-forced
 forward of the draft, as `LLM` loads it: a shortlisted draft also scores the ids past its
-shortlist that the text before the position holds, as the engine's eager draft does).
-`--sets` records some sets only, keeping the traces of the others.
+shortlist that the text before the position holds, as the engine's eager draft does), and the
+target's confidence in its own token there (one forward of the target), which `auto` hears
+from its plain steps. `--sets` records some sets only, keeping the traces of the others.
 
 replay: greedy speculative decoding of each trace, round by round, with the real planners
 (`specrt.spec.planners`: fixed K, and `auto` with the real prompt-lookup drafter). The trace
@@ -26,7 +27,8 @@ fixes every round's outcome: a draft model whose earlier guesses were all accept
 true text, so its guess at a position is the recorded one, and a round commits the guesses up
 to the first that differs from the output, plus the target's token. The draft model stops a
 round's drafts after a guess whose recorded confidence is below --draft-stop, as the engine's
-does; past a wrong guess the live draft reads its own guess, not the true text, so where it
+does, and a plain step that `auto` asks about reports the target's recorded confidence; past
+a wrong guess the live draft reads its own guess, not the true text, so where it
 stops there (how many guesses the round drafts and pays for, never what it accepts) is
 approximate. Each round is priced by the calibrated costs `auto` itself plans with
 (`CostModel`: this machine's calibration of the pair): the draft model's catch-up (all of a new
@@ -129,7 +131,9 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
     """(decode-only tokens/s, {plan label: rounds}, drafts accepted) of greedy decoding
     `trace` with `method` ("plain", "draft_model:K", "ngram:K" or "auto:K"), one request,
     priced by `costs`; "auto" plans with `planner_cls` (default AdaptivePlanner); the draft
-    model stops below `draft_stop` (traces recorded without confidences: never)."""
+    model stops below `draft_stop` (traces recorded without confidences: never); a plain
+    step that `auto` asks about reports the target's recorded confidence in its token (none
+    in a trace recorded without them)."""
     from specrt.spec.config import SpecConfig
     from specrt.spec.drafters.base import LONG_CATCH_UP, DraftContext
     from specrt.spec.drafters.draft_model import goes_on
@@ -138,6 +142,7 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
 
     prompt, out, guess = trace["prompt"], trace["output"], trace["draft"]
     sure = trace.get("confidence") or [1.0] * len(out)
+    target_sure = trace.get("target_confidence")
     ends = frozenset(trace.get("eos_ids", ()))
     name, _, k_text = method.partition(":")
     k_fixed = int(k_text or 0)
@@ -197,7 +202,9 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
         label = f"{who}:{k}" if drafted else "plain"     # no n-gram match: a plain step
         mix[label] = mix.get(label, 0) + 1
         if planner is not None:
-            planner.observe(plan, [accepted], [drafted], 0.0, 0.0)
+            heard = ([target_sure[done]] if plan.wants_sure and not plan.k and target_sure
+                     else None)
+            planner.observe(plan, [accepted], [drafted], 0.0, 0.0, heard)
         done += accepted + 1
         total_accepted += accepted
     return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted
@@ -335,8 +342,9 @@ def cut(trace: dict, n: int) -> dict:
     if ran_to_budget(trace) and n > len(trace["output"]):
         raise ValueError(f"recorded to its budget of {len(trace['output'])} tokens, not {n}")
     short = dict(trace, output=trace["output"][:n], draft=trace["draft"][:n], max_new_tokens=n)
-    if "confidence" in trace:
-        short["confidence"] = trace["confidence"][:n]
+    for field in ("confidence", "target_confidence"):
+        if field in trace:
+            short[field] = trace[field][:n]
     return short
 
 
@@ -406,13 +414,16 @@ def encode_item(llm, item: dict) -> list[int]:
 
 
 def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> dict:
-    """key -> trace ({"set", "prompt", "output", "draft", "confidence", "max_new_tokens"}) of
-    each item."""
+    """key -> trace ({"set", "prompt", "output", "draft", "confidence", "target_confidence",
+    "max_new_tokens", "eos_ids"}) of each item: the target's greedy answer, the draft's guess
+    and confidence at each of its positions, and the target's confidence in its token there
+    (each from one pass over prompt and answer)."""
     import torch
 
-    from specrt.spec.drafters.draft_model import confidence, hide_unread
+    from specrt.spec.drafters.draft_model import hide_unread
+    from specrt.spec.sampling import confidence
 
-    draft = llm.engine.draft
+    target, draft = llm.engine.target, llm.engine.draft
     drafter = llm.engine.draft_drafter
     draft_vocab = drafter.common_vocab                     # the ids its guesses come from
     traces = {}
@@ -429,11 +440,15 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
                                    also_score=[draft.also_scoring(read)]
                                    if read else None)[0]                       # [T, V]
             hide_unread(logits, text, read)
+            said = target.forward(torch.tensor([text], device=target.device),
+                                  target.new_cache(1, len(text)))[0]                # [T, V]
         # logits[i] scores text[i + 1]: output token t sits at len(ids) + t
         scores = logits[len(ids) - 1:len(text) - 1, :draft_vocab]                # [N, V_c]
         traces[f"{s}:{task}:{item['id']}"] = {
             "set": s, "prompt": ids, "output": out, "draft": scores.argmax(-1).tolist(),
-            "confidence": confidence(scores).tolist(), "max_new_tokens": max_new_tokens,
+            "confidence": confidence(scores).tolist(),
+            "target_confidence": confidence(said[len(ids) - 1:len(text) - 1]).tolist(),
+            "max_new_tokens": max_new_tokens,
             "eos_ids": sorted(llm.eos_ids)}
     return traces
 
@@ -500,6 +515,11 @@ def replay_command(args) -> int:
         print(f"--draft-stop {args.draft_stop:g} ignored: with CUDA graphs every round "
               "drafts K", file=sys.stderr)
         args.draft_stop = 0.0
+    if llm.cuda_graphs:
+        # nor does a static round report the target's confidence to `auto`
+        # (`RoundOutcome.target_sure`): the replay does not hear it either
+        traces = {k: {f: v for f, v in t.items() if f != "target_confidence"}
+                  for k, t in traces.items()}
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     auto = f"auto:{args.auto_k}"
     rows = replay_all(traces, fixed, auto, costs, args.draft_stop)

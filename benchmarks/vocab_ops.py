@@ -66,7 +66,7 @@ def cases(vocab: int, shortlist: int) -> dict[str, dict[str, object]]:
     """{what: {"before": fn, "now": fn}}, each pair checked to agree first."""
     from specrt.engine.round import _rows
     from specrt.kernels.cpu import ops
-    from specrt.spec.drafters.draft_model import confidence
+    from specrt.spec.sampling import confidence
 
     g = torch.Generator().manual_seed(0)
     out = {}

@@ -75,6 +75,38 @@ def _run_with(llm, drafter, n_new, max_k=8):
     return plans, oracle
 
 
+def test_a_plain_step_reports_how_sure_the_target_was_of_its_token(llm):
+    """A draft model too dear to ever pay: every round is a plain step, each asks how sure the
+    target was, and hears the softmax's top-1 probability of the logits that chose the token
+    the step committed, as a teacher-forced pass over the answer computes it."""
+    from specrt.spec.sampling import confidence
+
+    prompt, n_new = PROMPTS[1], 12
+    heard = []
+    planner = AdaptivePlanner(4, CostModel(verify=[1.0] * 5, draft=[50.0] * 5),
+                              draft_model=llm.engine.draft_drafter)
+    observe = planner.observe
+
+    def spy(plan, *args):
+        heard.append((plan.label, plan.wants_sure, args[4] if len(args) > 4 else None))
+        return observe(plan, *args)
+
+    planner.observe = spy
+    request = Request(tuple(prompt), n_new, SamplingParams(),
+                      SpecConfig(method="draft_model", num_speculative_tokens=4))
+    out = [t for batch in llm.engine.run([request], planner=planner) for s in batch
+           for t in s.new_tokens]
+    assert out == llm.generate(prompt, max_new_tokens=n_new).token_ids
+    target = llm.target
+    with torch.inference_mode():
+        logits = target.forward(torch.tensor([prompt + out]),
+                                target.new_cache(1, len(prompt) + n_new))[0]     # [T, V]
+    # the prefill chose out[0]; round j's plain step chose out[j + 1]
+    want = confidence(logits[len(prompt):len(prompt) + n_new - 1]).tolist()
+    assert [(label, asked) for label, asked, _ in heard] == [("plain", True)] * (n_new - 1)
+    assert [s[0] for _, _, s in heard] == pytest.approx(want, rel=1e-4)
+
+
 def test_always_right_draft_grows_k_to_max(llm):
     vocab = llm.target.cfg.vocab_size
     plans, _ = _run_with(llm, lambda p, a: OracleDrafter(p, a, vocab, right=True), 120)
@@ -1194,21 +1226,78 @@ def test_in_a_batch_only_the_rows_whose_lookup_guesses_were_right_copied():
     assert caught_up.rounds == [1] and caught_up.draft_wins == [1]
 
 
-def test_a_calibration_timed_in_fast_memory_still_buys_the_draft_for_a_code_prompt():
+def _fast_memory_costs() -> CostModel:
     """A calibration timed while memory ran fast (a 57 ms target step; its curves' first 17
-    pass sizes, in ms) prices a verify pass at more steps: buying the draft model's read of an
-    80-token prompt, spread over the 16 tokens a new answer is expected to run, then needs an
-    acceptance of ~0.72. At the draft model's prior a request's first round buys it (at 0.65
-    and 0.7 it decoded such a request plain throughout, where drafting was ~2x plain)."""
+    pass sizes, in ms): a verify pass costs more steps than in slow memory."""
     verify = [57.2, 76.6, 85.9, 91.4, 94.5, 99.4, 104.0, 110.1, 116.7, 126.6, 136.6, 146.6,
               156.6, 166.6, 176.6, 186.6, 197.7]
     draft = [9.1, 12.2, 13.3, 13.3, 13.3, 13.3, 19.4, 19.4, 20.5, 21.6, 22.6, 23.7, 24.7, 25.7,
              26.8, 27.8, 29.8]
-    costs = CostModel(verify=[v / 1e3 for v in verify], draft=[d / 1e3 for d in draft])
+    return CostModel(verify=[v / 1e3 for v in verify], draft=[d / 1e3 for d in draft])
+
+
+def test_a_calibration_timed_in_fast_memory_still_buys_the_draft_for_a_code_prompt():
+    """On `_fast_memory_costs`, buying the draft model's read of an 80-token prompt, spread
+    over the 16 tokens a new answer is expected to run, needs an acceptance of ~0.72. At the
+    draft model's prior a request's first round buys it (at 0.65 and 0.7 it decoded such a
+    request plain throughout, where drafting was ~2x plain)."""
+    costs = _fast_memory_costs()
     planner = AdaptivePlanner(16, costs, draft_model=LaggingDraft(80))
     planner.reset([0])
     assert planner.choose(_ctx(1, 500, history=80, generated=1)).label.startswith(
         "draft_model:")
+
+
+def _first_draft_round(sure, lag=150, rounds=60):
+    """(round, plan) of the first draft-model round of a request whose draft model is `lag`
+    tokens behind, on `_fast_memory_costs`, each plain step before it reporting the target's
+    confidence `sure` in its token (None: not reported)."""
+    planner = AdaptivePlanner(16, _fast_memory_costs(), draft_model=LaggingDraft(lag))
+    planner.reset([0])
+    for i in range(rounds):
+        plan = planner.choose(_ctx(1, 500, history=lag, generated=1 + i))
+        if plan.k:
+            return i, plan.label
+        assert plan.wants_sure           # the draft model has not drafted yet: it asks
+        planner.observe(plan, [0], [0], 0.0, 1.0, None if sure is None else [sure])
+    return None
+
+
+def test_a_target_sure_of_its_plain_steps_buys_the_draft_model_sooner():
+    """A 150-token prompt the draft has not read: at the prior its catch-up is bought once the
+    answer has run long enough to spread it over (rent or buy). Plain steps the target was
+    sure of read as a draft that would be accepted as often: bought within a few rounds, and
+    drafting longer. Unsure ones never delay it: the prior stands."""
+    late = _first_draft_round(None)
+    assert late is not None and late[0] >= 15
+    assert _first_draft_round(0.3) == _first_draft_round(0.75) == late
+    sure = _first_draft_round(0.99)
+    assert sure[0] <= 3 and int(sure[1].split(":")[1]) > int(late[1].split(":")[1])
+
+
+def test_the_target_is_heard_only_until_the_draft_model_drafts():
+    """Once a row's draft model has drafted, its own outcomes are its estimates: a plain step
+    no longer asks how sure the target was, and a confidence reported anyway moves nothing; a
+    new request on the row is asked again, from the prior."""
+    planner = AdaptivePlanner(16, _fast_memory_costs(), draft_model=LaggingDraft(150))
+    planner.reset([0])
+    ctx = _ctx(1, 500, history=150, generated=1)
+    for _ in range(10):
+        plan = planner.choose(ctx)
+        if plan.k:
+            break
+        planner.observe(plan, [0], [0], 0.0, 1.0, [0.99])
+    assert plan.label.startswith("draft_model:")
+    planner.observe(plan, [0], [plan.k], 0.0, 1.0)                # drafted: all rejected
+    _lost_on_merit(planner, 0)
+    plan = planner.choose(ctx)
+    assert plan.label == "plain" and not plan.wants_sure
+    planner.observe(plan, [0], [0], 0.0, 1.0, [0.99])
+    assert planner.states["draft_model"].alphas[0] == [0.05] * 16
+    planner.reset([0])
+    plan = planner.choose(ctx)
+    assert plan.label == "plain" and plan.wants_sure
+    assert planner.states["draft_model"].alphas[0] == [PRIORS["draft_model"]] * 16
 
 
 def test_a_pass_is_priced_by_the_tokens_each_row_computes():

@@ -13,7 +13,8 @@ from specrt.model.transformer import Transformer
 from specrt.spec.config import SpecConfig
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import NO_DRAFT, DraftContext
-from specrt.spec.drafters.draft_model import DraftModelDrafter, confidence
+from specrt.spec.drafters.draft_model import DraftModelDrafter
+from specrt.spec.sampling import confidence
 from specrt.spec.sampling import SamplingParams
 from tests.helpers import drain, slots_held_at_reserve
 

@@ -79,15 +79,15 @@ def test_a_shortlisted_draft_records_the_ids_its_request_read_from_where_it_read
     assert read_hits         # some token past the shortlist was guessed from having read it
 
 
-def _engine_run(llm, prompt, method, costs, max_new_tokens=N_NEW):
+def _engine_run(llm, prompt, method, costs, max_new_tokens=N_NEW, planner_cls=AdaptivePlanner):
     """The engine generating `prompt` with `method`; auto plans with `costs`."""
     name, k = method.split(":")
     spec = SpecConfig(method=name, num_speculative_tokens=int(k))
     planner = None
     if name == "auto":
-        planner = AdaptivePlanner(int(k), costs, draft_model=llm.engine.draft_drafter,
-                                  ngram=NgramDrafter(spec.prompt_lookup_min,
-                                                     spec.prompt_lookup_max))
+        planner = planner_cls(int(k), costs, draft_model=llm.engine.draft_drafter,
+                              ngram=NgramDrafter(spec.prompt_lookup_min,
+                                                 spec.prompt_lookup_max))
     request = Request(tuple(prompt), max_new_tokens, SamplingParams(), spec)
     steps = [s for batch in llm.engine.run([request], planner=planner) for s in batch]
     return [t for s in steps for t in s.new_tokens], steps[-1].stats
@@ -119,6 +119,39 @@ def test_replay_runs_the_rounds_the_engine_runs(llm, traces, stop, method):
     if method == "auto:8":
         labels = {m for mix in mixes for m in mix}
         assert any(m.startswith("draft_model") for m in labels) and len(labels) >= 3, labels
+
+
+def test_replay_hears_the_target_as_the_engine_does(llm, traces, stop):
+    """A trace records the target's confidence in each token of its answer. With a draft prior
+    below the (tiny, unsure) target's confidences, what `auto` hears from its plain steps lifts
+    the draft model's estimates: the replay, hearing the recorded confidences, runs the rounds
+    the engine runs, and not the ones it runs deaf to them."""
+    from specrt.spec.planners.adaptive import PRIORS
+
+    sures = [c for t in traces.values() for c in t["target_confidence"]]
+    assert all(0.0 < c <= 1.0 for c in sures)
+    assert all(len(t["target_confidence"]) == len(t["output"]) for t in traces.values())
+
+    low, mean = min(sures) / 2, statistics.mean(sures)
+
+    class LowPrior(AdaptivePlanner):          # the draft model alone (this target repeats
+        priors = dict(PRIORS, draft_model=low)    # itself: prompt lookup takes every round)
+
+        def __init__(self, max_k, costs, draft_model=None, ngram=None):
+            super().__init__(max_k, costs, draft_model=draft_model)
+
+    # a draft step costs what a guess accepted at midway between the two saves: a K = 1
+    # round beats a plain step once heard, not before
+    costs = CostModel(verify=[1.0] * 33, draft=[(low + mean) / 2] * 33)
+    changed = 0
+    for trace in traces.values():
+        out, stats = _engine_run(llm, trace["prompt"], "auto:8", costs, planner_cls=LowPrior)
+        assert out == trace["output"]
+        mix = auto_replay.replay(trace, "auto:8", costs, LowPrior, draft_stop=stop)[1]
+        assert mix == stats["plan_histogram"], trace["prompt"]
+        deaf = dict(trace, target_confidence=None)
+        changed += auto_replay.replay(deaf, "auto:8", costs, LowPrior, draft_stop=stop)[1] != mix
+    assert changed
 
 
 def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces, stop):
@@ -242,19 +275,23 @@ def test_replay_needs_a_draft_with_a_custom_target(argv, tiny_noeos_dir, capsys,
 def test_with_cuda_graphs_the_replay_drafts_k_every_round_as_the_engine_does(
         graphs, tiny_noeos_dir, tiny_draft_dir, tmp_path, monkeypatch, capsys):
     """The static draft loop (CUDA graphs, the default on CUDA) always drafts K: a replay that
-    still stopped at --draft-stop would price and teach rounds the engine never runs."""
+    still stopped at --draft-stop would price and teach rounds the engine never runs. Nor
+    does a static round tell `auto` how sure the target was: the replay does not hear it."""
     path = _traces_file(tmp_path, **{"tuning:code:a": {
         "set": "tuning", "prompt": [1, 2, 3], "output": [2, 3, 4], "draft": [2, 3, 4],
-        "confidence": [0.1, 0.1, 0.1], "max_new_tokens": 3}})
+        "confidence": [0.1, 0.1, 0.1], "target_confidence": [0.9, 0.9, 0.9],
+        "max_new_tokens": 3}})
     real_llm, seen = specrt.LLM, []
     monkeypatch.setattr(specrt, "LLM", lambda *a, **kw: real_llm(*a, cuda_graphs=graphs,
                                                                  max_seq_len=64, **kw))
     monkeypatch.setattr(auto_replay, "replay_all",
-                        lambda traces, fixed, auto, costs, stop: seen.append(stop) or [])
+                        lambda traces, fixed, auto, costs, stop: seen.append(
+                            (stop, all("target_confidence" in t for t in traces.values())))
+                        or [])
     monkeypatch.setattr(auto_replay, "render", lambda rows, auto: "")
     auto_replay.main(["replay", "--no-record", "--model", str(tiny_noeos_dir), "--draft",
                       str(tiny_draft_dir), "--dtype", "float32", "--traces", path])
-    assert seen == [0.0 if graphs else 0.5]
+    assert seen == [(0.0, False) if graphs else (0.5, True)]
     assert ("--draft-stop 0.5 ignored" in capsys.readouterr().err) == graphs
 
 

@@ -47,7 +47,8 @@ from specrt.model.kv_cache import StaticKVCache
 from specrt.model.transformer import Transformer
 from specrt.spec.drafters.base import DraftContext, Proposal, StagedDrafter, right_pad
 from specrt.spec.planners.base import PLAIN, Plan, Planner
-from specrt.spec.sampling import SamplingParams, choose_rows, sampling_groups, warp
+from specrt.spec.sampling import (SamplingParams, choose_rows, confidence, sampling_groups,
+                                  warp)
 
 if TYPE_CHECKING:
     from specrt.engine.static_round import StaticRound
@@ -59,6 +60,10 @@ class RoundOutcome:
     num_accepted: list[int]      # [B] accepted drafts per row
     num_drafted: list[int]       # [B] real drafts per row
     drafts: list[list[int]]      # [B] the real drafts verified per row
+    target_sure: list[float | None] | None = None   # [B] the target's `confidence` in the
+                                 # token a plain step committed (None: a row that drafted or
+                                 # did not generate); only where the plan `wants_sure`, on the
+                                 # eager path (an engine with graphs reports None)
 
 
 @dataclasses.dataclass
@@ -90,12 +95,14 @@ def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None
         proposal = plan.drafter.propose(ctx, plan.k)
     t1 = time.perf_counter()
     last = [h[-1] if h else 0 for h in ctx.histories]
-    outcome = verify_and_accept(target, cache, last, generating, proposal, plan.k, ctx, graphs)
+    outcome = verify_and_accept(target, cache, last, generating, proposal, plan.k, ctx, graphs,
+                                sure=plan.wants_sure)
     t2 = time.perf_counter()
     if proposal is not None:
         plan.drafter.rollback(outcome.num_accepted)
     if planned:
-        planner.observe(plan, outcome.num_accepted, outcome.num_drafted, t1 - t0, t2 - t1)
+        planner.observe(plan, outcome.num_accepted, outcome.num_drafted, t1 - t0, t2 - t1,
+                        outcome.target_sure)
     if proposal is None and plan.k:
         plan = PLAIN
     return RoundResult(plan, proposal, outcome, t1 - t0, t2 - t1)
@@ -103,8 +110,8 @@ def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None
 
 def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: list[int],
                       generating: list[bool], proposal: Proposal | None, k_plan: int,
-                      ctx: DraftContext, graphs: "StaticRound | None" = None
-                      ) -> RoundOutcome:
+                      ctx: DraftContext, graphs: "StaticRound | None" = None,
+                      sure: bool = False) -> RoundOutcome:
     """Score [last committed token] + drafts in ONE target pass, accept per row, and roll the
     target's cache back to the committed prefix.
 
@@ -114,6 +121,7 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     first position exactly as a plain decoding step would choose it.
     With `graphs`, a round is `StaticRound.run` (one host sync) wherever its pass fits the
     cache; the eager pass below serves the rest.
+    sure: also report the target's `confidence` in each plain step's token (`target_sure`).
     """
     if graphs is not None:
         outcome = graphs.run(last_tokens, generating, proposal, ctx, k_plan)
@@ -136,13 +144,20 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     logits = target.forward(ids, cache, num_valid=[(1 + c) * g
                                                    for c, g in zip(counts, generating)])
     num_acc, out = _accept(logits, proposal, counts, k_plan, generating, ctx)
+    target_sure = None
+    if sure:
+        plain = [b for b in range(B) if generating[b] and counts[b] == 0]
+        if plain:
+            target_sure = [None] * B
+            for b, s in zip(plain, confidence(_rows(logits, plain)[:, 0]).tolist()):
+                target_sure[b] = s
     # Roll back the rejected drafts: keep the last token + the accepted drafts.
     cache.truncate([s + (1 + a if g else 0) for s, a, g in zip(start, num_acc, generating)])
     return RoundOutcome(
         committed=[row[: a + 1] if g else [] for row, a, g in zip(out, num_acc, generating)],
         num_accepted=[a if g else 0 for a, g in zip(num_acc, generating)],
         num_drafted=[d if g else 0 for d, g in zip(counts, generating)],
-        drafts=_drafts_as_lists(proposal, B))
+        drafts=_drafts_as_lists(proposal, B), target_sure=target_sure)
 
 
 def _drafts_as_lists(proposal: Proposal | None, rows: int) -> list[list[int]]:

@@ -37,22 +37,12 @@ from specrt.spec.drafters.base import (LONG_CATCH_UP, NO_DRAFT, DraftContext, Pr
 from specrt.model.graphs import GraphPool
 from specrt.spec.config import DRAFT_STOP, MAX_SPECULATIVE_TOKENS
 from specrt.spec.drafters.draft_loop import CATCH_UP_WIDTHS, DraftScratch, StaticDraftLoop
-from specrt.spec.sampling import choose_rows
+from specrt.spec.sampling import choose_rows, confidence
 
 
 SHORTLIST = 49152     # ids a draft scores by default in a vocabulary over twice as large ...
 SHORTLIST_ALONE = 65536   # ... and one that reads no ids past them (a static drafter's)
 UNREADABLE_AS = 0     # what a draft reads for a target id past its own vocabulary
-
-
-def confidence(logits: torch.Tensor) -> torch.Tensor:
-    """The draft's top-1 probability per row: logits [B, V] -> [B] fp32 (softmax at
-    temperature 1 over the ids it scores; the unscored ones are -inf). Taken as the softmax's
-    largest entry: torch's softmax passes over the -inf of the unscored ids quickly, where
-    torch.exp of them is slow (over a shortlisted draft's 151,936 logits: 0.09 ms against
-    0.42 for exp(x - max) summed, each draft step; benchmarks/RESULTS.md, "The argmax over
-    the vocabulary")."""
-    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
 
 def goes_on(sure: bool, ends_answer: bool, guesses: int, room: int) -> bool:

@@ -23,5 +23,6 @@ class FixedPlanner:
     def choose(self, ctx: DraftContext) -> Plan:
         return self._plan
 
-    def observe(self, plan, num_accepted, num_drafted, draft_seconds, verify_seconds) -> None:
+    def observe(self, plan, num_accepted, num_drafted, draft_seconds, verify_seconds,
+                target_sure=None) -> None:
         pass
