@@ -455,7 +455,7 @@ class AdaptivePlanner:
         81.7% at 0.7-0.8, 62-67% at 0.5-0.7 and 45% at 0.4-0.5. It only lifts the prior:
         lowered too, prose the target is unsure of, which still pays at the prior (the draft's
         stop makes unsure rounds cheaper than they are priced), lost in the replays
-        (benchmarks/RESULTS.md, "The target's confidence ...")."""
+        (benchmarks/RESULTS.md, "`auto` hears how sure the target was ...")."""
         draft = self.states.get("draft_model")
         if draft is None:
             return
