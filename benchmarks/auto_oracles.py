@@ -13,13 +13,15 @@ machine's calibration) answers one of them with the truth, or with another rule:
 
   auto              as shipped;
   oracle accept     the draft model's prior = the trace's own agreement rate (the share of
-                    output tokens its teacher-forced guess got right);
+                    output tokens its teacher-forced guess got right), not lifted by what
+                    its plain steps hear of the target's confidence (the truth is given);
   oracle length     the horizon = the tokens the answer really has left;
   both oracles      the two together;
   budget length     the horizon = what is left of max_new_tokens (answers assumed to fill
                     their budget): the rule a horizon oracle suggests, without the oracle;
   prior P           (--draft-priors) the draft model's prior = P for every request: the
-                    constant `auto` ships with, tried at other values.
+                    constant `auto` ships with, tried at other values (lifted by what it
+                    hears, as shipped).
 
 Traces are cut at each budget (an answer longer than the budget stops there; one that ended
 sooner keeps its end); a budget past the one a trace was recorded with and stopped at is
@@ -28,10 +30,10 @@ lowest `auto` / best fixed setting, and the lowest `auto` / plain. Measures noth
 """
 from __future__ import annotations
 
-import json
 import statistics
 
-from benchmarks.auto_replay import FIXED, TRACES, _load_traces, cut_all, fixed_methods, replay
+from benchmarks.auto_replay import (FIXED, TRACES, _load_traces, as_heard, cut_all,
+                                    fixed_methods, replay)
 from benchmarks.harness import cli, report
 from benchmarks.harness.model_dirs import resolve_with_draft
 
@@ -58,9 +60,13 @@ def planners(trace: dict, draft_priors=()) -> dict:
     out, guess = trace["output"], trace["draft"]
     agree = sum(a == b for a, b in zip(guess, out)) / len(out)
 
-    def with_draft_prior(prior: float, base=AdaptivePlanner):
-        """`base`, starting every request with the draft model's prior = prior."""
-        return type(base.__name__, (base,), {"priors": PRIORS | {"draft_model": prior}})
+    def with_draft_prior(prior: float, base=AdaptivePlanner, hears: bool = True):
+        """`base`, starting every request with the draft model's prior = prior (and, unless
+        `hears`, deaf to the target's confidence: `_hear_target`)."""
+        attrs = {"priors": PRIORS | {"draft_model": prior}}
+        if not hears:
+            attrs["_hear_target"] = lambda self, target_sure: None
+        return type(base.__name__, (base,), attrs)
 
     class OracleLength(AdaptivePlanner):
         def _horizon(self, ctx, rows):
@@ -70,8 +76,9 @@ def planners(trace: dict, draft_priors=()) -> dict:
         def _horizon(self, ctx, rows):
             return max(1.0, min(ctx.remaining[0], HORIZON))
 
-    rules = {"auto": None, "oracle accept": with_draft_prior(agree),
-             "oracle length": OracleLength, "both oracles": with_draft_prior(agree, OracleLength),
+    rules = {"auto": None, "oracle accept": with_draft_prior(agree, hears=False),
+             "oracle length": OracleLength,
+             "both oracles": with_draft_prior(agree, OracleLength, hears=False),
              "budget length": BudgetLength}
     rules.update((f"prior {p:g}", with_draft_prior(p)) for p in draft_priors)
     return rules
@@ -135,6 +142,7 @@ def main(argv=None) -> int:
     by_budget = {b: cut_all(traces, b, "--budgets") for b in dict.fromkeys(budgets)}
     target_dir, draft_dir = resolve_with_draft(args, "auto and the fixed settings draft with it")
     llm = specrt.LLM(target_dir, draft=draft_dir, dtype=args.dtype, device=args.device)
+    by_budget = {b: as_heard(cut, llm) for b, cut in by_budget.items()}
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     step = costs.verify_pass([1])
     print(f"costs: target step {step * 1e3:.1f} ms; verify(T) / step for T = 2..9: "

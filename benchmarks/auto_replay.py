@@ -515,11 +515,7 @@ def replay_command(args) -> int:
         print(f"--draft-stop {args.draft_stop:g} ignored: with CUDA graphs every round "
               "drafts K", file=sys.stderr)
         args.draft_stop = 0.0
-    if llm.cuda_graphs:
-        # nor does a static round report the target's confidence to `auto`
-        # (`RoundOutcome.target_sure`): the replay does not hear it either
-        traces = {k: {f: v for f, v in t.items() if f != "target_confidence"}
-                  for k, t in traces.items()}
+    traces = as_heard(traces, llm)
     costs = llm.cost_model(args.auto_k)        # timed where the rounds run
     auto = f"auto:{args.auto_k}"
     rows = replay_all(traces, fixed, auto, costs, args.draft_stop)
@@ -547,6 +543,23 @@ def fixed_methods(text: str) -> list[str]:
     """The fixed settings of a comma-separated METHOD:K list (--fixed), as `replay` takes them,
     or exit 2 naming the entry that is not draft_model:K or ngram:K."""
     return [f"{m}:{k}" for m, k in cli.method_ks(text, "--fixed", ("draft_model", "ngram"))]
+
+
+def as_heard(traces: dict, llm) -> dict:
+    """`traces` as `auto` on `llm`'s engine hears them: with the target's confidence in each
+    token, except on an engine with CUDA graphs, whose static rounds report none
+    (`RoundOutcome.target_sure`); a warning where some traces were recorded without it (a
+    partial re-record: those replay as if on such an engine)."""
+    if llm.cuda_graphs:
+        return {k: {f: v for f, v in t.items() if f != "target_confidence"}
+                for k, t in traces.items()}
+    deaf = [k for k, t in traces.items() if "target_confidence" not in t]
+    if deaf:
+        print(f"note: {len(deaf)} of {len(traces)} traces were recorded without the target's "
+              "confidence, which auto hears before its draft model drafts; they replay deaf to "
+              "it (record them again with python -m benchmarks.auto_replay record)",
+              file=sys.stderr)
+    return traces
 
 
 def _load_traces(path) -> dict:

@@ -11,7 +11,7 @@ reversed every other round), median microseconds per call:
   kernel `specrt.kernels.argmax` runs on the CPU; checked to give the same indices first);
 - the draft's confidence over a shortlisted row (ids past --shortlist at -inf, as a draft
   scoring its shortlist of frequent ids leaves them): the sum of exp(x - max) it was computed
-  as before, against the softmax's largest entry it is now (`draft_model.confidence`; the two
+  as before, against the softmax's largest entry it is now (`sampling.confidence`; the two
   checked to agree within 1e-4: each sums ~50,000 fp32 terms in its own order, ~5e-6 apart);
 - the top-p cut (0.9) of a sampled position: the stable sort of the whole row
   (`sampling.top_p_cut_sorted`, the specification) against the ranked cut `warp` takes on the

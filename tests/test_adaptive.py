@@ -75,27 +75,34 @@ def _run_with(llm, drafter, n_new, max_k=8):
     return plans, oracle
 
 
-def test_a_plain_step_reports_how_sure_the_target_was_of_its_token(llm):
-    """A draft model too dear to ever pay: every round is a plain step, each asks how sure the
-    target was, and hears the softmax's top-1 probability of the logits that chose the token
-    the step committed, as a teacher-forced pass over the answer computes it."""
-    from specrt.spec.sampling import confidence
-
-    prompt, n_new = PROMPTS[1], 12
+def _heard(llm, prompt, n_new, params):
+    """(plan label, whether it asked, what observe heard) of each round of a request whose
+    draft model is too dear to ever pay (every round a plain step), and its tokens."""
     heard = []
     planner = AdaptivePlanner(4, CostModel(verify=[1.0] * 5, draft=[50.0] * 5),
                               draft_model=llm.engine.draft_drafter)
     observe = planner.observe
 
-    def spy(plan, *args):
-        heard.append((plan.label, plan.wants_sure, args[4] if len(args) > 4 else None))
-        return observe(plan, *args)
+    def spy(plan, *args, target_sure=None):
+        heard.append((plan.label, plan.wants_sure, target_sure))
+        return observe(plan, *args, target_sure=target_sure)
 
     planner.observe = spy
-    request = Request(tuple(prompt), n_new, SamplingParams(),
+    request = Request(tuple(prompt), n_new, params,
                       SpecConfig(method="draft_model", num_speculative_tokens=4))
     out = [t for batch in llm.engine.run([request], planner=planner) for s in batch
            for t in s.new_tokens]
+    return heard, out
+
+
+def test_a_plain_step_reports_how_sure_the_target_was_of_its_token(llm):
+    """Every round a plain step: each asks how sure the target was, and hears the softmax's
+    top-1 probability of the logits that chose the token the step committed, as a
+    teacher-forced pass over the answer computes it."""
+    from specrt.spec.sampling import confidence
+
+    prompt, n_new = PROMPTS[1], 12
+    heard, out = _heard(llm, prompt, n_new, SamplingParams())
     assert out == llm.generate(prompt, max_new_tokens=n_new).token_ids
     target = llm.target
     with torch.inference_mode():
@@ -105,6 +112,27 @@ def test_a_plain_step_reports_how_sure_the_target_was_of_its_token(llm):
     want = confidence(logits[len(prompt):len(prompt) + n_new - 1]).tolist()
     assert [(label, asked) for label, asked, _ in heard] == [("plain", True)] * (n_new - 1)
     assert [s[0] for _, _, s in heard] == pytest.approx(want, rel=1e-4)
+
+
+def test_an_engine_with_graphs_hears_nothing(tiny_noeos_dir, tiny_draft_dir):
+    """Static rounds (CUDA graphs; run eagerly on the CPU) read nothing back for `auto`: it
+    plans from the prior there, as the replay of such an engine does."""
+    graphs = specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, max_seq_len=256,
+                        dtype="float32", cuda_graphs=True)
+    try:
+        heard, out = _heard(graphs, PROMPTS[1], 8, SamplingParams())
+        assert out == graphs.generate(PROMPTS[1], max_new_tokens=8).token_ids
+    finally:
+        graphs.close()
+    assert heard and all(s is None for _, _, s in heard)
+
+
+def test_a_sampled_plain_step_is_not_heard(llm):
+    """The draft's agreement the target's confidence stands for was measured on greedy
+    answers: a sampled request's plain steps report nothing (its rounds still ask)."""
+    heard, out = _heard(llm, PROMPTS[1], 8, SamplingParams(temperature=0.8, seed=3))
+    assert len(out) == 8 and heard and all(asked for _, asked, _ in heard)
+    assert all(s is None for _, _, s in heard)
 
 
 def test_always_right_draft_grows_k_to_max(llm):
@@ -1298,6 +1326,21 @@ def test_the_target_is_heard_only_until_the_draft_model_drafts():
     plan = planner.choose(ctx)
     assert plan.label == "plain" and plan.wants_sure
     assert planner.states["draft_model"].alphas[0] == [PRIORS["draft_model"]] * 16
+    # the new request's mean starts from the prior, not from what the last one heard
+    planner.observe(plan, [0], [0], 0.0, 1.0, [0.99])
+    first = PRIORS["draft_model"] + (0.99 - PRIORS["draft_model"]) / (PRIOR_COUNT + 1)
+    assert planner.states["draft_model"].alphas[0] == pytest.approx([first] * 16)
+
+
+def test_a_row_the_planner_has_not_met_is_not_heard():
+    """The engine's batch may hold rows the planner never planned for (requests admitted
+    before `auto` ran, decoding plain beside it): their confidences are left alone."""
+    planner = AdaptivePlanner(16, _fast_memory_costs(), draft_model=LaggingDraft(150))
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500, history=150, generated=1))
+    assert plan.wants_sure
+    planner.observe(plan, [0, 0], [0, 0], 0.0, 1.0, [0.99, 0.99])
+    assert len(planner.target_sure) == 1 and planner.sure_seen == [1]
 
 
 def test_a_pass_is_priced_by_the_tokens_each_row_computes():

@@ -455,7 +455,10 @@ def test_past_shortlist_names_new_ids_once_in_order_of_first_use(tiny_noeos_dir,
         drafter = llm.engine.draft_drafter
         read = drafter.past_shortlist([250, 5, 120, 250])
         assert read == [250, 120]
-        assert drafter.past_shortlist([120, 300, 7, 250, 199], read) == [250, 120, 300, 199]
+        known = set(read)
+        assert drafter.past_shortlist([120, 300, 7, 250, 199], read, known) \
+            == [250, 120, 300, 199]
+        assert known == {250, 120, 300, 199}
     finally:
         llm.close()
 

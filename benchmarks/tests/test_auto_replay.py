@@ -124,15 +124,16 @@ def test_replay_runs_the_rounds_the_engine_runs(llm, traces, stop, method):
 def test_replay_hears_the_target_as_the_engine_does(llm, traces, stop):
     """A trace records the target's confidence in each token of its answer. With a draft prior
     below the (tiny, unsure) target's confidences, what `auto` hears from its plain steps lifts
-    the draft model's estimates: the replay, hearing the recorded confidences, runs the rounds
-    the engine runs, and not the ones it runs deaf to them."""
+    the draft model's estimates: the replay hears, round by round, what the engine hears
+    (the recorded confidence of the token each plain step commits), runs the rounds the
+    engine runs, and not the ones it runs deaf to them."""
     from specrt.spec.planners.adaptive import PRIORS
 
     sures = [c for t in traces.values() for c in t["target_confidence"]]
     assert all(0.0 < c <= 1.0 for c in sures)
     assert all(len(t["target_confidence"]) == len(t["output"]) for t in traces.values())
-
     low, mean = min(sures) / 2, statistics.mean(sures)
+    heard = []
 
     class LowPrior(AdaptivePlanner):          # the draft model alone (this target repeats
         priors = dict(PRIORS, draft_model=low)    # itself: prompt lookup takes every round)
@@ -140,18 +141,46 @@ def test_replay_hears_the_target_as_the_engine_does(llm, traces, stop):
         def __init__(self, max_k, costs, draft_model=None, ngram=None):
             super().__init__(max_k, costs, draft_model=draft_model)
 
+        def observe(self, plan, num_accepted, num_drafted, draft_seconds, verify_seconds,
+                    target_sure=None):
+            heard.append(None if target_sure is None else target_sure[0])
+            super().observe(plan, num_accepted, num_drafted, draft_seconds, verify_seconds,
+                            target_sure)
+
     # a draft step costs what a guess accepted at midway between the two saves: a K = 1
     # round beats a plain step once heard, not before
     costs = CostModel(verify=[1.0] * 33, draft=[(low + mean) / 2] * 33)
     changed = 0
     for trace in traces.values():
+        heard.clear()
         out, stats = _engine_run(llm, trace["prompt"], "auto:8", costs, planner_cls=LowPrior)
+        live = list(heard)
         assert out == trace["output"]
+        heard.clear()
         mix = auto_replay.replay(trace, "auto:8", costs, LowPrior, draft_stop=stop)[1]
         assert mix == stats["plan_histogram"], trace["prompt"]
+        assert [h is None for h in heard] == [h is None for h in live]
+        assert [h for h in heard if h is not None] == pytest.approx(
+            [h for h in live if h is not None], rel=1e-4)
+        assert any(h is not None for h in live)
         deaf = dict(trace, target_confidence=None)
         changed += auto_replay.replay(deaf, "auto:8", costs, LowPrior, draft_stop=stop)[1] != mix
     assert changed
+
+
+def test_the_oracle_prior_is_not_lifted_by_what_auto_hears(traces):
+    """`auto_oracles`' "oracle accept" plans from the trace's true agreement: deaf to the
+    target's confidence, which lifts the shipped planner's estimates."""
+    from benchmarks import auto_oracles
+
+    rules = auto_oracles.planners(traces["tuning:code:a"])
+    for rule, lifted in (("oracle accept", False), ("both oracles", False), ("auto", True)):
+        planner = (rules[rule] or AdaptivePlanner)(4, _cheap_draft_costs(),
+                                                   draft_model=auto_replay.TraceDraft())
+        planner.reset([0])
+        before = list(planner.states["draft_model"].alphas[0])
+        planner._hear_target([0.999])          # what a plain step's observe passes on
+        assert (planner.states["draft_model"].alphas[0] != before) == lifted, rule
 
 
 def test_a_cut_trace_replays_a_request_with_that_budget(llm, traces, stop):

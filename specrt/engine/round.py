@@ -61,9 +61,10 @@ class RoundOutcome:
     num_drafted: list[int]       # [B] real drafts per row
     drafts: list[list[int]]      # [B] the real drafts verified per row
     target_sure: list[float | None] | None = None   # [B] the target's `confidence` in the
-                                 # token a plain step committed (None: a row that drafted or
-                                 # did not generate); only where the plan `wants_sure`, on the
-                                 # eager path (an engine with graphs reports None)
+                                 # token a greedy row's plain step committed (None: any other
+                                 # row); only where the plan `wants_sure`, and never on an
+                                 # engine with graphs (its static rounds read nothing back
+                                 # for it)
 
 
 @dataclasses.dataclass
@@ -96,13 +97,14 @@ def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None
     t1 = time.perf_counter()
     last = [h[-1] if h else 0 for h in ctx.histories]
     outcome = verify_and_accept(target, cache, last, generating, proposal, plan.k, ctx, graphs,
-                                sure=plan.wants_sure)
+                                sure=plan.wants_sure and graphs is None)
     t2 = time.perf_counter()
     if proposal is not None:
         plan.drafter.rollback(outcome.num_accepted)
     if planned:
+        heard = {} if outcome.target_sure is None else {"target_sure": outcome.target_sure}
         planner.observe(plan, outcome.num_accepted, outcome.num_drafted, t1 - t0, t2 - t1,
-                        outcome.target_sure)
+                        **heard)
     if proposal is None and plan.k:
         plan = PLAIN
     return RoundResult(plan, proposal, outcome, t1 - t0, t2 - t1)
@@ -121,7 +123,8 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     first position exactly as a plain decoding step would choose it.
     With `graphs`, a round is `StaticRound.run` (one host sync) wherever its pass fits the
     cache; the eager pass below serves the rest.
-    sure: also report the target's `confidence` in each plain step's token (`target_sure`).
+    sure: also report the target's `confidence` in each greedy row's plain step's token
+    (`target_sure`; the draft's agreement it stands for was measured on greedy answers).
     """
     if graphs is not None:
         outcome = graphs.run(last_tokens, generating, proposal, ctx, k_plan)
@@ -146,7 +149,8 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     num_acc, out = _accept(logits, proposal, counts, k_plan, generating, ctx)
     target_sure = None
     if sure:
-        plain = [b for b in range(B) if generating[b] and counts[b] == 0]
+        plain = [b for b in range(B)
+                 if generating[b] and counts[b] == 0 and ctx.params[b].greedy]
         if plain:
             target_sure = [None] * B
             for b, s in zip(plain, confidence(_rows(logits, plain)[:, 0]).tolist()):

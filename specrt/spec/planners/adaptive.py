@@ -59,12 +59,13 @@ is not held against the draft model for the rest of the answer, while one wrong 
 stays out (its mean falls with it).
 
 Until the draft model has drafted for a row, what the row's plain steps tell of the text
-stands in for its guesses: each plain step reports how sure the target was of its token (its
-`confidence`, `Plan.wants_sure`), and the draft's guess is the target's token about as often
-as the target is sure of it. A mean of those (weighed as the draft's acceptance is, the prior
-counted PRIOR_COUNT times) above the prior lifts the draft model's estimates to it, so text the
-target writes surely (an edit of pasted code) buys the draft's catch-up as soon as it pays;
-one below leaves the prior (`_hear_target`).
+stands in for its guesses: each plain step of a greedy row reports how sure the target was of
+its token (its `confidence`, `Plan.wants_sure`), and the draft's guess is the target's token
+about as often as the target is sure of it. A mean of those (weighed as the draft's acceptance
+is, the prior counted PRIOR_COUNT times) above the prior lifts the draft model's estimates to
+it, so text the target writes surely (an edit of pasted code) buys the draft's catch-up as soon
+as it pays; one below leaves the prior (`_hear_target`). Eager rounds only: an engine with CUDA
+graphs reads nothing back for it, and plans from the prior.
 
 A drafter that lost is probed again with K = 1 in the `PROBE_BASE`-th round since it last
 drafted, the gap doubling after each probe until it wins a round on merit, so a text that

@@ -19,8 +19,8 @@ class Plan:
     k: int                    # drafts to ask for (0 with no drafter)
     label: str                # "plain", "draft_model:4", "ngram:3": for traces and stats
     notes: object = None      # the planner's record of why, handed back to its observe
-    wants_sure: bool = False  # a plain step: report how sure the target was of each row's
-                              # token (`RoundOutcome.target_sure`; the eager round only)
+    wants_sure: bool = False  # a plain step: report how sure the target was of each greedy
+                              # row's token (`RoundOutcome.target_sure`; eager rounds only)
 
 
 PLAIN = Plan(None, 0, "plain")
@@ -44,4 +44,5 @@ class Planner(Protocol):
                 target_sure: list[float | None] | None = None) -> None:
         """The outcome of the round `plan` described (num_drafted all 0 when the drafter had
         nothing to offer and the round was a plain step); target_sure: what the round measured
-        for a plan that `wants_sure` (`RoundOutcome.target_sure`), else None."""
+        for a plan that `wants_sure` (`RoundOutcome.target_sure`), passed only when it measured
+        something (a planner that never asks may leave the argument out)."""
