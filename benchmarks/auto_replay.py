@@ -343,7 +343,7 @@ def cut(trace: dict, n: int) -> dict:
         raise ValueError(f"recorded to its budget of {len(trace['output'])} tokens, not {n}")
     short = dict(trace, output=trace["output"][:n], draft=trace["draft"][:n], max_new_tokens=n)
     for field in ("confidence", "target_confidence"):
-        if field in trace:
+        if trace.get(field) is not None:
             short[field] = trace[field][:n]
     return short
 
