@@ -433,7 +433,7 @@ def record_traces(llm, items, max_new_tokens: int, progress: bool = False) -> di
         text = ids + out
         # A shortlisted draft also scores the ids past its shortlist its request has read
         # (`DraftModelDrafter.past_shortlist`): each from the position that reads it on.
-        read = drafter.past_shortlist(text)
+        read = list(drafter.past_shortlist(text))
         with torch.inference_mode():
             logits = draft.forward(torch.tensor([text], device=draft.device),
                                    draft.new_cache(1, len(text)),

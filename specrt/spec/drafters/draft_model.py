@@ -132,8 +132,8 @@ class DraftModelDrafter:
         # eager path only, so a static drafter's rounds match on either path.
         self._shortlist = (set(model.head_rows.tolist())
                            if model.head_rows is not None and not static else None)
-        self._read = [[] for _ in range(max_batch_size)]   # [B] ids past the shortlist read
-        self._read_set = [set() for _ in range(max_batch_size)]   # [B] the same, to look up
+        self._read = [{} for _ in range(max_batch_size)]   # [B] ids past the shortlist read,
+                                                            # in order (a dict's keys)
         self._scanned = [0] * max_batch_size   # committed tokens looked through for them
         self._scoring = [None] * max_batch_size   # [B] model.also_scoring of each row's _read
         self.seen = [0] * max_batch_size       # committed tokens whose K/V are cached, per row
@@ -143,7 +143,7 @@ class DraftModelDrafter:
     def reset(self, rows: list[int]) -> None:
         for r in rows:
             self.seen[r] = self._pending[r] = self._guesses[r] = self._scanned[r] = 0
-            self._read[r], self._read_set[r], self._scoring[r] = [], set(), None
+            self._read[r], self._scoring[r] = {}, None
             self.cache.rows(r, r + 1).truncate([0])
 
     def lags(self, ctx: DraftContext) -> list[int]:
@@ -232,19 +232,15 @@ class DraftModelDrafter:
         """Whether the draft scores, per row, the ids its row read past its shortlist."""
         return self._shortlist is not None
 
-    def past_shortlist(self, ids, read: list[int] | None = None,
-                       known: set[int] | None = None) -> list[int]:
-        """`read` (default: a new list) extended by the ids of `ids` that the shortlist lacks
-        and the draft can propose, in order of first use (none for a draft that reads none);
-        `known`: the set of `read`'s ids, kept up to date with it."""
-        read = [] if read is None else read
-        known = set(read) if known is None else known
-        if not self.reads_ids:
-            return read
-        for t in ids:
-            if t not in known and t not in self._shortlist and t < self.common_vocab:
-                read.append(t)
-                known.add(t)
+    def past_shortlist(self, ids, read: dict[int, None] | None = None) -> dict[int, None]:
+        """`read` (default: a new one), an ordered set of ids (a dict's keys), extended in place
+        by the ids of `ids` that the shortlist lacks and the draft can propose, in order of
+        first use (none for a draft that reads none)."""
+        read = {} if read is None else read
+        if self.reads_ids:
+            for t in ids:
+                if t not in read and t not in self._shortlist and t < self.common_vocab:
+                    read[t] = None
         return read
 
     def _read_past_shortlist(self, ctx: DraftContext) -> list | None:
@@ -258,10 +254,10 @@ class DraftModelDrafter:
             if a:
                 read = self._read[b]
                 before = len(read)
-                self.past_shortlist(h[self._scanned[b]:], read, self._read_set[b])
+                self.past_shortlist(h[self._scanned[b]:], read)
                 self._scanned[b] = len(h)
                 if len(read) > before:
-                    self._scoring[b] = self.model.also_scoring(read)
+                    self._scoring[b] = self.model.also_scoring(list(read))
         return [self._scoring[b] if a else None for b, a in enumerate(ctx.active)]
 
     def _goes_on(self, ctx: DraftContext, step: torch.Tensor, guess: torch.Tensor,

@@ -386,12 +386,10 @@ class AdaptivePlanner:
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
               draft_won: tuple[bool | None, ...]) -> Plan:
         if k == 0:
-            draft = self.states.get("draft_model")
-            unheard = draft is not None and any(a and not draft.tally[b][1]
-                                                for b, a in enumerate(ctx.active))
+            untried = any(a and self._draft_untried(b) for b, a in enumerate(ctx.active))
             return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
                                                              draft_won=draft_won),
-                                       wants_sure=unheard)
+                                       wants_sure=untried)
         if name == "ngram":
             feeds = tuple(self._ngram_state(n) if n else None for _, n in matches)
             lengths = tuple(n for _, n in matches)
@@ -467,8 +465,14 @@ class AdaptivePlanner:
             self.sure_seen[row] += 1
             self.target_sure[row] = _ewma(self.target_sure[row], sure,
                                           _weight(WEIGHT, self.sure_seen[row]))
-            if not draft.tally[row][1]:
+            if self._draft_untried(row):
                 draft.alphas[row] = [max(prior, self.target_sure[row])] * self.max_k
+
+    def _draft_untried(self, row: int) -> bool:
+        """Whether the row's draft model has not drafted yet (no guess of it observed): the
+        rows whose plain steps `auto` hears (`_hear_target`)."""
+        draft = self.states.get("draft_model")
+        return draft is not None and not draft.tally[row][1]
 
     def _ngram_state(self, n: int) -> str:
         """The state a guess following a match of n tokens learns in: one per length, and a
