@@ -4,7 +4,7 @@ import torch
 
 import specrt
 from specrt.model import Transformer
-from tests.tiny import hf_model, make_model
+from tests.tiny import hf_cache_kwarg, hf_model, make_model
 
 
 @pytest.fixture(params=["qwen2", "llama"])
@@ -26,7 +26,7 @@ def test_prefill_and_decode_logits_match_transformers(model_dir):
     for step in range(6):
         nxt = got[:, -1:].argmax(-1)
         with torch.no_grad():
-            ref = hf(nxt, past_key_values=past, use_cache=True)
+            ref = hf(nxt, use_cache=True, **{hf_cache_kwarg(hf): past})
         past = ref.past_key_values
         got = ours.forward(nxt, cache)
         torch.testing.assert_close(got, ref.logits, atol=1e-4, rtol=1e-4,

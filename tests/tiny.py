@@ -97,3 +97,12 @@ def hf_model(model_dir: Path, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+
+
+def hf_cache_kwarg(hf) -> str:
+    """The name transformers' forward takes its KV cache by: `cache` since 5.2x, where
+    `past_key_values` warns that it is deprecated; the GPU image's 5.17 knows only the old."""
+    import inspect
+
+    params = inspect.signature(hf.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
