@@ -964,7 +964,7 @@ def test_a_copy_in_progress_drafts_long_from_its_first_round():
     ks = _all_right(planner, 6)                             # the copy keeps being right
     assert ks[-1] == 16
     assert all(planner.states[f"ngram/{n}"].alphas[0] == [planner.priors.get(
-        f"ngram/{n}", planner.priors["ngram"])] * 16 for n in range(1, COPYING))
+        f"ngram/{n}", planner.priors["ngram"])] for n in range(1, COPYING))
 
 
 def test_a_guess_learns_and_is_weighed_as_the_first_guess_of_the_match_it_extends():

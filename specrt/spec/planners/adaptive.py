@@ -165,9 +165,9 @@ class DrafterState:
                                   # "ngram/copy" for a copy in progress (n >= COPYING)
     drafter: str                  # the drafter it belongs to
     alphas: list[list[float]]     # [B][K_max] acceptance per position, per row (an n-gram
-                                  # state: one acceptance, the same at every position)
-    seen: list[list[int]] = dataclasses.field(default_factory=list)   # [B][K_max] outcomes
-                                  # observed per position (an n-gram state: in [b][0])
+                                  # state: [B][1], one acceptance for every position)
+    seen: list[list[int]] = dataclasses.field(default_factory=list)   # outcomes observed per
+                                  # position, shaped as alphas
     tally: list[list[int]] = dataclasses.field(default_factory=list)  # [B][2] guesses
                                   # accepted and guesses observed, over the row's request
                                   # (the draft model's, which `_relax` reads; an n-gram
@@ -250,13 +250,14 @@ class AdaptivePlanner:
             self.states = {name: DrafterState(name, drafter, []) for name, drafter in names}
         for state in self.states.values():
             prior = self.priors.get(state.name, self.priors[state.drafter])
+            width = self.max_k if state.drafter == "draft_model" else 1
             while len(state.alphas) <= max(rows, default=-1):
-                state.alphas.append([prior] * self.max_k)
-                state.seen.append([0] * self.max_k)
+                state.alphas.append([prior] * width)
+                state.seen.append([0] * width)
                 state.tally.append([0, 0])
             for r in rows:
-                state.alphas[r] = [prior] * self.max_k
-                state.seen[r] = [0] * self.max_k
+                state.alphas[r] = [prior] * width
+                state.seen[r] = [0] * width
                 state.tally[r] = [0, 0]
         prior = self.priors["draft_model"]
         while len(self.rounds) <= max(rows, default=-1):
@@ -535,10 +536,10 @@ def _learn(alphas: list[float], seen: list[int], accepted: int, drafted: int,
 
 
 def _learn_tied(alphas: list[float], seen: list[int], outcome: float, weight: float) -> None:
-    """Update one row's acceptance, one value for every position, with one guess's outcome
-    (1: accepted, 0: rejected)."""
+    """Update one row's acceptance (an n-gram state's one value for every position) with one
+    guess's outcome (1: accepted, 0: rejected)."""
     seen[0] += 1
-    alphas[:] = [_ewma(alphas[0], outcome, _weight(weight, seen[0]))] * len(alphas)
+    alphas[0] = _ewma(alphas[0], outcome, _weight(weight, seen[0]))
 
 
 def _relax(alphas: list[float], tally: list[int], prior: float) -> None:
