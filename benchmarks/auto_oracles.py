@@ -12,14 +12,17 @@ replay below (benchmarks/auto_replay.py: the real planners, every round priced b
 machine's calibration) answers one of them with the truth, or with another rule:
 
   auto              as shipped;
-  oracle accept     the draft model's prior = the trace's own agreement rate (the share of
-                    output tokens its teacher-forced guess got right), not lifted by what
-                    its plain steps hear of the target's confidence (the truth is given);
+  oracle accept     the draft model's priors = the trace's own: the share of output tokens
+                    its teacher-forced guess got right, among the guesses it was sure of
+                    (confidence >= draft_stop) and among the others, and the share it was
+                    sure of (`AdaptivePlanner._draft_round`); not lifted by what its plain
+                    steps hear of the target's confidence (the truth is given);
   oracle length     the horizon = the tokens the answer really has left;
   both oracles      the two together;
   budget length     the horizon = what is left of max_new_tokens (answers assumed to fill
                     their budget): the rule a horizon oracle suggests, without the oracle;
-  prior P           (--draft-priors) the draft model's prior = P for every request: the
+  prior P           (--draft-priors) the draft model's prior = P for every request (of its
+                    sure guesses; of every guess for a trace without confidences): the
                     constant `auto` ships with, tried at other values (lifted by what it
                     hears, as shipped).
 
@@ -34,6 +37,7 @@ import statistics
 
 from benchmarks.auto_replay import (FIXED, TRACES, _load_traces, as_heard, cut_all,
                                     fixed_methods, replay)
+from specrt.spec.config import DRAFT_STOP
 from benchmarks.harness import cli, report
 from benchmarks.harness.model_dirs import resolve_with_draft
 
@@ -58,12 +62,29 @@ def planners(trace: dict, draft_priors=()) -> dict:
     from specrt.spec.planners.adaptive import HORIZON, PRIORS, AdaptivePlanner
 
     out, guess = trace["output"], trace["draft"]
-    agree = sum(a == b for a, b in zip(guess, out)) / len(out)
+    right = [a == b for a, b in zip(guess, out)]
+    sure = [c >= DRAFT_STOP for c in trace.get("confidence") or [1.0] * len(out)]
 
-    def with_draft_prior(prior: float, base=AdaptivePlanner, hears: bool = True):
-        """`base`, starting every request with the draft model's prior = prior (and, unless
-        `hears`, deaf to the target's confidence: `_hear_target`)."""
-        attrs = {"priors": PRIORS | {"draft_model": prior}}
+    def share(values) -> float | None:
+        values = list(values)
+        return sum(values) / len(values) if values else None
+
+    agree = share(right)
+    # the truth as a draft that stops is priced (replay stops it at DRAFT_STOP)
+    sure_agree = share(r for r, s in zip(right, sure) if s)
+    truth = {"priors": PRIORS | {"draft_model": agree,
+                                 "draft_model/sure": agree if sure_agree is None else sure_agree},
+             "goes_prior": share(sure)}
+    unsure_agree = share(r for r, s in zip(right, sure) if not s)
+    if unsure_agree is not None:
+        truth["unsure_prior"] = unsure_agree
+
+    def with_draft_prior(prior: float | None, base=AdaptivePlanner, hears: bool = True):
+        """`base`, starting every request with the draft model's prior = prior (None: the
+        trace's own, `truth`), and, unless `hears`, deaf to the target's confidence
+        (`_hear_target`)."""
+        attrs = dict(truth) if prior is None else {
+            "priors": PRIORS | {"draft_model": prior, "draft_model/sure": prior}}
         if not hears:
             attrs["_hear_target"] = lambda self, target_sure: None
         return type(base.__name__, (base,), attrs)
@@ -76,9 +97,9 @@ def planners(trace: dict, draft_priors=()) -> dict:
         def _horizon(self, ctx, rows):
             return max(1.0, min(ctx.remaining[0], HORIZON))
 
-    rules = {"auto": None, "oracle accept": with_draft_prior(agree, hears=False),
+    rules = {"auto": None, "oracle accept": with_draft_prior(None, hears=False),
              "oracle length": OracleLength,
-             "both oracles": with_draft_prior(agree, OracleLength, hears=False),
+             "both oracles": with_draft_prior(None, OracleLength, hears=False),
              "budget length": BudgetLength}
     rules.update((f"prior {p:g}", with_draft_prior(p)) for p in draft_priors)
     return rules

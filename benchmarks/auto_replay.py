@@ -119,8 +119,9 @@ class TraceDraft:
     name = "draft_model"
     cut_short = True                     # drafts no guess that could add no token, as `replay`
 
-    def __init__(self):
+    def __init__(self, stop_below: float = DRAFT_STOP):
         self.fed = 0                     # tokens of the row's text whose K/V it holds
+        self.stop_below = stop_below     # as the engine's (0: never stops on an unsure guess)
 
     def lags(self, ctx) -> list[int]:
         return [len(ctx.histories[0]) - self.fed]
@@ -149,7 +150,7 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
     spec = SpecConfig()
     ngram = NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
     ngram.reset([0])
-    draft = TraceDraft()
+    draft = TraceDraft(draft_stop if "confidence" in trace else 0.0)
     planner = None
     if name == "auto":
         planner = (planner_cls or AdaptivePlanner)(k_fixed, costs, draft_model=draft,

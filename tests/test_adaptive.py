@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import specrt
-from specrt.spec.planners.adaptive import (LUMP_PREMIUM, MIN_HORIZON, PRIOR_COUNT, PRIORS,
-                                          PROBE_BASE, WEIGHT, AdaptivePlanner, _learn,
+from specrt.spec.planners.adaptive import (GOES, LUMP_PREMIUM, MIN_HORIZON, PRIOR_COUNT,
+                                          PRIORS, PROBE_BASE, UNSURE, WEIGHT,
+                                          AdaptivePlanner, _learn,
                                           expected_tokens, pooled)
 from specrt.engine.request import Request
 from specrt.spec.config import SpecConfig
@@ -1534,3 +1535,154 @@ def test_a_seeded_sampled_auto_request_gives_its_solo_tokens_beside_others(llm, 
     assert got.token_ids == solo.token_ids          # differed at token 2-4 before
     assert got_companion == solo_companion
     assert busy_at_reserve == [0, 0], "a request shared the seeded request's batch"
+
+
+# --- a draft that stops after a guess it is unsure of ----------------------------------------
+class StoppingDraft(LaggingDraft):
+    """The eager draft model as the planner sees it: it stops a row's round after a guess it
+    is unsure of (`draft_stop`), so its rounds are priced and learnt as two kinds of guess."""
+
+    stop_below = 0.5
+
+
+def _stopping(max_k=16, costs=PAYING, batch=1, lag=1):
+    planner = AdaptivePlanner(max_k, costs, draft_model=StoppingDraft(lag))
+    planner.reset(list(range(batch)))
+    return planner
+
+
+def _simulated_round(rng, goes, alphas, unsure, k):
+    """(tokens committed, guesses drafted) of one row's round of a draft that drafts on after
+    a guess it was sure of (share `goes`) and stops after one it was not; a sure guess i is
+    accepted at alphas[i], an unsure one at `unsure`."""
+    committed, right, drafted = 1, True, 0
+    for i in range(k):
+        sure = rng.random() < goes
+        right = right and rng.random() < (alphas[i] if sure else unsure)
+        committed += right
+        drafted += 1
+        if not sure:
+            break
+    return committed, drafted
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_stopping_drafts_round_is_priced_as_it_runs(batch):
+    """`_draft_round`'s tokens, draft steps and verify seconds are what rounds of such a draft
+    average (simulated, 40,000 rounds; on a verify pass linear in its tokens, rows with the
+    same share of sure guesses)."""
+    import random
+
+    costs = CostModel(verify=[1.0 + 0.04 * t for t in range(1, 40)],
+                      draft=[0.1 + 0.01 * t for t in range(1, 40)])
+    planner = _stopping(costs=costs, batch=batch)
+    alphas = [[0.9, 0.85, 0.8, 0.8, 0.7, 0.7], [0.6, 0.95, 0.9, 0.5, 0.9, 0.9]][:batch]
+    planner.goes[:batch] = [0.7] * batch
+    planner.unsure[:batch] = [0.3, 0.5][:batch]
+    rows, k, room = list(range(batch)), 6, [6] * batch
+    cv = [costs.verify_pass([1 + j] * batch) for j in range(k + 1)]
+    e, steps, verified = planner._draft_round(rows, k, room, dict(enumerate(alphas)), cv)
+    rng, n = random.Random(0), 40_000
+    tokens = drafted_steps = seconds = 0.0
+    for _ in range(n):
+        outcomes = [_simulated_round(rng, 0.7, alphas[b], planner.unsure[b], k) for b in rows]
+        tokens += sum(c for c, _ in outcomes) / batch
+        drafted_steps += max(d for _, d in outcomes) - 1
+        seconds += costs.verify_pass([1 + d for _, d in outcomes])
+    assert e == pytest.approx(tokens / n, rel=0.01)
+    assert steps == pytest.approx(drafted_steps / n, rel=0.02)
+    assert verified == pytest.approx(seconds / n, rel=0.005)
+
+
+def test_a_k_past_the_drafts_sure_stretches_costs_little():
+    """A draft unsure of half its guesses stops about every second guess: drafting up to 16
+    is worth about what the best K is. Priced as if it drafted all 16 (a draft that does not
+    stop), K = 16 would be worth far less than the best."""
+    def values(draft):
+        planner = AdaptivePlanner(16, PAYING, draft_model=draft)
+        planner.reset([0])
+        planner.states["draft_model"].alphas[0][:] = [0.8] * 16
+        planner.goes[0], planner.unsure[0] = 0.5, 0.4
+        cv = [PAYING.verify_pass([1 + j]) for j in range(17)]
+        costs = planner._catch_up(_ctx(1, 500), [0])
+        out = []
+        for k in range(1, 17):
+            e, steps, verified = planner._draft_round([0], k, [16], {0: [0.8] * 16}, cv)
+            out.append(e / costs.cost(e, steps, verified))
+        return out
+
+    stopping, drafting_all = values(StoppingDraft(1)), values(LaggingDraft(1))
+    assert stopping[-1] > 0.97 * max(stopping)
+    assert drafting_all[-1] < 0.8 * max(drafting_all)
+
+
+def test_a_stopping_draft_learns_how_often_it_is_sure_and_its_unsure_guesses():
+    """A round that drafted fewer guesses than it could stopped after an unsure last guess:
+    its guesses before went on (sure), the last did not, and it was seen only if every sure
+    one was right. The sure guesses alone feed the per-position estimates. A round cut by
+    the row's room, or one that drafted its K, did not stop."""
+    planner = _stopping(max_k=8)
+    state = planner.states["draft_model"]
+    plan = planner.choose(_ctx(1, 500))
+    assert plan.label.startswith("draft_model:") and plan.k >= 4
+    planner.observe(plan, [1], [2], 0.0, 1.0)        # sure guess right, unsure one wrong
+    assert planner.goes_seen == [2] and planner.goes[0] < GOES
+    assert planner.unsure_seen == [1] and planner.unsure[0] < UNSURE
+    assert state.seen[0][:2] == [1, 0] and state.alphas[0][0] > PRIORS["draft_model/sure"]
+    assert state.tally[0] == [1, 1]
+
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500))
+    planner.observe(plan, [0], [1], 0.0, 1.0)        # unsure of its first guess
+    assert planner.goes_seen == [1] and planner.unsure_seen == [1]
+    assert state.seen[0] == [0] * 8 and state.tally[0] == [0, 0]   # no sure guess seen
+
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500))
+    planner.observe(plan, [0], [plan.k], 0.0, 1.0)   # drafted its K: sure of all it went on
+    assert planner.goes_seen == [plan.k - 1] and planner.goes[0] > GOES
+    assert planner.unsure_seen == [0]
+
+    from specrt.spec.drafters.base import DraftContext
+
+    planner = _stopping(max_k=8, batch=2)
+    ctx = DraftContext(histories=[[1] * 4] * 2, active=[True] * 2,
+                       params=[SamplingParams()] * 2, generators=[None] * 2,
+                       remaining=[3, 500])           # row 0 has room for 2 guesses only
+    plan = planner.choose(ctx)
+    assert plan.k > 2 and plan.notes.rooms == (2, 8)
+    planner.observe(plan, [2, 0], [2, 1], 0.0, 1.0)   # row 0 drafted its room; row 1 stopped
+    assert planner.goes_seen == [1, 1] and planner.goes[0] > GOES > planner.goes[1]
+    assert planner.unsure_seen == [0, 1]
+
+
+def test_sitting_out_relaxes_a_stopping_drafts_estimates_up_to_their_priors():
+    """A bad stretch is not held against the draft model for the rest of the answer: each
+    round it sits out, its share of sure guesses and their acceptance below their priors move
+    RELAX of the way back (an estimate above its prior stays)."""
+    from specrt.spec.planners.adaptive import RELAX
+
+    planner = _stopping(batch=2)
+    planner.goes[:] = [0.2, 0.95]
+    planner.unsure[:] = [0.1, 0.6]
+    _lost_on_merit(planner, 0)
+    _lost_on_merit(planner, 1)
+    plan = planner.choose(_ctx(2, 500))
+    assert plan.label == "plain"
+    planner.observe(plan, [0, 0], [0, 0], 0.0, 1.0)
+    assert planner.goes == pytest.approx([0.2 + RELAX * (GOES - 0.2), 0.95])
+    assert planner.unsure == pytest.approx([0.1 + RELAX * (UNSURE - 0.1), 0.6])
+
+
+def test_a_heard_target_lifts_a_stopping_drafts_sure_guesses_to_match_it():
+    """The target's mean confidence predicts how often the draft's guesses are right, sure
+    and unsure together: a stopping draft's estimates (of its sure guesses) are lifted to
+    what, beside its unsure ones, averages that mean."""
+    planner = _stopping(costs=_fast_memory_costs(), lag=150)
+    plan = planner.choose(_ctx(1, 500, history=150, generated=1))
+    assert plan.label == "plain" and plan.wants_sure
+    planner.observe(plan, [0], [0], 0.0, 1.0, [0.99])
+    heard = PRIORS["draft_model"] + (0.99 - PRIORS["draft_model"]) / (PRIOR_COUNT + 1)
+    lifted = max(PRIORS["draft_model/sure"], (heard - (1 - GOES) * UNSURE) / GOES)
+    assert planner.states["draft_model"].alphas[0] == pytest.approx([lifted] * 16)
+    assert lifted > PRIORS["draft_model/sure"]

@@ -136,7 +136,9 @@ def test_replay_hears_the_target_as_the_engine_does(llm, traces, stop):
     heard = []
 
     class LowPrior(AdaptivePlanner):          # the draft model alone (this target repeats
-        priors = dict(PRIORS, draft_model=low)    # itself: prompt lookup takes every round)
+        priors = dict(PRIORS, **{"draft_model": low,   # itself: prompt lookup takes every
+                                 "draft_model/sure": low})             # round)
+        goes_prior, unsure_prior = 1.0, low       # every guess priced at the low prior
 
         def __init__(self, max_k, costs, draft_model=None, ngram=None):
             super().__init__(max_k, costs, draft_model=draft_model)

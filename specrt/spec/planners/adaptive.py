@@ -5,13 +5,14 @@ Each round the planner scores every option by expected committed tokens per seco
     value(drafter, K) = E / (c_first + (K - 1) * c_draft + c_verify(K + 1) + c_lump * E / H),
     E = E[tokens | K, a] = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_K,
 
-where a_i is the acceptance probability of draft position i given the earlier ones were
-accepted, c_first the draft model's batched first forward of the round over the one or two
-committed tokens each row has not fed it, and c_lump the catch-up of rows further behind
-(a new request's prompt, or the tokens of plain rounds), a one-off price spread over the H
-tokens the rows are expected to still commit with the draft model: as many as they have
-committed so far (at least MIN_HORIZON, at most their budget and HORIZON), times the share of
-the rounds it would be drafting in (`_draft_share`).
+(a draft model that stops after a guess it is unsure of: its drafted guesses and E as it
+runs, `_draft_round`), where a_i is the acceptance probability of draft position i given the
+earlier ones were accepted, c_first the draft model's batched first forward of the round over
+the one or two committed tokens each row has not fed it, and c_lump the catch-up of rows
+further behind (a new request's prompt, or the tokens of plain rounds), a one-off price spread
+over the H tokens the rows are expected to still commit with the draft model: as many as they
+have committed so far (at least MIN_HORIZON, at most their budget and HORIZON), times the share
+of the rounds it would be drafting in (`_draft_share`).
 K = 0 is a plain decoding step (value 1 / c_verify(1)). A row is priced for no more guesses than
 could add a token (`DraftContext.usable`: none past an end id, at most one fewer than the tokens
 its budget has left), as the eager drafters draft it (a static draft loop drafts K on every row,
@@ -29,10 +30,13 @@ and is priced so). Options:
   COPY_WEIGHT). So a passage being rewritten, whose 1- and 2-token matches lengthen into a copy
   round by round, is drafted long as soon as its matches are, instead of K creeping up one
   position at a time;
-- the draft model, K = 1..K_max, run only when it wins. K is the most it drafts: it stops a
-  row's round after a guess it is unsure of (`draft_stop`), so a round often costs less than
-  it is priced at, and acceptance is learnt from the guesses it did draft (a round whose
-  drafts were all accepted, however few, lifts the positions past it as any other does).
+- the draft model, K = 1..K_max, run only when it wins. K is the most it drafts: the eager
+  one stops a row's round after a guess it is unsure of (`draft_stop`), so a round is priced
+  as it runs (GOES): a run of guesses it was sure of, accepted at the per-position estimates
+  (learnt from those guesses only), ended by one it was unsure of (accepted at UNSURE's
+  estimate) or by K; a K past its sure stretches costs little. A round whose sure drafts
+  were all accepted, however few, lifts the positions past it as any other does. A static
+  loop drafts K on every round, priced so, its estimates of every guess.
 
 a_i is estimated per request (per row), as an exponentially weighted average with a prior:
 the draft model's per position, weighed pooled with the positions before it (`pooled`), prompt
@@ -56,7 +60,8 @@ An estimate below break-even keeps its drafter out, and so is never tested by th
 that would correct it: each round the draft model sits out, its estimates below the request's
 own mean acceptance move `RELAX` of the way back up to it (`_relax`), so a bad stretch of text
 is not held against the draft model for the rest of the answer, while one wrong all along
-stays out (its mean falls with it).
+stays out (its mean falls with it). A stopping draft's share of sure guesses and their
+acceptance below their priors relax the same way, up to the priors.
 
 Until the draft model has drafted for a row, what the row's plain steps tell of the text
 stands in for its guesses: each plain step of a greedy row reports how sure the target was of
@@ -100,8 +105,26 @@ COPY_STATE = "ngram/copy"
 # sets' fell 0.2 points). Its lowest prompt fell, a 10-token answer after a 132-token prompt,
 # whose draft it buys and does not repay: 0.734 -> 0.702 (benchmarks/RESULTS.md, "A fast-memory
 # calibration, the draft's prior, and copied rounds").
-PRIORS = {"draft_model": 0.75, "ngram/1": 0.3, "ngram/2": 0.4, "ngram": 0.5,  # "ngram": n = 3-7
-          COPY_STATE: 0.8}
+# That prior is now of a draft model that drafts K every round (a static loop). One that stops
+# after a guess it is unsure of (the eager one, `_stops`) has estimates of the guesses it was
+# sure of, 93% right on the traces (below): "draft_model/sure". Replayed (64 prompts, 11
+# calibrations, 64 tokens), 0.75 / 0.8 / 0.85 / 0.9 gave means of 98.4 / 99.2 / 99.8 / 99.8%
+# of the best fixed setting on the eight slow-memory calibrations and 95.6 / 96.4 / 96.6 /
+# 97.4% on the three fast ones; 0.9 lowered the lowest prompts (a mean 0.68 -> 0.64), so 0.85.
+PRIORS = {"draft_model": 0.75, "draft_model/sure": 0.85, "ngram/1": 0.3, "ngram/2": 0.4,
+          "ngram": 0.5, COPY_STATE: 0.8}           # "ngram": n = 3-7
+# The eager draft model drafts on after a guess it is sure of and stops after one it is not
+# (`draft_stop`). Teacher-forced over the 64 recorded answers (7,095 positions, draft_stop 0.5),
+# it was sure of 84% of its guesses, and 93% of those were the target's token against 41% of the
+# others. So a round is priced as what it is: a run of sure guesses, each accepted at the
+# per-position estimate (learnt from sure guesses only), ended by an unsure one accepted at
+# UNSURE, or by K. A K past the text's sure stretches costs nothing, as the draft stops first;
+# priced as if every round drafted K, one whose guesses were often unsure looked too dear to
+# draft far, and stories and explanations drafted K = 3 where K = 5-6 paid (benchmarks/
+# RESULTS.md, "`auto` prices the draft's stop"). Per row, learnt as the draft's estimates are,
+# from these priors (measured, not tuned).
+GOES = 0.84                   # prior: the share of guesses the draft is sure of
+UNSURE = 0.41                 # prior: how often a guess it is unsure of is accepted
 # EWMA weight of the newest observation of a position: an average over ~12 rounds. At 0.3
 # (~6 rounds) a draft model accepted 63% of the time read below its break-even after two
 # rejections in a row, sat out, and was only probed back later; summed calibrated costs over
@@ -188,6 +211,7 @@ class Decision:
                                     # have won the round (None: the row sat it out; (): no
                                     # draft model)
     lengths: tuple[int, ...] = ()   # [B] each row's matched length (an n-gram plan)
+    rooms: tuple[int, ...] = ()     # [B] the guesses each row had room for (a draft-model plan)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -218,6 +242,8 @@ class AdaptivePlanner:
     use (a draft model, a prompt-lookup drafter, or both)."""
 
     priors = PRIORS               # acceptance before a request's first round, per state
+    goes_prior = GOES             # ... and the draft's share of sure guesses (a draft that
+    unsure_prior = UNSURE         # stops), and its unsure guesses' acceptance
 
     def __init__(self, max_k: int, costs: CostModel, draft_model: CatchUpDrafter | None = None,
                  ngram: MatchingDrafter | None = None):
@@ -232,6 +258,10 @@ class AdaptivePlanner:
                                           # and prompt lookup did not copy (`observe`)
         self.target_sure: list[float] = []   # [B] the mean `confidence` of the target's plain
         self.sure_seen: list[int] = []       # steps (`_hear_target`), and how many it heard
+        self.goes: list[float] = []          # [B] the share of the draft's guesses it was sure
+        self.goes_seen: list[int] = []       # of (GOES), and how many it saw
+        self.unsure: list[float] = []        # [B] acceptance of the guesses it was unsure of
+        self.unsure_seen: list[int] = []     # (UNSURE), and how many it saw
 
     # --- planner protocol -------------------------------------------------------------------
     def new_batch(self) -> None:
@@ -239,6 +269,7 @@ class AdaptivePlanner:
         self.states = {}
         self.rounds, self.draft_wins = [], []
         self.target_sure, self.sure_seen = [], []
+        self.goes, self.goes_seen, self.unsure, self.unsure_seen = [], [], [], []
 
     def reset(self, rows: list[int]) -> None:
         if not self.states:
@@ -249,7 +280,8 @@ class AdaptivePlanner:
                                                                           lengths))]
             self.states = {name: DrafterState(name, drafter, []) for name, drafter in names}
         for state in self.states.values():
-            prior = self.priors.get(state.name, self.priors[state.drafter])
+            prior = (self._draft_prior() if state.drafter == "draft_model"
+                     else self.priors.get(state.name, self.priors[state.drafter]))
             width = self.max_k if state.drafter == "draft_model" else 1
             while len(state.alphas) <= max(rows, default=-1):
                 state.alphas.append([prior] * width)
@@ -261,13 +293,17 @@ class AdaptivePlanner:
                 state.tally[r] = [0, 0]
         prior = self.priors["draft_model"]
         while len(self.rounds) <= max(rows, default=-1):
-            self.rounds.append(0)
-            self.draft_wins.append(0)
+            for per_row in (self.rounds, self.draft_wins, self.sure_seen, self.goes_seen,
+                            self.unsure_seen):
+                per_row.append(0)
             self.target_sure.append(prior)
-            self.sure_seen.append(0)
+            self.goes.append(self.goes_prior)
+            self.unsure.append(self.unsure_prior)
         for r in rows:
             self.rounds[r] = self.draft_wins[r] = self.sure_seen[r] = 0
+            self.goes_seen[r] = self.unsure_seen[r] = 0
             self.target_sure[r] = prior
+            self.goes[r], self.unsure[r] = self.goes_prior, self.unsure_prior
 
     def choose(self, ctx: DraftContext) -> Plan:
         """The drafter and K for this round (a plain step when nothing pays), from past rounds
@@ -319,9 +355,9 @@ class AdaptivePlanner:
             others, won = best[2], False
             weighed = {b: pooled(state.alphas[b]) for b in rows}
             for k in range(1, max_k + 1):
-                e = _mean(expected_tokens(weighed[b], min(k, room[b])) for b in rows)
-                won = won or e / caught_up.cost(k, e, cv) > others
-                best = max(best, ("draft_model", k, e / catch_up.cost(k, e, cv)),
+                e, steps, verified = self._draft_round(rows, k, room, weighed, cv)
+                won = won or e / caught_up.cost(e, steps, verified) > others
+                best = max(best, ("draft_model", k, e / catch_up.cost(e, steps, verified)),
                            key=lambda c: c[2])
             draft_won = tuple(won if d else None for d in drafting)
             optimistic = [_mean(expected_tokens([OPTIMISTIC] * k, min(k, room[b]))
@@ -330,7 +366,7 @@ class AdaptivePlanner:
             # prompt the draft model has not read) would pay that whole lump to learn a
             # little, so it is bought on merit or not at all (the rent-or-buy rule above).
             if catch_up.lump <= plain and _could_win(
-                    lambda k: optimistic[k] / catch_up.cost(k, optimistic[k], cv),
+                    lambda k: optimistic[k] / catch_up.cost(optimistic[k], k - 1, cv[k]),
                     max_k, plain):
                 can_probe.insert(0, state)
 
@@ -340,7 +376,55 @@ class AdaptivePlanner:
                 if state.idle_rounds + 1 >= state.probe_gap:
                     name, k, probe = state.drafter, 1, state.name
                     break
-        return self._plan(ctx, name, k, probe, matches, draft_won)
+        return self._plan(ctx, name, k, probe, matches, draft_won, room)
+
+    def _stops(self) -> bool:
+        """Whether the draft model stops a row's round after a guess it is unsure of (the
+        eager one; a static loop drafts K): its rounds are priced as run and learnt as two
+        kinds of guess (GOES)."""
+        return (self.draft_model is not None and self.draft_model.cut_short
+                and getattr(self.draft_model, "stop_below", 0.0) > 0)
+
+    def _draft_prior(self) -> float:
+        """The draft model's estimates before a request's first round: of its sure guesses
+        where it stops after unsure ones, of every guess where it does not."""
+        return self.priors["draft_model/sure" if self._stops() else "draft_model"]
+
+    def _draft_round(self, rows: list[int], k: int, room: list[int], weighed: dict, cv
+                     ) -> tuple[float, float, float]:
+        """(tokens committed per row on average, draft steps after the first, verify
+        seconds) of a draft-model round drafting up to k guesses per row (room: [B] the most
+        each row may draft; cv[j]: the verify pass with j guesses per row, within its room).
+
+        A draft that does not stop drafts all k: E = 1 + a_1 + a_1 a_2 + .... One that stops
+        (`_stops`) drafts a row's i-th guess only if it was sure of the i - 1 before it (each
+        with the row's share g), and a guess is accepted at a_i if sure, at UNSURE's u if
+        not: E = 1 + sum_i (g a_1 ... g a_{i-1}) (g a_i + (1 - g) u). A round drafts a j-th
+        guess on some row with probability 1 - prod_b (1 - g_b^(j-1)), and its verify pass
+        scores j guesses a row with the probability that the rows' mean share stops there."""
+        if not self._stops():
+            e = _mean(expected_tokens(weighed[b], min(k, room[b])) for b in rows)
+            return e, k - 1, cv[k]
+        e = _mean(self._stopping_tokens(b, weighed[b], min(k, room[b])) for b in rows)
+        steps = 0.0
+        for j in range(2, k + 1):
+            none = 1.0
+            for b in rows:
+                none *= 1.0 - self.goes[b] ** (j - 1)
+            steps += 1.0 - none
+        go = _mean(self.goes[b] for b in rows)
+        verified = sum(go ** (j - 1) * (1.0 - go if j < k else 1.0) * cv[j]
+                       for j in range(1, k + 1))
+        return e, steps, verified
+
+    def _stopping_tokens(self, row: int, alphas: list[float], k: int) -> float:
+        """Tokens a round of a draft that stops commits on the row (see `_draft_round`)."""
+        go, unsure = self.goes[row], self.unsure[row]
+        total, run = 1.0, 1.0
+        for a in alphas[:k]:
+            total += run * (go * a + (1.0 - go) * unsure)
+            run *= go * a
+        return total
 
     def _catch_up(self, ctx: DraftContext, rows: list[int]) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
@@ -385,7 +469,7 @@ class AdaptivePlanner:
                               for b in rows))
 
     def _plan(self, ctx: DraftContext, name: str, k: int, probe: str | None, matches,
-              draft_won: tuple[bool | None, ...]) -> Plan:
+              draft_won: tuple[bool | None, ...], room: list[int]) -> Plan:
         if k == 0:
             untried = any(a and self._draft_untried(b) for b, a in enumerate(ctx.active))
             return dataclasses.replace(PLAIN, notes=Decision((None,) * len(ctx.active),
@@ -396,7 +480,8 @@ class AdaptivePlanner:
             lengths = tuple(n for _, n in matches)
             return Plan(self.ngram, k, f"ngram:{k}", Decision(feeds, probe, draft_won, lengths))
         feeds = tuple("draft_model" if a else None for a in ctx.active)
-        return Plan(self.draft_model, k, f"draft_model:{k}", Decision(feeds, probe, draft_won))
+        return Plan(self.draft_model, k, f"draft_model:{k}",
+                    Decision(feeds, probe, draft_won, rooms=tuple(room)))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
                 verify_seconds, target_sure=None) -> None:
@@ -423,7 +508,11 @@ class AdaptivePlanner:
         if draft is not None:
             for row, feed in enumerate(decision.feeds):
                 if feed != draft.name and row < len(draft.alphas):
-                    _relax(draft.alphas[row], draft.tally[row], self.priors[draft.name])
+                    _relax(draft.alphas[row], draft.tally[row], self._draft_prior())
+                    if self._stops():
+                        self.goes[row] += RELAX * max(0.0, self.goes_prior - self.goes[row])
+                        self.unsure[row] += RELAX * max(0.0, self.unsure_prior
+                                                        - self.unsure[row])
         if plan.k == 0:
             return
         for row, (n, d) in enumerate(zip(num_accepted, num_drafted)):
@@ -432,6 +521,10 @@ class AdaptivePlanner:
             if plan.drafter is self.ngram:
                 self._learn_match(row, decision.lengths[row], n, d)
                 continue
+            if self._stops():
+                n, d = self._learn_stop(row, n, d, min(plan.k, decision.rooms[row]))
+                if not d:
+                    continue
             state = self.states[decision.feeds[row]]
             state.tally[row][0] += n
             state.tally[row][1] += min(n + 1, d)
@@ -444,6 +537,25 @@ class AdaptivePlanner:
                 state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
             # (in a batch, the other rows' states fed by a probe won nothing on merit either)
 
+    def _learn_stop(self, row: int, accepted: int, drafted: int, k: int) -> tuple[int, int]:
+        """Learn, from a round of a draft that stops, the row's share of sure guesses and the
+        acceptance of unsure ones; return (accepted, drafted) of its sure guesses, from which
+        the per-position estimates learn. A round that drafted fewer than k (its plan's K
+        within the row's room) stopped after an unsure last guess; one that drafted k was
+        sure of all but perhaps its last, taken as sure. (A guess that ends the answer
+        stops a round too, once per answer.)"""
+        stopped = drafted < k
+        for went_on in [1.0] * (drafted - 1) + [0.0] * stopped:
+            self.goes_seen[row] += 1
+            self.goes[row] = _ewma(self.goes[row], went_on, _weight(WEIGHT, self.goes_seen[row]))
+        if not stopped:
+            return accepted, drafted
+        if accepted >= drafted - 1:            # every sure guess right: the unsure one seen
+            self.unsure_seen[row] += 1
+            self.unsure[row] = _ewma(self.unsure[row], float(accepted == drafted),
+                                     _weight(WEIGHT, self.unsure_seen[row]))
+        return min(accepted, drafted - 1), drafted - 1
+
     def _hear_target(self, target_sure: list[float | None]) -> None:
         """A plain step's `confidence` per row (None: not heard) into the row's mean of them;
         a row the draft model has not drafted for yet takes that mean as its estimates where
@@ -453,13 +565,14 @@ class AdaptivePlanner:
         teacher-forced over the 64 recorded answers, the draft's top-1 was the target's token
         97.7% of the time where the target's top-1 probability was 0.9-1, 87.5% at 0.8-0.9,
         81.7% at 0.7-0.8, 62-67% at 0.5-0.7 and 45% at 0.4-0.5. It only lifts the prior:
-        lowered too, prose the target is unsure of, which still pays at the prior (the draft's
-        stop makes unsure rounds cheaper than they are priced), lost in the replays
-        (benchmarks/RESULTS.md, "`auto` hears how sure the target was ...")."""
+        lowered too, prose the target is unsure of, which still pays at the prior (the draft
+        stops early in it), lost in the replays (benchmarks/RESULTS.md, "`auto` hears how
+        sure the target was ..."). A draft that stops is lifted to the acceptance of its sure
+        guesses that matches the mean (`_sure_guesses`)."""
         draft = self.states.get("draft_model")
         if draft is None:
             return
-        prior = self.priors[draft.name]
+        prior = self._draft_prior()
         for row, sure in enumerate(target_sure):
             if sure is None or row >= len(self.target_sure):
                 continue
@@ -467,7 +580,17 @@ class AdaptivePlanner:
             self.target_sure[row] = _ewma(self.target_sure[row], sure,
                                           _weight(WEIGHT, self.sure_seen[row]))
             if self._draft_untried(row):
-                draft.alphas[row] = [max(prior, self.target_sure[row])] * self.max_k
+                draft.alphas[row] = [max(prior, self._sure_guesses(row))] * self.max_k
+
+    def _sure_guesses(self, row: int) -> float:
+        """The acceptance the row's mean target confidence predicts for the guesses the draft
+        model's estimates are of: every guess, or where it stops (`_stops`) the sure ones, so
+        that with its unsure ones (GOES, UNSURE) they average that mean (at most 1)."""
+        heard = self.target_sure[row]
+        if not self._stops():
+            return heard
+        go = self.goes[row]
+        return min(1.0, (heard - (1.0 - go) * self.unsure[row]) / go)
 
     def _draft_untried(self, row: int) -> bool:
         """Whether the row's draft model has not drafted yet (no guess of it observed): the
@@ -506,11 +629,12 @@ class _DraftCosts:
     lump: float                   # rows far behind, catching up alone first
     horizon: float                # tokens the lump is spread over
 
-    def cost(self, k: int, e: float, cv: list[float]) -> float:
-        """Seconds per round of drafting k tokens that commit e on average: this round's
-        forwards and verify pass plus the round's share of the lump (at LUMP_PREMIUM)."""
+    def cost(self, e: float, steps: float, verified: float) -> float:
+        """Seconds per round that commits e tokens on average, drafting `steps` guesses after
+        the first and verifying in `verified` seconds: its forwards and verify pass plus its
+        share of the lump (at LUMP_PREMIUM)."""
         lump = self.lump * (1 + LUMP_PREMIUM)
-        return self.first + (k - 1) * self.step + cv[k] + lump * e / self.horizon
+        return self.first + steps * self.step + verified + lump * e / self.horizon
 
 
 def _could_win(value, max_k: int, plain: float) -> bool:
