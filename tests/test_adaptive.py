@@ -642,7 +642,7 @@ def test_a_calibration_path_that_is_not_a_file_is_neither_read_nor_replaced(
     """SPECRT_CALIBRATION naming a FIFO blocked the read forever: the scheduler thread hung
     in the first `auto` request's calibration, and every request after it. A FIFO (or a
     device) is now left alone: not read, not replaced, no lock file beside it; the costs serve
-    this process."""
+    this process, as the log says (not "cached in" it)."""
     import os
     import threading
 
@@ -656,7 +656,7 @@ def test_a_calibration_path_that_is_not_a_file_is_neither_read_nor_replaced(
     # a thread stuck on the FIFO holds this test's lock, not the one later tests take
     monkeypatch.setattr(calibration, "_lock", threading.Lock())
     out = []
-    with caplog.at_level("WARNING", logger="specrt.spec.calibration"):
+    with caplog.at_level("INFO", logger="specrt.spec.calibration"):
         worker = threading.Thread(target=lambda: out.append(forward_seconds(llm.target, 3)),
                                   daemon=True)
         worker.start()
@@ -665,6 +665,9 @@ def test_a_calibration_path_that_is_not_a_file_is_neither_read_nor_replaced(
         pytest.fail("reading a FIFO as the calibration file blocked")
     assert out == [[0.5] * 3] and timed == [3]
     assert "not a regular file" in caplog.text
+    timing = [r.getMessage() for r in caplog.records if "timing the models" in r.getMessage()]
+    assert len(timing) == 1 and "kept in memory only" in timing[0], timing
+    assert "cached in" not in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.fifo"]
     assert os.path.exists(fifo) and not os.path.isfile(fifo)
 
@@ -1566,27 +1569,38 @@ def _simulated_round(rng, goes, alphas, unsure, k):
     return committed, drafted
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_a_stopping_drafts_round_is_priced_as_it_runs(batch):
+@pytest.mark.parametrize("goes, room", [([0.7], [6]), ([0.7, 0.7], [6, 6]),
+                                        ([0.95, 0.3], [6, 6]), ([0.84, 0.84], [6, 2]),
+                                        ([0.84, 0.84], [6, 0])])
+def test_a_stopping_drafts_round_is_priced_as_it_runs(goes, room):
     """`_draft_round`'s tokens, draft steps and verify seconds are what rounds of such a draft
-    average (simulated, 40,000 rounds; on a verify pass linear in its tokens, rows with the
-    same share of sure guesses)."""
+    average (simulated, 40,000 rounds, on a verify pass linear in its tokens): rows with
+    different shares of sure guesses, and rows with room for fewer guesses (none: a row that
+    sits the round out), each drafting as far as it would."""
     import random
 
+    batch = len(goes)
     costs = CostModel(verify=[1.0 + 0.04 * t for t in range(1, 40)],
                       draft=[0.1 + 0.01 * t for t in range(1, 40)])
     planner = _stopping(costs=costs, batch=batch)
     alphas = [[0.9, 0.85, 0.8, 0.8, 0.7, 0.7], [0.6, 0.95, 0.9, 0.5, 0.9, 0.9]][:batch]
-    planner.goes[:batch] = [0.7] * batch
+    planner.goes[:batch] = goes
     planner.unsure[:batch] = [0.3, 0.5][:batch]
-    rows, k, room = list(range(batch)), 6, [6] * batch
-    cv = [costs.verify_pass([1 + j] * batch) for j in range(k + 1)]
-    e, steps, verified = planner._draft_round(rows, k, room, dict(enumerate(alphas)), cv)
+    rows, k = [b for b in range(batch) if room[b]], 6
+    cv = [costs.verify_pass([1 + min(j, r) for r in room]) for j in range(k + 1)]
+
+    def verify(extra):
+        return costs.verify_pass([1 + x for x in extra])
+
+    e, steps, verified = planner._draft_round(rows, k, room, dict(enumerate(alphas)), cv,
+                                              verify)
     rng, n = random.Random(0), 40_000
     tokens = drafted_steps = seconds = 0.0
     for _ in range(n):
-        outcomes = [_simulated_round(rng, 0.7, alphas[b], planner.unsure[b], k) for b in rows]
-        tokens += sum(c for c, _ in outcomes) / batch
+        outcomes = [_simulated_round(rng, goes[b], alphas[b], planner.unsure[b],
+                                     min(k, room[b])) if room[b] else (1, 0)
+                    for b in range(batch)]
+        tokens += sum(outcomes[b][0] for b in rows) / len(rows)
         drafted_steps += max(d for _, d in outcomes) - 1
         seconds += costs.verify_pass([1 + d for _, d in outcomes])
     assert e == pytest.approx(tokens / n, rel=0.01)
@@ -1607,7 +1621,8 @@ def test_a_k_past_the_drafts_sure_stretches_costs_little():
         costs = planner._catch_up(_ctx(1, 500), [0])
         out = []
         for k in range(1, 17):
-            e, steps, verified = planner._draft_round([0], k, [16], {0: [0.8] * 16}, cv)
+            e, steps, verified = planner._draft_round([0], k, [16], {0: [0.8] * 16}, cv,
+                                                      None)
             out.append(e / costs.cost(e, steps, verified))
         return out
 
@@ -1639,9 +1654,14 @@ def test_a_stopping_draft_learns_how_often_it_is_sure_and_its_unsure_guesses():
 
     planner.reset([0])
     plan = planner.choose(_ctx(1, 500))
-    planner.observe(plan, [0], [plan.k], 0.0, 1.0)   # drafted its K: sure of all it went on
-    assert planner.goes_seen == [plan.k - 1] and planner.goes[0] > GOES
+    planner.observe(plan, [plan.k], [plan.k], 0.0, 1.0)   # drafted its K: sure of all it
+    assert planner.goes_seen == [plan.k - 1] and planner.goes[0] > GOES   # went on after
     assert planner.unsure_seen == [0]
+
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500))
+    planner.observe(plan, [1], [plan.k], 0.0, 1.0)   # past the rejected second guess the
+    assert planner.goes_seen == [2]                  # draft read its own guess: not learnt
 
     from specrt.spec.drafters.base import DraftContext
 
@@ -1654,6 +1674,25 @@ def test_a_stopping_draft_learns_how_often_it_is_sure_and_its_unsure_guesses():
     planner.observe(plan, [2, 0], [2, 1], 0.0, 1.0)   # row 0 drafted its room; row 1 stopped
     assert planner.goes_seen == [1, 1] and planner.goes[0] > GOES > planner.goes[1]
     assert planner.unsure_seen == [0, 1]
+
+
+def test_a_stopping_draft_that_drafted_one_unsure_guess_has_drafted():
+    """A round that stopped after its first guess observed no sure guess, yet the draft model
+    has drafted: the row's plain steps no longer ask how sure the target was, and what they
+    report lifts nothing (evidence against the draft read as a reason to lift it)."""
+    planner = _stopping(costs=_fast_memory_costs(), lag=1)
+    planner.draft_model.lag = 1
+    ctx = _ctx(1, 500, history=150, generated=1)
+    plan = planner.choose(ctx)
+    assert plan.label.startswith("draft_model:")
+    planner.observe(plan, [0], [1], 0.0, 1.0)
+    state = planner.states["draft_model"]
+    assert state.tally[0] == [0, 0]                   # no sure guess seen
+    state.alphas[0][:] = [0.05] * 16                  # ... and the draft since found wanting
+    plan = planner.choose(ctx)
+    assert plan.label == "plain" and not plan.wants_sure
+    planner.observe(plan, [0], [0], 0.0, 1.0, [0.99])
+    assert max(state.alphas[0]) < 0.2                 # relaxed a little, not lifted to 0.99
 
 
 def test_sitting_out_relaxes_a_stopping_drafts_estimates_up_to_their_priors():

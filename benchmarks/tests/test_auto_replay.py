@@ -121,6 +121,44 @@ def test_replay_runs_the_rounds_the_engine_runs(llm, traces, stop, method):
         assert any(m.startswith("draft_model") for m in labels) and len(labels) >= 3, labels
 
 
+@pytest.fixture(scope="module")
+def traces_64(llm):
+    return auto_replay.record_traces(llm, ITEMS, 64)
+
+
+@pytest.mark.parametrize("quartile", [0, 1, 2])
+def test_auto_learns_in_the_replay_what_it_learns_in_the_engine(llm, traces_64, quartile):
+    """Past a rejected guess the live draft reads its own guess and the replay the recorded
+    (teacher-forced) text, so their drafts there differ; what `auto` learns from a round may
+    not: the same plans, acceptances and share of sure guesses round by round over 64-token
+    answers, at draft stops from the lower quartile of the confidences to the upper (learnt
+    from every drafted guess, the share parted from the engine's by round 20 at 64 tokens)."""
+    stop = statistics.quantiles([c for t in traces_64.values() for c in t["confidence"]],
+                                n=4)[quartile]
+    saved = llm.engine.draft_drafter.stop_below
+    llm.engine.draft_drafter.stop_below = stop
+    log = []
+
+    class Logged(AdaptivePlanner):
+        def observe(self, plan, num_accepted, num_drafted, *args, **kwargs):
+            super().observe(plan, num_accepted, num_drafted, *args, **kwargs)
+            log.append((plan.label, num_accepted[0], round(self.goes[0], 9),
+                        round(self.unsure[0], 9)))
+
+    costs = _cheap_draft_costs()
+    try:
+        for trace in traces_64.values():
+            log.clear()
+            _, stats = _engine_run(llm, trace["prompt"], "auto:8", costs, 64, Logged)
+            live = list(log)
+            log.clear()
+            mix = auto_replay.replay(trace, "auto:8", costs, Logged, draft_stop=stop)[1]
+            assert log == live and mix == stats["plan_histogram"], trace["prompt"]
+            assert any(label.startswith("draft_model") for label, *_ in live)
+    finally:
+        llm.engine.draft_drafter.stop_below = saved
+
+
 def test_replay_hears_the_target_as_the_engine_does(llm, traces, stop):
     """A trace records the target's confidence in each token of its answer. With a draft prior
     below the (tiny, unsure) target's confidences, what `auto` hears from its plain steps lifts

@@ -85,6 +85,7 @@ all.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from specrt.spec.costs import CostModel
 from specrt.spec.drafters.base import (LONG_CATCH_UP, CatchUpDrafter, DraftContext,
@@ -108,9 +109,10 @@ COPY_STATE = "ngram/copy"
 # That prior is now of a draft model that drafts K every round (a static loop). One that stops
 # after a guess it is unsure of (the eager one, `_stops`) has estimates of the guesses it was
 # sure of, 93% right on the traces (below): "draft_model/sure". Replayed (64 prompts, 11
-# calibrations, 64 tokens), 0.75 / 0.8 / 0.85 / 0.9 gave means of 98.4 / 99.2 / 99.8 / 99.8%
-# of the best fixed setting on the eight slow-memory calibrations and 95.6 / 96.4 / 96.6 /
-# 97.4% on the three fast ones; 0.9 lowered the lowest prompts (a mean 0.68 -> 0.64), so 0.85.
+# calibrations, 64 tokens), 0.75 / 0.8 / 0.85 / 0.9 gave means of 98.6 / 99.3 / 99.8 / 99.7%
+# of the best fixed setting on the eight slow-memory calibrations and 95.9 / 96.4 / 96.6 /
+# 97.3% on the three fast ones, the lowest prompts 0.70 / 0.71 / 0.68 / 0.64 (mean over the
+# calibrations): 0.85.
 PRIORS = {"draft_model": 0.75, "draft_model/sure": 0.85, "ngram/1": 0.3, "ngram/2": 0.4,
           "ngram": 0.5, COPY_STATE: 0.8}           # "ngram": n = 3-7
 # The eager draft model drafts on after a guess it is sure of and stops after one it is not
@@ -258,6 +260,7 @@ class AdaptivePlanner:
                                           # and prompt lookup did not copy (`observe`)
         self.target_sure: list[float] = []   # [B] the mean `confidence` of the target's plain
         self.sure_seen: list[int] = []       # steps (`_hear_target`), and how many it heard
+        self.draft_rounds: list[int] = []    # [B] rounds the draft model drafted for the row
         self.goes: list[float] = []          # [B] the share of the draft's guesses it was sure
         self.goes_seen: list[int] = []       # of (GOES), and how many it saw
         self.unsure: list[float] = []        # [B] acceptance of the guesses it was unsure of
@@ -270,6 +273,7 @@ class AdaptivePlanner:
         self.rounds, self.draft_wins = [], []
         self.target_sure, self.sure_seen = [], []
         self.goes, self.goes_seen, self.unsure, self.unsure_seen = [], [], [], []
+        self.draft_rounds = []
 
     def reset(self, rows: list[int]) -> None:
         if not self.states:
@@ -294,14 +298,14 @@ class AdaptivePlanner:
         prior = self.priors["draft_model"]
         while len(self.rounds) <= max(rows, default=-1):
             for per_row in (self.rounds, self.draft_wins, self.sure_seen, self.goes_seen,
-                            self.unsure_seen):
+                            self.unsure_seen, self.draft_rounds):
                 per_row.append(0)
             self.target_sure.append(prior)
             self.goes.append(self.goes_prior)
             self.unsure.append(self.unsure_prior)
         for r in rows:
             self.rounds[r] = self.draft_wins[r] = self.sure_seen[r] = 0
-            self.goes_seen[r] = self.unsure_seen[r] = 0
+            self.goes_seen[r] = self.unsure_seen[r] = self.draft_rounds[r] = 0
             self.target_sure[r] = prior
             self.goes[r], self.unsure[r] = self.goes_prior, self.unsure_prior
 
@@ -355,7 +359,7 @@ class AdaptivePlanner:
             others, won = best[2], False
             weighed = {b: pooled(state.alphas[b]) for b in rows}
             for k in range(1, max_k + 1):
-                e, steps, verified = self._draft_round(rows, k, room, weighed, cv)
+                e, steps, verified = self._draft_round(rows, k, room, weighed, cv, verify)
                 won = won or e / caught_up.cost(e, steps, verified) > others
                 best = max(best, ("draft_model", k, e / catch_up.cost(e, steps, verified)),
                            key=lambda c: c[2])
@@ -390,31 +394,40 @@ class AdaptivePlanner:
         where it stops after unsure ones, of every guess where it does not."""
         return self.priors["draft_model/sure" if self._stops() else "draft_model"]
 
-    def _draft_round(self, rows: list[int], k: int, room: list[int], weighed: dict, cv
-                     ) -> tuple[float, float, float]:
+    def _draft_round(self, rows: list[int], k: int, room: list[int], weighed: dict, cv,
+                     verify) -> tuple[float, float, float]:
         """(tokens committed per row on average, draft steps after the first, verify
         seconds) of a draft-model round drafting up to k guesses per row (room: [B] the most
-        each row may draft; cv[j]: the verify pass with j guesses per row, within its room).
+        each row may draft; cv[j]: the verify pass with j guesses per row, within its room;
+        verify(extra): the pass with extra[b] guesses on row b).
 
         A draft that does not stop drafts all k: E = 1 + a_1 + a_1 a_2 + .... One that stops
         (`_stops`) drafts a row's i-th guess only if it was sure of the i - 1 before it (each
         with the row's share g), and a guess is accepted at a_i if sure, at UNSURE's u if
         not: E = 1 + sum_i (g a_1 ... g a_{i-1}) (g a_i + (1 - g) u). A round drafts a j-th
-        guess on some row with probability 1 - prod_b (1 - g_b^(j-1)), and its verify pass
-        scores j guesses a row with the probability that the rows' mean share stops there."""
+        guess with probability 1 - prod_b (1 - g_b^(j-1)) over the rows with room for it. One
+        row's verify pass is priced over its distribution of guesses; a batch's at the rows'
+        expected guesses (`_interpolated`)."""
         if not self._stops():
             e = _mean(expected_tokens(weighed[b], min(k, room[b])) for b in rows)
             return e, k - 1, cv[k]
         e = _mean(self._stopping_tokens(b, weighed[b], min(k, room[b])) for b in rows)
         steps = 0.0
-        for j in range(2, k + 1):
+        for j in range(2, k + 1):             # a j-th guess on a row with room for it
             none = 1.0
             for b in rows:
-                none *= 1.0 - self.goes[b] ** (j - 1)
+                if min(k, room[b]) >= j:
+                    none *= 1.0 - self.goes[b] ** (j - 1)
             steps += 1.0 - none
-        go = _mean(self.goes[b] for b in rows)
-        verified = sum(go ** (j - 1) * (1.0 - go if j < k else 1.0) * cv[j]
-                       for j in range(1, k + 1))
+        if len(rows) == 1:                    # the row's own distribution of guesses
+            b, go = rows[0], self.goes[rows[0]]
+            last = min(k, room[b])
+            verified = sum(go ** (j - 1) * (1.0 - go if j < last else 1.0) * cv[j]
+                           for j in range(1, last + 1))
+        else:                                 # each row's expected guesses, interpolated
+            mean = {b: sum(self.goes[b] ** (j - 1) for j in range(1, min(k, room[b]) + 1))
+                    for b in rows}
+            verified = _interpolated(verify, mean, len(room))
         return e, steps, verified
 
     def _stopping_tokens(self, row: int, alphas: list[float], k: int) -> float:
@@ -521,6 +534,7 @@ class AdaptivePlanner:
             if plan.drafter is self.ngram:
                 self._learn_match(row, decision.lengths[row], n, d)
                 continue
+            self.draft_rounds[row] += 1
             if self._stops():
                 n, d = self._learn_stop(row, n, d, min(plan.k, decision.rooms[row]))
                 if not d:
@@ -542,10 +556,16 @@ class AdaptivePlanner:
         acceptance of unsure ones; return (accepted, drafted) of its sure guesses, from which
         the per-position estimates learn. A round that drafted fewer than k (its plan's K
         within the row's room) stopped after an unsure last guess; one that drafted k was
-        sure of all but perhaps its last, taken as sure. (A guess that ends the answer
-        stops a round too, once per answer.)"""
+        sure of all but perhaps its last, whose kind is unknown (the draft does not judge a
+        guess it will not draft past), taken as sure: so a K = k round's last guess is
+        learnt, and priced, a little below a sure one. (A guess that ends the answer stops a
+        round too, once per answer.) The share is learnt from the guesses drafted on the
+        committed text (up to the first rejected one): past it the draft reads its own wrong
+        guess, which the replay of a trace (teacher-forced) cannot follow."""
         stopped = drafted < k
-        for went_on in [1.0] * (drafted - 1) + [0.0] * stopped:
+        on_text = min(accepted + 1, drafted)
+        for went_on in [1.0] * min(on_text, drafted - 1) + [0.0] * (stopped and
+                                                                    on_text == drafted):
             self.goes_seen[row] += 1
             self.goes[row] = _ewma(self.goes[row], went_on, _weight(WEIGHT, self.goes_seen[row]))
         if not stopped:
@@ -593,10 +613,9 @@ class AdaptivePlanner:
         return min(1.0, (heard - (1.0 - go) * self.unsure[row]) / go)
 
     def _draft_untried(self, row: int) -> bool:
-        """Whether the row's draft model has not drafted yet (no guess of it observed): the
-        rows whose plain steps `auto` hears (`_hear_target`)."""
-        draft = self.states.get("draft_model")
-        return draft is not None and not draft.tally[row][1]
+        """Whether the row's draft model has not drafted yet: the rows whose plain steps
+        `auto` hears (`_hear_target`)."""
+        return self.draft_model is not None and not self.draft_rounds[row]
 
     def _ngram_state(self, n: int) -> str:
         """The state a guess following a match of n tokens learns in: one per length, and a
@@ -635,6 +654,19 @@ class _DraftCosts:
         share of the lump (at LUMP_PREMIUM)."""
         lump = self.lump * (1 + LUMP_PREMIUM)
         return self.first + steps * self.step + verified + lump * e / self.horizon
+
+
+def _interpolated(verify, drafted: dict[int, float], batch: int) -> float:
+    """verify(extra) for rows b guessing drafted[b] tokens on average (the others none): the
+    passes at each row's whole guesses below and above, interpolated by where the total lies
+    between theirs."""
+    low = [int(drafted.get(b, 0)) for b in range(batch)]
+    high = [math.ceil(drafted.get(b, 0)) for b in range(batch)]
+    span = sum(high) - sum(low)
+    if not span:
+        return verify(low)
+    share = (sum(drafted.values()) - sum(low)) / span
+    return verify(low) + share * (verify(high) - verify(low))
 
 
 def _could_win(value, max_k: int, plain: float) -> bool:
