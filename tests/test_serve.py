@@ -485,6 +485,106 @@ def test_length_errors_name_the_requests_fields_and_the_servers_flag(server):
             error["message"], error
 
 
+def test_a_prompt_that_leaves_no_room_is_the_prompts_fault_not_max_tokens(tiny_noeos_dir):
+    """A prompt too long for any answer was blamed on max_tokens, even when the client sent
+    none ("+ max_tokens (1)"); now it names the prompt (messages), and where speculation's K+1
+    positions are all that keep a request from fitting, says "speculative": false."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1, dtype="float32")
+    with Server(llm, spec={"method": "ngram", "num_speculative_tokens": 8}) as s:
+        long = {"role": "user", "content": "hello " * 80}
+        for body in ({"messages": [long]}, {"messages": [long], "max_tokens": 8}):
+            error = _error(s.raw("POST", "/v1/chat/completions", {"model": "tiny", **body}))
+            assert error["param"] == "messages", error
+            assert "leaves no room for an answer" in error["message"], error
+            assert "max_tokens" not in error["message"], error
+        ids = list(range(1, 51))                 # 50 + 6 tokens fit 64, not with K+1 (9) more
+        error = _error(s.raw("POST", "/v1/completions",
+                             {"model": "tiny", "prompt": ids, "max_tokens": 6}))
+        assert error["param"] == "max_tokens" and '"speculative": false' in error["message"]
+        status, _, body = s.raw("POST", "/v1/completions", {
+            "model": "tiny", "prompt": ids, "max_tokens": 6, "speculative": False})
+        assert status == 200, body
+
+
+def test_prompt_and_template_errors_name_their_field_in_jsons_words(server):
+    """An empty prompt, text that is not Unicode, and template options that contradict each
+    other named no field (param null), or said it in Python's words ("=True")."""
+    error = _error(server.raw("POST", "/v1/completions", {"model": "tiny", "prompt": ""}))
+    assert error["param"] == "prompt", error
+    error = _error(server.raw("POST", "/v1/completions",
+                              '{"model": "tiny", "prompt": "a\\udcffb"}'))
+    assert error["param"] == "prompt", error
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    error = _error(server.raw("POST", "/v1/chat/completions",
+                              {**chat, "continue_final_message": True}))
+    assert error["param"] == "add_generation_prompt", error
+    assert "=True" not in error["message"] and '"add_generation_prompt": false' in \
+        error["message"], error
+    error = _error(server.raw("POST", "/v1/chat/completions",
+                              {**chat, "chat_template_kwargs": {"1x": 2}}))
+    assert error["param"] == "chat_template_kwargs", error
+
+
+def test_a_body_that_is_not_a_json_object_says_to_send_one(server):
+    """An empty body, or JSON that is not an object, got pydantic's "body: Field required" or
+    "Input should be a valid dictionary" with no fix."""
+    for body, got in [(b"", "an empty body"), (b"[1, 2]", "JSON an array"),
+                      (b"null", "JSON null"), (b'"x"', "JSON a string")]:
+        error = _error(server.raw("POST", "/v1/completions", body))
+        assert f"must be a JSON object of the request's fields, got {got}" in \
+            error["message"], error
+        assert error["message"].count("Content-Type: application/json") == 1, error
+
+
+def test_a_draft_model_request_to_a_server_without_a_draft_is_told_what_it_has(tiny_noeos_dir):
+    """The error pointed at LLM(draft=DIR) and a "model" key the server itself refuses."""
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=256, max_batch_size=1, dtype="float32")
+    with Server(llm, spec=None) as s:
+        for spec in ({"method": "draft_model"}, {}):
+            error = _error(s.raw("POST", "/v1/completions",
+                                 {"model": "tiny", "prompt": "hi", "speculative": spec}))
+            assert error["param"] == "speculative", error
+            assert "no draft model" in error["message"] and '"ngram"' in error["message"]
+            assert "LLM(" not in error["message"], error
+        status, _, body = s.raw("POST", "/v1/completions", {
+            "model": "tiny", "prompt": "hi", "max_tokens": 3, "speculative": {"method": "ngram"}})
+        assert status == 200, body
+
+
+def test_return_token_ids_gives_the_answers_and_the_prompts_ids(server, client):
+    """vLLM's `return_token_ids`: the ids beside the text, whole or per streamed chunk, the
+    same as the engine's for the request; not sent unless asked (a model with a tokenizer)."""
+    want = server.llm.generate("def add(a, b):", chat=False, max_new_tokens=12)
+    prompt = server.llm.encode("def add(a, b):", chat=False)
+    res = complete(client, "def add(a, b):", max_tokens=12,
+                   extra_body={"return_token_ids": True}).model_dump()
+    assert res["choices"][0]["token_ids"] == want.token_ids
+    assert res["choices"][0]["prompt_token_ids"] == prompt
+    assert "token_ids" not in complete(client, "def add(a, b):", max_tokens=4).model_dump()[
+        "choices"][0]
+    stream = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=12,
+                                       temperature=0, stream=True,
+                                       extra_body={"return_token_ids": True})
+    events = [e.model_dump() for e in stream]
+    assert [t for e in events for t in e["choices"][0].get("token_ids") or []] == \
+        want.token_ids
+    assert events[0]["choices"][0]["prompt_token_ids"] == prompt
+    messages = [{"role": "user", "content": "hi"}]
+    chat_want = server.llm.generate(messages=messages, max_new_tokens=6)
+    res = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6,
+                                         temperature=0,
+                                         extra_body={"return_token_ids": True}).model_dump()
+    assert res["choices"][0]["token_ids"] == chat_want.token_ids
+    assert res["prompt_token_ids"] == server.llm.encode(messages=messages)
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6,
+                                            temperature=0, stream=True,
+                                            extra_body={"return_token_ids": True})
+    events = [e.model_dump() for e in stream]
+    assert events[0]["prompt_token_ids"] == server.llm.encode(messages=messages)
+    assert [t for e in events for c in e["choices"] for t in c.get("token_ids") or []] == \
+        chat_want.token_ids
+
+
 def test_a_body_that_is_not_json_says_how_to_send_one(server):
     error = _error(server.raw("POST", "/v1/completions", b'{"model": "tiny", "prompt": "\xff"}'))
     assert "Content-Type: application/json" in error["message"], error
@@ -1403,16 +1503,31 @@ def test_a_model_without_a_tokenizer_serves_token_id_prompts(tmp_path):
 
     llm = specrt.LLM(make_model(tmp_path / "m", tokenizer=False, eos=False), max_seq_len=64,
                      dtype="float32")
+    want = llm.generate([1, 2, 3], max_new_tokens=4).token_ids
     with Server(llm, spec=None) as s:
-        status, _, body = s.raw("POST", "/v1/completions",
-                                {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4})
+        greedy = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0}
+        status, _, body = s.raw("POST", "/v1/completions", greedy)
         assert status == 200, body
+        choice = json.loads(body)["choices"][0]       # no text to answer with: its ids
+        assert choice["token_ids"] == want and choice["prompt_token_ids"] == [1, 2, 3]
         assert json.loads(body)["usage"]["completion_tokens"] == 4
+        status, _, body = s.raw("POST", "/v1/completions", {**greedy, "stream": True})
+        events = [json.loads(line[6:]) for line in body.decode().splitlines()
+                  if line.startswith("data: {")]
+        assert [t for e in events for t in e["choices"][0].get("token_ids", [])] == want
+        status, _, body = s.raw("POST", "/v1/completions", {**greedy, "return_token_ids": False})
+        assert "token_ids" not in json.loads(body)["choices"][0]      # asked not to
         error = _error(s.raw("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}))
         assert "token ids" in error["message"], error
         error = _error(s.raw("POST", "/detokenize", {"model": "tiny", "tokens": [1, 2]}))
         assert error["message"].endswith("ids cannot be turned into text"), error
         assert str(tmp_path) not in error["message"]          # no server paths to clients
+        error = _error(s.raw("POST", "/tokenize", {"model": "tiny", "prompt": "hi"}))
+        assert "no text to tokenize" in error["message"], error
+        # a body past what 64 token ids need is refused unread (it was parsed whole: 20 MB)
+        status, _, body = s.raw("POST", "/v1/completions",
+                                b'{"model": "tiny", "prompt": [' + b"1, " * 600_000 + b"1]}")
+        assert status == 413, body
 
 
 def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
@@ -1442,7 +1557,9 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
                               ("/tokenize", {"messages": []}, "messages"),
                               ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
                               ("/tokenize", {"prompt": "x", "continue_final_message": True},
-                               None),
+                               "continue_final_message"),
+                              ("/tokenize", {"prompt": "x", "chat_template_kwargs": {"a": 1}},
+                               "chat_template_kwargs"),
                               ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
                               ("/detokenize", {"tokens": [-1]}, "tokens"),
                               ("/detokenize", {"tokens": "12"}, "tokens")]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import time
 
 import specrt
@@ -29,6 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from specrt.api.args import check_stop
 from specrt.api.async_llm import AsyncLLM
+from specrt.api.tokenizer import check_template_kwargs
 from specrt.engine.request import check_length, positions_needed
 from specrt.errors import ClosedError, SpecrtError, TextTooLongError
 from specrt.serve import schemas
@@ -105,10 +105,14 @@ def build_app(allm: AsyncLLM, config: ServeConfig) -> FastAPI:
 
     tokenizer = allm.llm.tokenizer
     # the longest prompt that can fit, each character as JSON's longest escape (a surrogate
-    # pair's "\ud83d\ude00": 12 bytes), and room for the other fields (without a tokenizer
-    # prompts are ids, which the app's own checks bound)
-    limit = None if tokenizer is None else \
-        12 * tokenizer.max_chars(allm.llm.max_seq_len) + (1 << 20)
+    # pair's "\ud83d\ude00": 12 bytes), or without a tokenizer each of its token ids (the
+    # vocabulary's longest, and room for a comma and indentation), and room for the other
+    # fields
+    if tokenizer is not None:
+        prompt_bytes = 12 * tokenizer.max_chars(allm.llm.max_seq_len)
+    else:
+        prompt_bytes = allm.llm.max_seq_len * (len(str(allm.llm.target.cfg.vocab_size)) + 8)
+    limit = prompt_bytes + (1 << 20)
     app.add_middleware(_BodyLimit, limit=limit, on_refused=state.metrics.failed,
                        stopping=state.stopping)
 
@@ -126,7 +130,10 @@ async def _respond(state: _State, request: Request, body, chat: bool):
     gen = None
     try:
         ids, args = await asyncio.to_thread(_engine_request, state, body, chat)
-        gen = Generation(state.allm, state.metrics, ids, args, arrived)
+        # an answer without text (no tokenizer) is its ids, asked or not
+        with_ids = body.return_token_ids if body.return_token_ids is not None else \
+            state.llm.tokenizer is None
+        gen = Generation(state.allm, state.metrics, ids, args, arrived, with_ids)
         # a client that leaves while its request is queued frees its place before prefill
         first = await _unless_disconnected(request, gen.start())
     except BaseException as e:  # noqa: BLE001 -- every failure answers this request alone
@@ -155,12 +162,13 @@ async def _respond(state: _State, request: Request, body, chat: bool):
         return error_response(err)
     if text is None:
         return Response(status_code=499)        # nginx's "client closed request"; unread
+    ids, prompt_ids = (gen.token_ids, gen.prompt_ids) if gen.with_ids else (None, None)
     if chat:
         out = schemas.chat_completion(schemas.new_id("chatcmpl"), name, text, gen.finish_reason,
-                                      gen.usage())
+                                      gen.usage(), ids, prompt_ids)
     else:
         out = schemas.completion(schemas.new_id("cmpl"), name, text, gen.finish_reason,
-                                 gen.usage())
+                                 gen.usage(), ids=ids, prompt_ids=prompt_ids)
     return JSONResponse(out)
 
 
@@ -191,9 +199,9 @@ class _BodyLimit:
     its body is whole never reaches the app (which counted it a malformed body, a 400), and
     one still sending when the server's shutdown begins is answered 503 at once."""
 
-    def __init__(self, app, limit: int | None, on_refused, stopping: asyncio.Event):
+    def __init__(self, app, limit: int, on_refused, stopping: asyncio.Event):
         self.app, self.on_refused, self.stopping = app, on_refused, stopping
-        self.limit = math.inf if limit is None else limit               # None: no limit
+        self.limit = limit
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -290,14 +298,18 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
     added = body.messages is None
     if body.add_special_tokens not in (None, added):
         raise APIError(f"add_special_tokens={str(not added).lower()} is not supported: "
-                       f"{'a prompt' if added else 'messages'} are tokenized as "
+                       f"{'a prompt is' if added else 'messages are'} tokenized as "
                        f"{'/v1/completions' if added else '/v1/chat/completions'} does; "
                        "leave it out", param="add_special_tokens")
     if body.prompt == "":
         return schemas.tokenized([], state.llm.max_seq_len, [] if body.return_token_strs
                                  else None)
+    if state.llm.tokenizer is None:
+        raise APIError("this model has no tokenizer (no tokenizer.json), so there is no text to "
+                       "tokenize; its completions take prompts as token ids")
+    if body.messages is None:
+        _refuse_template_options(body)
     try:
-        # a prompt with template options: refused in LLM.encode
         ids = _encode(state, body, chat=body.messages is not None, **body.template_options())
         strs = state.llm.tokenizer.token_strs(ids) if body.return_token_strs else None
     except SpecrtError as e:
@@ -305,20 +317,41 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
     return schemas.tokenized(ids, state.llm.max_seq_len, strs)
 
 
+def _refuse_template_options(body: schemas.TokenizeRequest) -> None:
+    """A prompt with the chat template's fields: they apply to messages only."""
+    defaults = schemas.TokenizeRequest.model_fields
+    for name in ("continue_final_message", "add_generation_prompt", "chat_template_kwargs"):
+        if getattr(body, name) != defaults[name].default:
+            raise APIError(f"{name} applies to chat messages, not to a prompt: send "
+                           "\"messages\" instead of \"prompt\", or leave it out", param=name)
+
+
 def _encode(state: _State, body, chat: bool, **options) -> list[int]:
-    """The ids of a request's messages (chat) or prompt; text too long to fit is a 400 naming
-    the request's field and the server's flag."""
+    """The ids of a request's messages (chat) or prompt; what is wrong with them (too long to
+    fit, empty, an id past the vocabulary, text that is not Unicode) is a 400 naming the
+    request's field (the template's options are checked first, under their own names)."""
+    field = "messages" if chat else "prompt"
+    if chat:
+        _check_template_options(options)
     try:
         if chat:
             return state.llm.encode(messages=[m.as_dict() for m in body.messages], **options)
         return state.llm.encode(body.prompt, chat=False, **options)
     except TextTooLongError as e:
-        raise APIError(e.describe("the server's --max-model-len"),
-                       param="messages" if chat else "prompt") from None
+        raise APIError(e.describe("the server's --max-model-len"), param=field) from None
     except SpecrtError as e:
-        if chat or not isinstance(body.prompt, list):
-            raise
-        raise APIError(str(e), param="prompt") from None    # an id past the vocabulary
+        raise APIError(str(e), param=field) from None
+
+
+def _check_template_options(options: dict) -> None:
+    """The chat-template fields of a request, refused in JSON's words and under their names
+    (LLM.encode would say it in Python's)."""
+    if options.get("continue_final_message") and options.get("add_generation_prompt"):
+        raise APIError("\"continue_final_message\": true continues the last message, and "
+                       "\"add_generation_prompt\": true (the default) starts a new one: set "
+                       "\"add_generation_prompt\": false", param="add_generation_prompt")
+    with _as_field("chat_template_kwargs"):
+        check_template_kwargs(options.get("chat_template_kwargs"))
 
 
 def _refuse_unsupported(body) -> None:
@@ -353,18 +386,25 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         spec = None if body.speculative is False else body.speculative   # false: plain
     with _as_field("speculative"):
         parsed = SpecConfig.parse(spec)
+    if parsed is not None and parsed.method == "draft_model" and state.llm.draft_dir is None:
+        raise APIError("this server has no draft model, so speculative method 'draft_model' "
+                       "cannot run; send {\"method\": \"ngram\"} or {\"method\": \"auto\"} "
+                       "(prompt lookup), or \"speculative\": false, or start the server with "
+                       "--draft DIR", param="speculative")
     max_tokens, field = body.token_budget()
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError(f"{field} must be at least 1, got {max_tokens}", param=field)
+    _check_room(state, len(ids), parsed, chat)
     if max_tokens is None:
         room = state.llm.max_seq_len - positions_needed(len(ids), 0, parsed)
         default = schemas.CHAT_MAX_TOKENS if chat else schemas.COMPLETION_MAX_TOKENS
-        max_tokens = max(1, min(default, room))   # no room: check_length says why (400)
-    elif max_tokens < 1:
-        raise APIError(f"{field} must be at least 1, got {max_tokens}", param=field)
+        max_tokens = min(default, room)
     try:
         check_length(len(ids), max_tokens, parsed, state.llm.max_seq_len,
                      "the server's --max-model-len", budget=field)
     except SpecrtError as e:
-        raise APIError(str(e), param=field) from None
+        raise APIError(str(e) + _unspeculated_fit(state, len(ids), max_tokens, parsed),
+                       param=field) from None
     sampling = dict(temperature=1.0 if body.temperature is None else float(body.temperature),
                     top_p=1.0 if body.top_p is None else float(body.top_p),
                     top_k=body.top_k_or_off(), seed=body.seed)
@@ -377,6 +417,28 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
         check_stop(body.stops())
     return ids, dict(max_new_tokens=max_tokens, **sampling, stop=body.stops(),
                      speculative=parsed)
+
+
+def _check_room(state: _State, prompt_tokens: int, spec: SpecConfig | None, chat: bool) -> None:
+    """A prompt that leaves no room for even one token of answer is the prompt's fault (named
+    as such, whatever budget the request set or left out)."""
+    if positions_needed(prompt_tokens, 1, spec) <= state.llm.max_seq_len:
+        return
+    k = spec.num_speculative_tokens if spec is not None else 0
+    raise APIError(f"the prompt ({prompt_tokens} tokens)"
+                   + (f" + K+1 ({k + 1}) for speculation" if k else "")
+                   + f" leaves no room for an answer in the server's --max-model-len "
+                   f"({state.llm.max_seq_len}); send a shorter prompt"
+                   + _unspeculated_fit(state, prompt_tokens, 1, spec),
+                   param="messages" if chat else "prompt")
+
+
+def _unspeculated_fit(state: _State, prompt_tokens: int, max_tokens: int,
+                      spec: SpecConfig | None) -> str:
+    """A hint for a request that only speculation's K+1 positions keep from fitting."""
+    if spec is None or positions_needed(prompt_tokens, max_tokens, None) > state.llm.max_seq_len:
+        return ""
+    return ", or send \"speculative\": false (plain decoding needs no K+1)"
 
 
 @contextlib.contextmanager

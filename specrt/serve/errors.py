@@ -92,7 +92,8 @@ def install_handlers(app: FastAPI, failed: Callable[[int], None]) -> None:
         msg, param = _validation_message(exc.errors())
         content_type = request.headers.get("content-type", "")
         if "json" not in content_type.lower():     # curl -d sends a form's type
-            msg += (f" (the body came as {content_type or 'no Content-Type'}; {SEND_JSON})")
+            came = f"the body came as {content_type or 'no Content-Type'}"
+            msg += f" ({came})" if msg.endswith(SEND_JSON) else f" ({came}; {SEND_JSON})"
         return answer(APIError(msg, 400, param=param))
 
     @app.exception_handler(StarletteHTTPException)
@@ -117,6 +118,13 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     fits none says what it takes, once, instead of each shape pydantic tried; others (a
     missing field too) say pydantic's words."""
     first = errors[0] if errors else {}
+    if first and not [p for p in first.get("loc", ()) if p != "body"]:   # the body as a whole
+        raw = first.get("input")
+        got = "an empty body" if first.get("type") == "missing" else \
+            "a body that is not JSON" if isinstance(raw, (bytes, bytearray)) else \
+            f"JSON {_json_kind(raw)}"
+        return f"the request body must be a JSON object of the request's fields, got {got}; " \
+            + SEND_JSON, None
     if first.get("type") == "json_invalid":
         where = [p for p in first.get("loc", ()) if isinstance(p, int)]
         at = f" at character {where[0]}" if where else ""
@@ -136,6 +144,17 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
             parts.append(part)
         param = param or name
     return "; ".join(parts), param
+
+
+def _json_kind(value) -> str:
+    """What JSON value `value` (as parsed) is, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), "a value")
 
 
 def _form_of(loc: list[str], missing: bool) -> tuple[str, str] | None:

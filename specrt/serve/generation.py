@@ -23,9 +23,12 @@ from specrt.serve.metrics import Phases, ServerMetrics
 
 class Generation:
     def __init__(self, allm: AsyncLLM, metrics: ServerMetrics, prompt_ids: list[int],
-                 engine_args: dict, arrived: float):
+                 engine_args: dict, arrived: float, with_ids: bool = False):
         self.metrics = metrics
+        self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
+        self.with_ids = with_ids                     # the answer's ids go out with its text
+        self.token_ids: list[int] = []               # the answer's ids so far
         self.completion_tokens = 0
         self.finish_reason: str | None = None       # OpenAI's name, once the last chunk came
         self.max_tokens = engine_args["max_new_tokens"]
@@ -70,6 +73,7 @@ class Generation:
                 self.metrics.between_chunks(now - self._last)
             self._last = now
         self.completion_tokens += len(chunk.token_ids)
+        self.token_ids += chunk.token_ids
         self.metrics.round(step, len(chunk.token_ids))
         for ran_on in chunk.tail:      # rounds past a stop string: no ids, drafts all the same
             self.metrics.round(ran_on, 0)
@@ -124,15 +128,19 @@ def sse(body: dict | str) -> str:
 async def chat_events(gen: Generation, first: StreamChunk, rid: str, model: str,
                       include_usage: bool) -> AsyncIterator[str]:
     """OpenAI's chat.completion.chunk events: the role, the text deltas, the finish reason,
-    the usage (if asked), then [DONE]."""
-    def frame(delta, finish=None):
-        return sse(schemas.chat_chunk(rid, model, delta, finish))
+    the usage (if asked), then [DONE]. With `gen.with_ids`, the first event has the prompt's
+    ids and each delta its token ids (vLLM's `return_token_ids`)."""
+    def frame(delta, finish=None, ids=None, prompt_ids=None):
+        return sse(schemas.chat_chunk(rid, model, delta, finish, ids=ids,
+                                      prompt_ids=prompt_ids))
 
     async def deltas():
-        yield frame({"role": "assistant", "content": ""})
+        yield frame({"role": "assistant", "content": ""},
+                    prompt_ids=gen.prompt_ids if gen.with_ids else None)
         async for chunk in _chunks(gen, first):
-            if chunk.text:
-                yield frame({"content": chunk.text})
+            if chunk.text or (gen.with_ids and chunk.token_ids):
+                yield frame({"content": chunk.text},
+                            ids=chunk.token_ids if gen.with_ids else None)
         yield frame({}, gen.finish_reason)
         if include_usage:
             yield sse(schemas.chat_chunk(rid, model, None, None, gen.usage()))
@@ -143,12 +151,18 @@ async def chat_events(gen: Generation, first: StreamChunk, rid: str, model: str,
 
 async def completion_events(gen: Generation, first: StreamChunk, rid: str, model: str,
                             include_usage: bool) -> AsyncIterator[str]:
-    """OpenAI's text_completion stream chunks, then [DONE]."""
+    """OpenAI's text_completion stream chunks, then [DONE]. With `gen.with_ids`, each chunk has
+    its token ids and the first the prompt's too (vLLM's `return_token_ids`)."""
     async def deltas():
+        prompt_ids = gen.prompt_ids if gen.with_ids else None
         async for chunk in _chunks(gen, first):
-            if chunk.text or chunk.finish_reason is not None:
-                yield sse(schemas.completion(rid, model, chunk.text, gen.finish_reason
-                                             if chunk.finish_reason else None, None, chunk=True))
+            if chunk.text or chunk.finish_reason is not None or (gen.with_ids
+                                                                  and chunk.token_ids):
+                yield sse(schemas.completion(
+                    rid, model, chunk.text, gen.finish_reason if chunk.finish_reason else None,
+                    None, chunk=True, ids=chunk.token_ids if gen.with_ids else None,
+                    prompt_ids=prompt_ids))
+                prompt_ids = None
         if include_usage:
             body = schemas.completion(rid, model, "", None, gen.usage(), chunk=True)
             body["choices"] = []

@@ -111,6 +111,9 @@ class _Sampling(_Base):
     # specrt's extension: absent or null = the server's --speculative-config; false = plain
     # decoding; an object = that config (vLLM's keys) for this request.
     speculative: Union[dict, Literal[False], None] = None
+    # vLLM's: the answer's token ids (and the prompt's) beside its text; null = only for a
+    # model without a tokenizer, whose answers have no text
+    return_token_ids: Optional[StrictBool] = None
 
     @field_validator("speculative", mode="before")
     @classmethod
@@ -205,29 +208,47 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def completion(rid: str, model: str, text: str, finish: str | None, use: dict | None,
-               chunk: bool = False) -> dict:
-    """A /v1/completions body (the whole answer) or one of its stream chunks."""
+               chunk: bool = False, ids: list[int] | None = None,
+               prompt_ids: list[int] | None = None) -> dict:
+    """A /v1/completions body (the whole answer) or one of its stream chunks; with `ids`, the
+    choice's token ids (and, given, the prompt's: vLLM's `return_token_ids`)."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if prompt_ids is not None:
+        choice["prompt_token_ids"] = prompt_ids
+    if ids is not None:
+        choice["token_ids"] = ids
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            "choices": [choice]}
     if use is not None or not chunk:
         body["usage"] = use
     return body
 
 
-def chat_completion(rid: str, model: str, text: str, finish: str, use: dict) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish}],
-            "usage": use}
+def chat_completion(rid: str, model: str, text: str, finish: str, use: dict,
+                    ids: list[int] | None = None, prompt_ids: list[int] | None = None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+              "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": use}
+    if prompt_ids is not None:
+        body["prompt_token_ids"] = prompt_ids
+    return body
 
 
 def chat_chunk(rid: str, model: str, delta: dict | None, finish: str | None,
-               use: dict | None = None) -> dict:
+               use: dict | None = None, ids: list[int] | None = None,
+               prompt_ids: list[int] | None = None) -> dict:
     """One chat stream chunk; delta None: the usage-only chunk (no choices)."""
     choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
                                          "finish_reason": finish}]
+    if choices and ids is not None:
+        choices[0]["token_ids"] = ids
     body = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model, "choices": choices}
+    if prompt_ids is not None:
+        body["prompt_token_ids"] = prompt_ids
     if use is not None:
         body["usage"] = use
     return body
