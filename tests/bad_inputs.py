@@ -182,6 +182,8 @@ CLI_CASES = [
     (["--stop", ""], "non-empty"), (["--stop", "a", "--stop", ""], "non-empty"),
     (["--prompt-file", "/dev/zero"], "is a device, not a file"),
     (["--prompt-ids", "1,x"], "comma-separated integers"), (["--prompt-ids", ","], "no ids"),
+    (["--prompt-ids", "1,,2"], "empty item"), (["--prompt-ids", ",1"], "empty item"),
+    (["--prompt-ids", "1,2,"], "empty item"),
     (["--prompt-ids", "1_0"], "comma-separated integers"),
     (["--prompt-ids", "\u0661,2"], "comma-separated integers"),
     (["--system", "\udcff"], "--system is not valid Unicode"),

@@ -581,6 +581,37 @@ def test_unknown_keywords_of_llm_submit_and_asyncllm_get_a_did_you_mean(tiny_noe
         llm.close()
 
 
+def test_options_given_by_position_get_an_argument_error_saying_pass_them_by_name(
+        tiny_noeos_dir):
+    """generate/stream/submit take the prompt by position and the rest by name: llm.generate(
+    "a", 3) got Python's TypeError ("takes from 1 to 2 positional arguments"); now one
+    ArgumentError that says how to pass it, and the engine serves on."""
+    import asyncio
+
+    from specrt.errors import ArgumentError
+
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    try:
+        for call in (lambda: llm.generate([5, 6], 3), lambda: llm.stream([5, 6], 3),
+                     lambda: llm.submit([5, 6], 3)):
+            with pytest.raises(ArgumentError, match=r"got 2; pass the others by name, e\.g\. "
+                                                    r"\S+\(prompt, max_new_tokens=\.\.\.\)"):
+                call()
+        assert llm.generate([5, 6], max_new_tokens=3).finish_reason == "length"
+    finally:
+        llm.close()
+
+    async def main():
+        async with specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32") as allm:
+            with pytest.raises(ArgumentError, match="pass the others by name"):
+                await allm.generate([5, 6], 3)
+            with pytest.raises(ArgumentError, match="pass the others by name"):
+                allm.stream([5, 6], 3)
+            return (await allm.generate([5, 6], max_new_tokens=3)).finish_reason
+
+    assert asyncio.run(main()) == "length"
+
+
 def test_numpy_numbers_are_taken_as_the_python_numbers_they_hold(tiny_noeos_dir,
                                                                  tiny_draft_dir):
     """Token ids, budgets, seeds, temperatures and K given as numpy scalars (as an array's

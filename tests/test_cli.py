@@ -147,6 +147,18 @@ def test_max_new_tokens_past_max_seq_len_is_refused_before_a_fetch(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_prompt_files_byte_order_mark_is_not_part_of_the_prompt(tmp_path):
+    """Windows editors start UTF-8 files with a byte-order mark, which the tokenizer would read
+    as three tokens the user never wrote: --prompt-file drops it (one at the start only)."""
+    from specrt.api.cli import _read_prompt_file
+
+    path = tmp_path / "prompt.txt"
+    path.write_bytes("\ufeffdef add(a, b):\n".encode("utf-8"))
+    assert _read_prompt_file(str(path)) == "def add(a, b):\n"
+    path.write_bytes("x\ufeffy".encode("utf-8"))
+    assert _read_prompt_file(str(path)) == "x\ufeffy"
+
+
 @pytest.mark.parametrize("source", ["stdin", "file"])
 def test_a_prompt_file_that_is_not_utf8_names_prompt_file(source, tmp_path):
     path = tmp_path / "prompt.txt"

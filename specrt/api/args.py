@@ -214,6 +214,20 @@ def check_request_kwargs(kwargs: dict) -> None:
     check_keywords(kwargs, REQUEST_ARGS)
 
 
+def check_positional(method: str, extra: tuple, names: tuple[str, ...] = ("prompt",)) -> None:
+    """A call given positional arguments past `names` (generate's and stream's: the prompt)
+    gets an ArgumentError saying to pass them by name, not Python's TypeError."""
+    if extra:
+        took = ", ".join(names)
+        raise ArgumentError(f"{method} takes {len(names)} positional argument"
+                            f"{'s' if len(names) != 1 else ''} ({took}), got "
+                            f"{len(names) + len(extra)}; pass the others by name, e.g. "
+                            f"{method}({took}, max_new_tokens=...)" if "prompt" in names else
+                            f"{method} takes {len(names)} positional argument"
+                            f"{'s' if len(names) != 1 else ''} ({took}), got "
+                            f"{len(names) + len(extra)}; pass the others by name")
+
+
 def check_keywords(kwargs, known) -> None:
     """ArgumentError for the first keyword not in `known`, with the nearest known one."""
     for key in kwargs:
@@ -225,15 +239,20 @@ def check_keywords(kwargs, known) -> None:
 
 
 def keywords_checked(fn):
-    """`fn` (whose signature names every keyword it takes) answering an unknown keyword
-    argument with check_keywords' ArgumentError instead of Python's TypeError; the signature
-    is kept for help() and editors."""
+    """`fn`, a method whose signature names every keyword it takes, answering an unknown keyword
+    argument (check_keywords) or more positional ones than it takes (check_positional) with an
+    ArgumentError instead of Python's TypeError; the signature is kept for help() and
+    editors."""
     params = inspect.signature(fn).parameters
     known = tuple(n for n, p in params.items() if n != "self" and p.kind in (
         p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    positional = tuple(n for n, p in params.items() if p.kind == p.POSITIONAL_OR_KEYWORD)
+    owner, _, name = fn.__qualname__.rpartition(".")
+    call = owner if name == "__init__" else fn.__qualname__
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        check_positional(call, args[len(positional):], positional[1:])   # less self
         check_keywords(kwargs, known)
         return fn(*args, **kwargs)
 

@@ -18,6 +18,7 @@ import asyncio
 import functools
 from typing import AsyncIterator, Awaitable, Callable
 
+from specrt.api.args import check_positional
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import TAIL, StreamChunk, TextRun
 from specrt.errors import ArgumentError
@@ -65,19 +66,21 @@ class AsyncLLM:
         if spec is not None and spec.model is not None:
             await asyncio.to_thread(self.llm.prepare, spec)
 
-    def stream(self, prompt=None, **kwargs) -> "AsyncChunks":
+    def stream(self, prompt=None, *extra, **kwargs) -> "AsyncChunks":
         """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats.
         The request starts at the first step; several tasks may step the stream at once."""
+        check_positional("stream", extra)
         async def start() -> TextRun:
             await self._prepare(kwargs)
             return await _submitted(functools.partial(self.llm.submit_stream, prompt, **kwargs))
         return AsyncChunks(start)
 
-    async def generate(self, prompt=None, **kwargs):
+    async def generate(self, prompt=None, *extra, **kwargs):
         """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
         GenerationResult, a list of prompts -> list[GenerationResult], each equal to its
         single run (a batch of any size: what the queue cannot hold waits for room;
         cancelling the await cancels every one)."""
+        check_positional("generate", extra)
         await self._prepare(kwargs)
         prepared = await asyncio.to_thread(self.llm.prepare_all, prompt, **kwargs)
         runs: list[TextRun] = []

@@ -124,7 +124,11 @@ def check_flags(args) -> _Request:
     if args.system is not None:
         check_text("--system", args.system)
     if args.prompt_ids is not None:
-        items = [t.strip() for t in args.prompt_ids.split(",") if t.strip()]
+        items = [t.strip() for t in args.prompt_ids.split(",")]
+        if any(items) and not all(items):       # a stray comma: an id lost, or a typo
+            raise ArgumentError(f"--prompt-ids has an empty item (a doubled or stray comma) in "
+                                f"{show(args.prompt_ids)}; give ids like 5,6,7")
+        items = [t for t in items if t]
         if not all(re.fullmatch(r"-?[0-9]+", t) for t in items):   # int() takes 1_0, ١ too
             raise ArgumentError(f"--prompt-ids must be comma-separated integers, got "
                                 f"{show(args.prompt_ids)}")
@@ -225,8 +229,10 @@ MAX_PROMPT_FILE_BYTES = 64 << 20
 
 
 def _read_prompt_file(path: str) -> str:
-    """The file's text (`-`: standard input's bytes), which must be UTF-8; a device or more
-    than MAX_PROMPT_FILE_BYTES is refused (a pipe or FIFO is read, as `<(cmd)` gives one)."""
+    """The file's text (`-`: standard input's bytes), which must be UTF-8, less a leading
+    byte-order mark (Windows editors write one; the model would read it as 3 tokens); a device
+    or more than MAX_PROMPT_FILE_BYTES is refused (a pipe or FIFO is read, as `<(cmd)` gives
+    one)."""
     import stat
 
     from specrt.errors import ArgumentError
@@ -255,7 +261,7 @@ def _read_prompt_file(path: str) -> str:
                             f"{MAX_PROMPT_FILE_BYTES >> 20} MiB, more than any prompt that fits "
                             "a cache; give a shorter text")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ArgumentError(f"--prompt-file {where} is not valid UTF-8 ({e.reason} at byte "
                             f"{e.start}); save it as UTF-8 text") from None

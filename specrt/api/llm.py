@@ -25,8 +25,8 @@ import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from specrt.api.args import (LLMArgs, check_max_new_tokens, check_request_kwargs,
-                              check_stop, check_text, keywords_checked)
+from specrt.api.args import (LLMArgs, check_max_new_tokens, check_positional,
+                              check_request_kwargs, check_stop, check_text, keywords_checked)
 from specrt.api.run import Chunks, GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible, check_template_kwargs
@@ -361,10 +361,11 @@ class LLM:
             raise SpecrtError("stream takes one prompt; use generate for a batch")
         return self.submit(prompt, **kwargs)
 
-    def generate(self, prompt=None, **kwargs):
+    def generate(self, prompt=None, *extra, **kwargs):
         """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
         for a list of prompts -> list[GenerationResult], each equal to its single run (a
-        batch of any size: what the queue cannot hold waits for room)."""
+        batch of any size: what the queue cannot hold waits for room). Options by keyword."""
+        check_positional("generate", extra)
         prepared = self.prepare_all(prompt, **kwargs)
         runs: list[TextRun] = []
         try:
@@ -384,11 +385,12 @@ class LLM:
         results = [run.result() for run in runs]
         return results if is_batch(prompt) else results[0]
 
-    def stream(self, prompt=None, **kwargs) -> Iterator[StreamChunk]:
+    def stream(self, prompt=None, *extra, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
         each round commits, from the first `next()` on (the request is checked and submitted
-        then). Closing or dropping the iterator cancels the request; several threads may step
-        it at once (each chunk goes to one of them)."""
+        then; options by keyword). Closing or dropping the iterator cancels the request;
+        several threads may step it at once (each chunk goes to one of them)."""
+        check_positional("stream", extra)
         return Chunks(lambda: self.submit_stream(prompt, **kwargs))
 
 

@@ -138,7 +138,7 @@ def timed_together(models: list[Transformer], max_t: int,
             if (cached := _cached(keys, max_t)) is not None:
                 return cached
         log.info("timing the models' forwards for `auto` (once for this machine and build: "
-                 "seconds to a minute; cached in %s)", disk_path())
+                 "seconds to a minute; %s)", _kept_where())
         out, trusted = _measure(models, max_t, graphed)
     log.info("forward times for `auto`%s: %s", "" if trusted else " (this process only)",
              "; ".join(f"{Path(str(m.source)).name or m.source}: 1 token {c[0] * 1e3:.1f} ms, "
@@ -175,6 +175,15 @@ def _save_trusted() -> None:
             return
         merged = {**on_disk, **ours}
         _save_disk({k: v for k, v in merged.items() if not _stale(k)})
+
+
+def _kept_where() -> str:
+    """Where new timings will be kept, for the log: the calibration file, or memory only where
+    its path is not a regular file or holds someone else's file (`_load_disk` warned why)."""
+    path = disk_path()
+    if is_regular(path) is False or _load_disk(quiet=True)[2]:
+        return "kept in memory only"
+    return f"cached in {path}"
 
 
 def _stale(key: str) -> bool:
