@@ -151,12 +151,16 @@ def test_a_prompt_files_byte_order_mark_is_not_part_of_the_prompt(tmp_path):
     """Windows editors start UTF-8 files with a byte-order mark, which the tokenizer would read
     as three tokens the user never wrote: --prompt-file drops it (one at the start only)."""
     from specrt.api.cli import _read_prompt_file
+    from specrt.errors import ArgumentError
 
     path = tmp_path / "prompt.txt"
     path.write_bytes("\ufeffdef add(a, b):\n".encode("utf-8"))
     assert _read_prompt_file(str(path)) == "def add(a, b):\n"
     path.write_bytes("x\ufeffy".encode("utf-8"))
     assert _read_prompt_file(str(path)) == "x\ufeffy"
+    path.write_bytes(b"\xef\xbb\xbfab\xff")         # a bad byte is named where it is in the file
+    with pytest.raises(ArgumentError, match="at byte 5"):
+        _read_prompt_file(str(path))
 
 
 @pytest.mark.parametrize("source", ["stdin", "file"])

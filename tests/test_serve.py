@@ -504,6 +504,10 @@ def test_a_prompt_that_leaves_no_room_is_the_prompts_fault_not_max_tokens(tiny_n
         status, _, body = s.raw("POST", "/v1/completions", {
             "model": "tiny", "prompt": ids, "max_tokens": 6, "speculative": False})
         assert status == 200, body
+        # no max_tokens sent: the default 16, capped by the room left (as a chat request's)
+        status, _, body = s.raw("POST", "/v1/completions", {
+            "model": "tiny", "prompt": list(range(1, 61)), "speculative": False})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, body
 
 
 def test_prompt_and_template_errors_name_their_field_in_jsons_words(server):
@@ -528,8 +532,8 @@ def test_prompt_and_template_errors_name_their_field_in_jsons_words(server):
 def test_a_body_that_is_not_a_json_object_says_to_send_one(server):
     """An empty body, or JSON that is not an object, got pydantic's "body: Field required" or
     "Input should be a valid dictionary" with no fix."""
-    for body, got in [(b"", "an empty body"), (b"[1, 2]", "JSON an array"),
-                      (b"null", "JSON null"), (b'"x"', "JSON a string")]:
+    for body, got in [(b"", "an empty body"), (b"[1, 2]", "a JSON array"),
+                      (b"null", "JSON null"), (b'"x"', "a JSON string")]:
         error = _error(server.raw("POST", "/v1/completions", body))
         assert f"must be a JSON object of the request's fields, got {got}" in \
             error["message"], error
@@ -1524,6 +1528,8 @@ def test_a_model_without_a_tokenizer_serves_token_id_prompts(tmp_path):
         assert str(tmp_path) not in error["message"]          # no server paths to clients
         error = _error(s.raw("POST", "/tokenize", {"model": "tiny", "prompt": "hi"}))
         assert "no text to tokenize" in error["message"], error
+        error = _error(s.raw("POST", "/v1/completions", {**greedy, "stop": "a"}))
+        assert error["param"] == "stop" and "no tokenizer" in error["message"], error
         # a body past what 64 token ids need is refused unread (it was parsed whole: 20 MB)
         status, _, body = s.raw("POST", "/v1/completions",
                                 b'{"model": "tiny", "prompt": [' + b"1, " * 600_000 + b"1]}")
@@ -1560,6 +1566,8 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
                                "continue_final_message"),
                               ("/tokenize", {"prompt": "x", "chat_template_kwargs": {"a": 1}},
                                "chat_template_kwargs"),
+                              ("/tokenize", {"prompt": "x", "add_generation_prompt": False},
+                               "add_generation_prompt"),
                               ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
                               ("/detokenize", {"tokens": [-1]}, "tokens"),
                               ("/detokenize", {"tokens": "12"}, "tokens")]:
@@ -1577,6 +1585,10 @@ def test_tokenize_detokenize_and_version_as_in_vllm(server, client):
         error = _error(server.raw("POST", "/tokenize", {"model": "tiny", **body}))
         assert error["param"] == param, (body, error)
     assert post("/tokenize", {"prompt": "x", "add_special_tokens": True})["count"] == \
+        len(server.llm.encode("x", chat=False))
+    # template fields at the values that ask for nothing are fine with a prompt
+    assert post("/tokenize", {"prompt": "x", "chat_template_kwargs": {},
+                              "add_generation_prompt": True})["count"] == \
         len(server.llm.encode("x", chat=False))
     assert post("/tokenize", {"prompt": "", "return_token_strs": True}) == {
         "count": 0, "max_model_len": 2048, "tokens": [], "token_strs": []}

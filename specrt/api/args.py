@@ -219,13 +219,10 @@ def check_positional(method: str, extra: tuple, names: tuple[str, ...] = ("promp
     gets an ArgumentError saying to pass them by name, not Python's TypeError."""
     if extra:
         took = ", ".join(names)
-        raise ArgumentError(f"{method} takes {len(names)} positional argument"
-                            f"{'s' if len(names) != 1 else ''} ({took}), got "
-                            f"{len(names) + len(extra)}; pass the others by name, e.g. "
-                            f"{method}({took}, max_new_tokens=...)" if "prompt" in names else
-                            f"{method} takes {len(names)} positional argument"
-                            f"{'s' if len(names) != 1 else ''} ({took}), got "
-                            f"{len(names) + len(extra)}; pass the others by name")
+        plural = "s" if len(names) != 1 else ""
+        example = f", e.g. {method}({took}, max_new_tokens=...)" if "prompt" in names else ""
+        raise ArgumentError(f"{method} takes {len(names)} positional argument{plural} ({took}), "
+                            f"got {len(names) + len(extra)}; pass the others by name{example}")
 
 
 def check_keywords(kwargs, known) -> None:

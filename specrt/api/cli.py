@@ -263,8 +263,9 @@ def _read_prompt_file(path: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
+        at = e.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)    # past the mark
         raise ArgumentError(f"--prompt-file {where} is not valid UTF-8 ({e.reason} at byte "
-                            f"{e.start}); save it as UTF-8 text") from None
+                            f"{at}); save it as UTF-8 text") from None
 
 
 def _check_length(req: _Request, spec, prompt_tokens: int | None = None) -> None:

@@ -319,9 +319,11 @@ def _tokenize(state: _State, body: schemas.TokenizeRequest) -> dict:
 
 def _refuse_template_options(body: schemas.TokenizeRequest) -> None:
     """A prompt with the chat template's fields: they apply to messages only."""
-    defaults = schemas.TokenizeRequest.model_fields
-    for name in ("continue_final_message", "add_generation_prompt", "chat_template_kwargs"):
-        if getattr(body, name) != defaults[name].default:
+    asks = {"continue_final_message": body.continue_final_message,
+            "add_generation_prompt": not body.add_generation_prompt,
+            "chat_template_kwargs": bool(body.chat_template_kwargs)}   # {} asks for nothing
+    for name, asked in asks.items():
+        if asked:
             raise APIError(f"{name} applies to chat messages, not to a prompt: send "
                            "\"messages\" instead of \"prompt\", or leave it out", param=name)
 
@@ -415,6 +417,9 @@ def _engine_request(state: _State, body, chat: bool) -> tuple[list[int], dict]:
                                           None)) from None
     with _as_field("stop"):
         check_stop(body.stops())
+    if body.stops() and state.llm.tokenizer is None:
+        raise APIError("this model has no tokenizer (no tokenizer.json), so a stop string cannot "
+                       "be matched in its answers; leave \"stop\" out", param="stop")
     return ids, dict(max_new_tokens=max_tokens, **sampling, stop=body.stops(),
                      speculative=parsed)
 

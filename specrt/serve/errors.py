@@ -121,8 +121,8 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if first and not [p for p in first.get("loc", ()) if p != "body"]:   # the body as a whole
         raw = first.get("input")
         got = "an empty body" if first.get("type") == "missing" else \
-            "a body that is not JSON" if isinstance(raw, (bytes, bytearray)) else \
-            f"JSON {_json_kind(raw)}"
+            "a body it did not read as JSON" if isinstance(raw, (bytes, bytearray)) else \
+            _json_kind(raw)
         return f"the request body must be a JSON object of the request's fields, got {got}; " \
             + SEND_JSON, None
     if first.get("type") == "json_invalid":
@@ -149,12 +149,13 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
 def _json_kind(value) -> str:
     """What JSON value `value` (as parsed) is, in JSON's words."""
     if value is None:
-        return "null"
+        return "JSON null"
     if isinstance(value, bool):
-        return "a boolean"
+        return "a JSON boolean"
     if isinstance(value, (int, float)):
-        return "a number"
-    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), "a value")
+        return "a JSON number"
+    return {str: "a JSON string", list: "a JSON array", dict: "a JSON object"}.get(
+        type(value), "a JSON value")
 
 
 def _form_of(loc: list[str], missing: bool) -> tuple[str, str] | None:

@@ -23,7 +23,8 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled"
 Number = Union[StrictInt, StrictFloat]
 
 
-COMPLETION_MAX_TOKENS = 16     # a completion's budget when it names none (OpenAI's default)
+COMPLETION_MAX_TOKENS = 16     # a completion's budget when it names none (OpenAI's default;
+                               # capped by the room the prompt leaves, as a chat request's)
 CHAT_MAX_TOKENS = 256          # a chat request's budget when it names none (capped by room)
 
 # Fields of OpenAI's or vLLM's requests that this server does not implement, with the values
@@ -132,7 +133,7 @@ class _Sampling(_Base):
 
 class CompletionRequest(_Sampling):
     prompt: Union[StrictStr, list[StrictInt]]
-    max_tokens: Optional[StrictInt] = COMPLETION_MAX_TOKENS
+    max_tokens: Optional[StrictInt] = None     # None: room left, at most COMPLETION_MAX_TOKENS
 
     def token_budget(self) -> tuple[Optional[int], str]:
         """(the budget the request set, or None; the field that set it)."""

@@ -120,7 +120,7 @@ PRIORS = {"draft_model": 0.75, "draft_model/sure": 0.85, "ngram/1": 0.3, "ngram/
 # it was sure of 84% of its guesses, and 93% of those were the target's token against 41% of the
 # others. So a round is priced as what it is: a run of sure guesses, each accepted at the
 # per-position estimate (learnt from sure guesses only), ended by an unsure one accepted at
-# UNSURE, or by K. A K past the text's sure stretches costs nothing, as the draft stops first;
+# UNSURE, or by K. A K past the text's sure stretches costs little, as the draft stops first;
 # priced as if every round drafted K, one whose guesses were often unsure looked too dear to
 # draft far, and stories and explanations drafted K = 3 where K = 5-6 paid (benchmarks/
 # RESULTS.md, "`auto` prices the draft's stop"). Per row, learnt as the draft's estimates are,
