@@ -216,12 +216,16 @@ class Decision:
     rooms: tuple[int, ...] = ()     # [B] the guesses each row had room for (a draft-model plan)
 
 
-def expected_tokens(alphas: list[float], k: int) -> float:
-    """1 + a1 + a1 a2 + ... (k terms): tokens a round commits on average."""
+def expected_tokens(alphas: list[float], k: int, go: float = 1.0, unsure: float = 0.0
+                    ) -> float:
+    """1 + a1 + a1 a2 + ... (k terms): tokens a round commits on average. For a draft that
+    stops after a guess it is unsure of (`AdaptivePlanner._draft_round`), guess i is drafted
+    only if it was sure of the i - 1 before it (each with share `go`), and accepted at a_i if
+    sure, at `unsure` if not: 1 + sum_i (go a_1 ... go a_{i-1}) (go a_i + (1 - go) unsure)."""
     total, run = 1.0, 1.0
     for a in alphas[:k]:
-        run *= a
-        total += run
+        total += run * (go * a + (1.0 - go) * unsure)
+        run *= go * a
     return total
 
 
@@ -402,16 +406,16 @@ class AdaptivePlanner:
         verify(extra): the pass with extra[b] guesses on row b).
 
         A draft that does not stop drafts all k: E = 1 + a_1 + a_1 a_2 + .... One that stops
-        (`_stops`) drafts a row's i-th guess only if it was sure of the i - 1 before it (each
-        with the row's share g), and a guess is accepted at a_i if sure, at UNSURE's u if
-        not: E = 1 + sum_i (g a_1 ... g a_{i-1}) (g a_i + (1 - g) u). A round drafts a j-th
+        (`_stops`) commits E as `expected_tokens` prices it with the row's share of sure
+        guesses g and the unsure ones' acceptance u (UNSURE's estimate). A round drafts a j-th
         guess with probability 1 - prod_b (1 - g_b^(j-1)) over the rows with room for it. One
         row's verify pass is priced over its distribution of guesses; a batch's at the rows'
         expected guesses (`_interpolated`)."""
         if not self._stops():
             e = _mean(expected_tokens(weighed[b], min(k, room[b])) for b in rows)
             return e, k - 1, cv[k]
-        e = _mean(self._stopping_tokens(b, weighed[b], min(k, room[b])) for b in rows)
+        e = _mean(expected_tokens(weighed[b], min(k, room[b]), self.goes[b], self.unsure[b])
+                  for b in rows)
         steps = 0.0
         for j in range(2, k + 1):             # a j-th guess on a row with room for it
             none = 1.0
@@ -429,15 +433,6 @@ class AdaptivePlanner:
                     for b in rows}
             verified = _interpolated(verify, mean, len(room))
         return e, steps, verified
-
-    def _stopping_tokens(self, row: int, alphas: list[float], k: int) -> float:
-        """Tokens a round of a draft that stops commits on the row (see `_draft_round`)."""
-        go, unsure = self.goes[row], self.unsure[row]
-        total, run = 1.0, 1.0
-        for a in alphas[:k]:
-            total += run * (go * a + (1.0 - go) * unsure)
-            run *= go * a
-        return total
 
     def _catch_up(self, ctx: DraftContext, rows: list[int]) -> "_DraftCosts":
         """The draft model's costs this round. Its first forward reads the committed tokens
