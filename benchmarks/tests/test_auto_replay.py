@@ -256,6 +256,39 @@ def test_oracles_replay_auto_with_each_draft_prior_asked(traces):
     assert rounds["prior 0.95"] > rounds["prior 0.05"], rounds
 
 
+def test_a_fixed_setting_chosen_on_the_answer_start_is_the_fastest_there():
+    """`auto_oracles`' "fixed, 1/2 seen": the fixed setting fastest on the answer's first part,
+    which need not be the best in hindsight. Here only the draft model guesses the answer's
+    first quarter, and the rest copies the prompt: chosen on the first quarter, a draft-model
+    setting; on the whole answer, prompt lookup, the fastest of all."""
+    from benchmarks import auto_oracles
+
+    prompt = list(range(1000, 1064))
+    out = list(range(2000, 2016)) + prompt[:48]
+    trace = {"set": "tuning", "prompt": prompt, "output": out, "draft": out[:16] + [7] * 48,
+             "confidence": [1.0] * 64, "max_new_tokens": 64}
+    costs = _cheap_draft_costs()
+    fixed = auto_replay.fixed_methods(auto_replay.FIXED)
+    speeds = {m: auto_replay.replay(trace, m, costs)[0] for m in fixed}
+    assert auto_oracles.chosen_on_start(trace, fixed, costs, 1.0) == max(speeds, key=speeds.get)
+    assert max(speeds, key=speeds.get).startswith("ngram")
+    assert auto_oracles.chosen_on_start(trace, fixed, costs, 0.25).startswith("draft_model")
+
+
+def test_task_misses_count_tasks_by_their_mean_share():
+    """The goal's measure: a task (a set's prompts of one kind) misses where the mean share of
+    the best fixed setting over its prompts is below 95%, whatever its lowest prompt."""
+    from benchmarks import auto_oracles
+
+    def row(trace, share):
+        return {"trace": trace, "set": trace.split(":")[0], "budget": 64, "best": 10.0,
+                "plain": 5.0, "auto": {"auto": 10.0 * share}}
+
+    rows = [row("tuning:code:a", 0.92), row("tuning:code:b", 1.00),
+            row("tuning:story:c", 0.90), row("tuning:story:d", 0.99)]
+    assert auto_oracles.task_misses(rows) == [[64, "auto", "1 of 2", "tuning:story"]]
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--draft-priors", "1.5"], "--draft-priors: each prior is an acceptance probability"),
     (["--draft-priors", "x"], "--draft-priors: expected comma-separated numbers"),
