@@ -205,7 +205,10 @@ def replay(trace: dict, method: str, costs, planner_cls=None, draft_stop: float 
         if planner is not None:
             heard = ([target_sure[done]] if plan.wants_sure and not plan.k and target_sure
                      else None)
-            planner.observe(plan, [accepted], [drafted], 0.0, 0.0, heard)
+            # the kind of its last guess, as the engine's draft reports it (`last_sure`)
+            last = ([known(done + drafted - 1)[0]] if who == "draft_model" and drafted
+                    and draft.stop_below > 0 else None)
+            planner.observe(plan, [accepted], [drafted], 0.0, 0.0, heard, last)
         done += accepted + 1
         total_accepted += accepted
     return (len(out) - 1) / seconds if seconds else 0.0, mix, total_accepted

@@ -1,4 +1,5 @@
 """Adaptive speculation ("auto"): K follows acceptance, and output stays exact."""
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -1674,6 +1675,37 @@ def test_a_stopping_draft_learns_how_often_it_is_sure_and_its_unsure_guesses():
     planner.observe(plan, [2, 0], [2, 1], 0.0, 1.0)   # row 0 drafted its room; row 1 stopped
     assert planner.goes_seen == [1, 1] and planner.goes[0] > GOES > planner.goes[1]
     assert planner.unsure_seen == [0, 1]
+
+
+def test_a_full_rounds_last_guess_is_learnt_as_the_kind_the_draft_reported():
+    """A round that drafted its K ended on a guess the draft did not draft past; where the
+    draft reports its kind (`last_sure`), an unsure one is learnt as unsure (the per-position
+    estimates do not learn it, the share of sure guesses counts it as a stop) and a sure one
+    as sure. So K = 1 rounds over unsure guesses no longer drag the sure guesses' estimate
+    down."""
+    planner = _stopping(max_k=8)
+    state = planner.states["draft_model"]
+    plan = planner.choose(_ctx(1, 500))
+    k = plan.k
+    planner.observe(plan, [k - 1], [k], 0.0, 1.0, last_sure=[False])  # the unsure last missed
+    assert planner.goes_seen == [k] and planner.unsure_seen == [1]
+    assert planner.unsure[0] < UNSURE
+    assert state.tally[0] == [k - 1, k - 1] and state.seen[0][k - 1] == 0
+
+    planner.reset([0])
+    plan = planner.choose(_ctx(1, 500))
+    planner.observe(plan, [plan.k], [plan.k], 0.0, 1.0, last_sure=[True])
+    assert planner.goes_seen == [plan.k] and planner.goes[0] > GOES
+    assert planner.unsure_seen == [0] and state.tally[0] == [plan.k, plan.k]
+
+    for last in (None, True, False):                 # K = 1, its one guess missed
+        planner.reset([0])
+        plan = dataclasses.replace(planner.choose(_ctx(1, 500)), k=1)
+        planner.observe(plan, [0], [1], 0.0, 1.0,
+                        last_sure=None if last is None else [last])
+        learnt_sure = state.alphas[0][0] < PRIORS["draft_model/sure"]
+        assert learnt_sure == (last is not False), last
+        assert planner.unsure_seen == [int(last is False)], last
 
 
 def test_a_stopping_draft_that_drafted_one_unsure_guess_has_drafted():

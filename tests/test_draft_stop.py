@@ -69,14 +69,18 @@ def test_each_row_drafts_until_a_guess_below_the_stop(draft, threshold):
     ctx = DraftContext([list(p) for p in PROMPTS], [True] * 3, [SamplingParams()] * 3,
                        [None] * 3)
     proposal = drafter.propose(ctx, K)
-    expected = []
+    expected, last_sure = [], []
     for b, p in enumerate(PROMPTS):
         ref = _greedy_with_confidence(draft, p, K)
         n = next((j + 1 for j, (_, c) in enumerate(ref[:-1]) if c < threshold), K)
         expected.append(n)
+        last_sure.append(ref[n - 1][1] >= threshold)
         assert proposal.tokens[b, :n].tolist() == [t for t, _ in ref[:n]], b
         assert (proposal.tokens[b, n:] == NO_DRAFT).all(), b
     assert proposal.counts == expected
+    # it reports the kind of each row's last guess: unsure where it stopped, and judged
+    # where it drafted its K (a guess it does not draft past)
+    assert proposal.last_sure == last_sure
     assert min(expected) < K and max(expected) > 1, expected     # the stop was exercised
     # a row fed its guesses but the last: all accepted, its cache holds prompt + n - 1 guesses
     drafter.rollback(expected)
@@ -84,12 +88,26 @@ def test_each_row_drafts_until_a_guess_below_the_stop(draft, threshold):
     assert drafter.cache.host_lengths()[:3] == drafter.seen[:3]
 
 
+def test_a_round_of_one_guess_reports_the_kind_of_its_guess(draft, threshold):
+    """K = 1: every row drafts its one guess, never asks whether to go on, and still reports
+    whether it was sure of it (what `auto` learns a K = 1 round's guess as)."""
+    drafter = DraftModelDrafter(draft, draft.cfg.vocab_size, len(PROMPTS), MAX_SEQ,
+                                stop_below=threshold)
+    drafter.reset(list(range(len(PROMPTS))))
+    ctx = DraftContext([list(p) for p in PROMPTS], [True] * 3, [SamplingParams()] * 3,
+                       [None] * 3)
+    proposal = drafter.propose(ctx, 1)
+    sure = [_greedy_with_confidence(draft, p, 1)[0][1] >= threshold for p in PROMPTS]
+    assert proposal.counts == [1] * 3 and proposal.last_sure == sure
+    assert True in sure and False in sure
+
+
 def test_a_stop_of_zero_drafts_every_guess(draft):
     drafter = DraftModelDrafter(draft, draft.cfg.vocab_size, 1, MAX_SEQ, stop_below=0.0)
     drafter.reset([0])
     ctx = DraftContext([PROMPTS[1]], [True], [SamplingParams()], [None])
     proposal = drafter.propose(ctx, K)
-    assert proposal.counts == [K]
+    assert proposal.counts == [K] and proposal.last_sure is None    # judges no guess
     assert proposal.tokens[0].tolist() == [t for t, _ in
                                            _greedy_with_confidence(draft, PROMPTS[1], K)]
 

@@ -182,10 +182,10 @@ def test_replay_hears_the_target_as_the_engine_does(llm, traces, stop):
             super().__init__(max_k, costs, draft_model=draft_model)
 
         def observe(self, plan, num_accepted, num_drafted, draft_seconds, verify_seconds,
-                    target_sure=None):
+                    target_sure=None, last_sure=None):
             heard.append(None if target_sure is None else target_sure[0])
             super().observe(plan, num_accepted, num_drafted, draft_seconds, verify_seconds,
-                            target_sure)
+                            target_sure, last_sure)
 
     # a draft step costs what a guess accepted at midway between the two saves: a K = 1
     # round beats a plain step once heard, not before

@@ -103,6 +103,8 @@ def run_round(target: Transformer, cache: StaticKVCache, planner: Planner | None
         plan.drafter.rollback(outcome.num_accepted)
     if planned:
         heard = {} if outcome.target_sure is None else {"target_sure": outcome.target_sure}
+        if proposal is not None and proposal.last_sure is not None:
+            heard["last_sure"] = proposal.last_sure
         planner.observe(plan, outcome.num_accepted, outcome.num_drafted, t1 - t0, t2 - t1,
                         **heard)
     if proposal is None and plan.k:

@@ -36,6 +36,10 @@ class Proposal:
     # Device work that fills `tokens` (a draft graph's replay), left to the round's device
     # section by `propose_staged`; None when the tokens are ready.
     pending: Callable[[], None] | None = None
+    # [B] whether a draft that stops when unsure (`DraftModelDrafter.stop_below`) was sure of
+    # each row's last guess (None for a row that drafted none); None when it never stops.
+    # A round that drafted its K ended on a guess of either kind, which `auto` learns from.
+    last_sure: list[bool | None] | None = None
 
     @property
     def k(self) -> int:

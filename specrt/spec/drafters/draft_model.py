@@ -17,7 +17,8 @@ still drawn from q, a recovered or bonus token from the target). Where a row sto
 its own logits only, and a row that stopped draws no more randomness, so a seeded request's
 rounds are the same alone or in any batch. On the eager path a row also stops after a guess that
 ends its answer, or at the last guess its budget has room for (`DraftContext.usable`: no later
-guess could add a token), and a row with no room for any sits the round out.
+guess could add a token), and a row with no room for any sits the round out. It reports
+whether it was sure of each row's last guess (`Proposal.last_sure`), which `auto` learns from.
 
 With `static` (an engine with graphs) a round's proposal is one `StaticDraftLoop` replay:
 catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token eagerly
@@ -182,21 +183,23 @@ class DraftModelDrafter:
             proposal = Proposal(tokens=loop.tokens, probs=loop.probs if sampled else None,
                                 counts=counts, pending=loop.replay)
         else:
-            tokens, qs, counts = self._propose_eager(ctx, k, pending)
-            proposal = Proposal(tokens=tokens, probs=self._draft_probs(qs), counts=counts)
+            tokens, qs, counts, last_sure = self._propose_eager(ctx, k, pending)
+            proposal = Proposal(tokens=tokens, probs=self._draft_probs(qs), counts=counts,
+                                last_sure=last_sure)
         # each row fed its guesses but the last (inactive rows in the static loop fed
         # garbage: their seen count stays put)
         self._guesses[:B] = [max(c - 1, 0) for c in counts]
         return proposal
 
     def _propose_eager(self, ctx: DraftContext, k: int, pending: list[list[int]]
-                       ) -> tuple[torch.Tensor, list, list[int]]:
-        """(tokens [B, K'] NO_DRAFT-padded, q of each of the K' <= k steps, drafts per row):
-        each active row drafts until its k-th guess, or (`cut_short`) one below `stop_below`,
-        one that ends its answer or the last its budget has room for (`DraftContext.usable`);
-        the rows still drafting feed their last guess to the next step together (the last
-        guess of a row is never fed: nothing would read its K/V), and a row that stopped
-        neither computes nor draws any more."""
+                       ) -> tuple[torch.Tensor, list, list[int], list[bool | None] | None]:
+        """(tokens [B, K'] NO_DRAFT-padded, q of each of the K' <= k steps, drafts per row,
+        whether the draft was sure of each row's last guess (`Proposal.last_sure`)): each
+        active row drafts until its k-th guess, or (`cut_short`) one below `stop_below`, one
+        that ends its answer or the last its budget has room for (`DraftContext.usable`); the
+        rows still drafting feed their last guess to the next step together (the last guess
+        of a row is never fed: nothing would read its K/V), and a row that stopped neither
+        computes nor draws any more."""
         device = self.model.device
         V = self.common_vocab
         also = self._read_past_shortlist(ctx)
@@ -207,6 +210,8 @@ class DraftModelDrafter:
         drafting = list(ctx.active)                                  # [B] rows still drafting
         counts = [0] * len(drafting)                                 # [B] guesses per row
         guesses, qs = [], []                                         # [B] each, [B, V_common]
+        judged = self.cut_short and self.stop_below > 0
+        last_sure = [None] * len(drafting) if judged else None       # [B] of the last guess
         for i in range(k):
             if i:
                 logits = self.model.forward(guesses[-1][:, None], self.cache,
@@ -217,15 +222,18 @@ class DraftModelDrafter:
             guesses.append(guess)
             qs.append(q)
             counts = [c + d for c, d in zip(counts, drafting)]
+            sure = (confidence(step) >= self.stop_below).tolist() if judged else None  # [B]
+            if sure is not None:
+                last_sure = [s if d else was for s, d, was in zip(sure, drafting, last_sure)]
             if i + 1 < k and self.cut_short:
-                drafting = [d and g for d, g in zip(drafting, self._goes_on(ctx, step, guess,
+                drafting = [d and g for d, g in zip(drafting, self._goes_on(ctx, sure, guess,
                                                                             counts, k))]
                 if not any(drafting):
                     break
         tokens = torch.stack(guesses, dim=1)                                 # [B, K']
         past = torch.arange(tokens.shape[1], device=device)[None, :] \
             >= torch.tensor(counts, device=device)[:, None]                 # [B, K']
-        return tokens.masked_fill_(past, NO_DRAFT), qs, counts
+        return tokens.masked_fill_(past, NO_DRAFT), qs, counts, last_sure
 
     @property
     def reads_ids(self) -> bool:
@@ -260,13 +268,12 @@ class DraftModelDrafter:
                     self._scoring[b] = self.model.also_scoring(list(read))
         return [self._scoring[b] if a else None for b, a in enumerate(ctx.active)]
 
-    def _goes_on(self, ctx: DraftContext, step: torch.Tensor, guess: torch.Tensor,
+    def _goes_on(self, ctx: DraftContext, sure: list[bool] | None, guess: torch.Tensor,
                  counts: list[int], k: int) -> list[bool]:
-        """[B] whether each row drafts another guess after this step's (step: its logits
-        [B, V_c], guess: [B]; `goes_on`)."""
-        B = len(counts)
-        sure = ((confidence(step) >= self.stop_below).tolist() if self.stop_below > 0
-                else [True] * B)
+        """[B] whether each row drafts another guess after this step's (sure: [B] whether the
+        draft was sure of each row's guess, None for a draft that never stops; guess: [B];
+        `goes_on`)."""
+        sure = [True] * len(counts) if sure is None else sure
         return [goes_on(s, ctx.ends_answer(b, t), n, ctx.room(b, k))
                 for b, (s, n, t) in enumerate(zip(sure, counts, guess.tolist()))]
 

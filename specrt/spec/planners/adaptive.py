@@ -492,9 +492,10 @@ class AdaptivePlanner:
                     Decision(feeds, probe, draft_won, rooms=tuple(room)))
 
     def observe(self, plan: Plan, num_accepted, num_drafted, draft_seconds,
-                verify_seconds, target_sure=None) -> None:
+                verify_seconds, target_sure=None, last_sure=None) -> None:
         """Learn acceptance from the round's outcome (its timings are not used: see above), and
-        from how sure the target was of a plain step's tokens (`_hear_target`)."""
+        from how sure the target was of a plain step's tokens (`_hear_target`); last_sure:
+        whether a draft that stops was sure of each row's last guess (`_learn_stop`)."""
         decision: Decision = plan.notes
         if target_sure is not None and plan.k == 0:
             self._hear_target(target_sure)
@@ -531,7 +532,8 @@ class AdaptivePlanner:
                 continue
             self.draft_rounds[row] += 1
             if self._stops():
-                n, d = self._learn_stop(row, n, d, min(plan.k, decision.rooms[row]))
+                n, d = self._learn_stop(row, n, d, min(plan.k, decision.rooms[row]),
+                                        None if last_sure is None else last_sure[row])
                 if not d:
                     continue
             state = self.states[decision.feeds[row]]
@@ -546,24 +548,30 @@ class AdaptivePlanner:
                 state.probe_gap = min(2 * state.probe_gap, PROBE_MAX)
             # (in a batch, the other rows' states fed by a probe won nothing on merit either)
 
-    def _learn_stop(self, row: int, accepted: int, drafted: int, k: int) -> tuple[int, int]:
+    def _learn_stop(self, row: int, accepted: int, drafted: int, k: int,
+                    last_sure: bool | None = None) -> tuple[int, int]:
         """Learn, from a round of a draft that stops, the row's share of sure guesses and the
         acceptance of unsure ones; return (accepted, drafted) of its sure guesses, from which
-        the per-position estimates learn. A round that drafted fewer than k (its plan's K
-        within the row's room) stopped after an unsure last guess; one that drafted k was
-        sure of all but perhaps its last, whose kind is unknown (the draft does not judge a
-        guess it will not draft past), taken as sure: so a K = k round's last guess is
-        learnt, and priced, a little below a sure one. (A guess that ends the answer stops a
-        round too, once per answer.) The share is learnt from the guesses drafted on the
-        committed text (up to the first rejected one): past it the draft reads its own wrong
-        guess, which the replay of a trace (teacher-forced) cannot follow."""
-        stopped = drafted < k
+        the per-position estimates learn. Every guess but the last was sure (the draft went
+        on after it). The last is of the kind the draft reported (`last_sure`); unreported,
+        it was unsure where the round drafted fewer than k (its plan's K within the row's
+        room), and is taken as sure where it drafted k (a guess that ends the answer stops a
+        round too, once per answer). Before the draft reported it, a K = k round's last guess
+        was always learnt as sure: a run of K = 1 rounds learnt its unsure guesses' misses
+        as the sure ones' acceptance, and priced longer drafts from that. The kinds are
+        learnt from the guesses drafted on the committed text (up to the first rejected
+        one): past it the draft reads its own wrong guess, which the replay of a trace
+        (teacher-forced) cannot follow."""
         on_text = min(accepted + 1, drafted)
-        for went_on in [1.0] * min(on_text, drafted - 1) + [0.0] * (stopped and
-                                                                    on_text == drafted):
+        known = last_sure is not None or drafted < k          # the last guess's kind
+        unsure_last = drafted < k if last_sure is None else not last_sure
+        kinds = [1.0] * min(on_text, drafted - 1)             # went on after these
+        if known and on_text == drafted:
+            kinds.append(0.0 if unsure_last else 1.0)
+        for went_on in kinds:
             self.goes_seen[row] += 1
             self.goes[row] = _ewma(self.goes[row], went_on, _weight(WEIGHT, self.goes_seen[row]))
-        if not stopped:
+        if not unsure_last:
             return accepted, drafted
         if accepted >= drafted - 1:            # every sure guess right: the unsure one seen
             self.unsure_seen[row] += 1

@@ -41,8 +41,11 @@ class Planner(Protocol):
 
     def observe(self, plan: Plan, num_accepted: list[int], num_drafted: list[int],
                 draft_seconds: float, verify_seconds: float,
-                target_sure: list[float | None] | None = None) -> None:
+                target_sure: list[float | None] | None = None,
+                last_sure: list[bool | None] | None = None) -> None:
         """The outcome of the round `plan` described (num_drafted all 0 when the drafter had
         nothing to offer and the round was a plain step); target_sure: what the round measured
         for a plan that `wants_sure` (`RoundOutcome.target_sure`), passed only when it measured
-        something (a planner that never asks may leave the argument out)."""
+        something; last_sure: whether a draft that stops when unsure was sure of each row's
+        last guess (`Proposal.last_sure`), passed only when it reports it (a planner that
+        reads neither may leave the arguments out)."""

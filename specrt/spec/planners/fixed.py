@@ -24,5 +24,5 @@ class FixedPlanner:
         return self._plan
 
     def observe(self, plan, num_accepted, num_drafted, draft_seconds, verify_seconds,
-                target_sure=None) -> None:
+                target_sure=None, last_sure=None) -> None:
         pass
