@@ -85,9 +85,9 @@ def _heard(llm, prompt, n_new, params):
                               draft_model=llm.engine.draft_drafter)
     observe = planner.observe
 
-    def spy(plan, *args, target_sure=None):
+    def spy(plan, *args, target_sure=None, **kwargs):
         heard.append((plan.label, plan.wants_sure, target_sure))
-        return observe(plan, *args, target_sure=target_sure)
+        return observe(plan, *args, target_sure=target_sure, **kwargs)
 
     planner.observe = spy
     request = Request(tuple(prompt), n_new, params,

@@ -143,7 +143,7 @@ def test_auto_learns_in_the_replay_what_it_learns_in_the_engine(llm, traces_64, 
         def observe(self, plan, num_accepted, num_drafted, *args, **kwargs):
             super().observe(plan, num_accepted, num_drafted, *args, **kwargs)
             log.append((plan.label, num_accepted[0], round(self.goes[0], 9),
-                        round(self.unsure[0], 9)))
+                        round(self.unsure[0], 9), tuple(self.states["draft_model"].tally[0])))
 
     costs = _cheap_draft_costs()
     try:

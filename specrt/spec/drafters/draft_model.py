@@ -17,8 +17,9 @@ still drawn from q, a recovered or bonus token from the target). Where a row sto
 its own logits only, and a row that stopped draws no more randomness, so a seeded request's
 rounds are the same alone or in any batch. On the eager path a row also stops after a guess that
 ends its answer, or at the last guess its budget has room for (`DraftContext.usable`: no later
-guess could add a token), and a row with no room for any sits the round out. It reports
-whether it was sure of each row's last guess (`Proposal.last_sure`), which `auto` learns from.
+guess could add a token), and a row with no room for any sits the round out. With a stop
+it reports whether it was sure of each row's last guess (`Proposal.last_sure`), which `auto`
+learns from.
 
 With `static` (an engine with graphs) a round's proposal is one `StaticDraftLoop` replay:
 catch-up (padded to 1 or 2 tokens; rows further behind feed all but their last token eagerly

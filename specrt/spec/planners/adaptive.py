@@ -555,8 +555,8 @@ class AdaptivePlanner:
         the per-position estimates learn. Every guess but the last was sure (the draft went
         on after it). The last is of the kind the draft reported (`last_sure`); unreported,
         it was unsure where the round drafted fewer than k (its plan's K within the row's
-        room), and is taken as sure where it drafted k (a guess that ends the answer stops a
-        round too, once per answer). Before the draft reported it, a K = k round's last guess
+        room; a guess that ends the answer stops a round too, once per answer), and is taken
+        as sure where it drafted k. Before the draft reported it, a K = k round's last guess
         was always learnt as sure: a run of K = 1 rounds learnt its unsure guesses' misses
         as the sure ones' acceptance, and priced longer drafts from that. The kinds are
         learnt from the guesses drafted on the committed text (up to the first rejected

@@ -46,6 +46,7 @@ class Planner(Protocol):
         """The outcome of the round `plan` described (num_drafted all 0 when the drafter had
         nothing to offer and the round was a plain step); target_sure: what the round measured
         for a plan that `wants_sure` (`RoundOutcome.target_sure`), passed only when it measured
-        something; last_sure: whether a draft that stops when unsure was sure of each row's
-        last guess (`Proposal.last_sure`), passed only when it reports it (a planner that
-        reads neither may leave the arguments out)."""
+        something (a planner that never asks may leave the argument out); last_sure: whether
+        a draft that stops when unsure was sure of each row's last guess
+        (`Proposal.last_sure`), passed whenever such a draft drafted, whatever the planner:
+        every planner's observe takes it (and may ignore it)."""
