@@ -137,7 +137,7 @@ def test_chat_template_options_continue_a_prefilled_reply(llm):
     assert tok.decode(closed) == "<|im_start|>user\ndef add(a, b):<|im_end|>\n"
     assert llm.generate(messages=turns[:1], max_new_tokens=6).token_ids == \
         llm.generate(llm.encode(messages=turns[:1]), max_new_tokens=6).token_ids
-    with pytest.raises(specrt.SpecrtError, match="set add_generation_prompt=False"):
+    with pytest.raises(specrt.SpecrtError, match="turn add_generation_prompt off"):
         llm.encode(messages=turns, continue_final_message=True)
     # any last message may be continued, as in vLLM and transformers
     assert tok.decode(llm.encode(messages=turns[:1], add_generation_prompt=False,

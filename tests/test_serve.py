@@ -522,8 +522,8 @@ def test_prompt_and_template_errors_name_their_field_in_jsons_words(server):
     error = _error(server.raw("POST", "/v1/chat/completions",
                               {**chat, "continue_final_message": True}))
     assert error["param"] == "add_generation_prompt", error
-    assert "=True" not in error["message"] and '"add_generation_prompt": false' in \
-        error["message"], error
+    assert "=True" not in error["message"] and "=False" not in error["message"] \
+        and "turn add_generation_prompt off" in error["message"], error
     error = _error(server.raw("POST", "/v1/chat/completions",
                               {**chat, "chat_template_kwargs": {"1x": 2}}))
     assert error["param"] == "chat_template_kwargs", error

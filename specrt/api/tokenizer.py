@@ -102,12 +102,8 @@ class Tokenizer:
                     or not isinstance(m.get("content"), str):
                 raise SpecrtError(f"message {i} must be {{\"role\": one of {', '.join(ROLES)}, "
                                   f"\"content\": a string}}, got {m!r}")
-        add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
-        continue_final_message = check_bool("continue_final_message", continue_final_message)
-        if continue_final_message and add_generation_prompt:
-            raise SpecrtError("continue_final_message=True continues the last message, and "
-                              "add_generation_prompt=True starts a new one: set "
-                              "add_generation_prompt=False")
+        add_generation_prompt, continue_final_message = check_turn_options(
+            add_generation_prompt, continue_final_message)
         extra = check_template_kwargs(template_kwargs)
         try:
             text = self._tok.apply_chat_template([{"role": m["role"], "content": m["content"]}
@@ -227,6 +223,18 @@ def check_template_kwargs(kwargs) -> dict:
                                  if name in ("add_generation_prompt", "continue_final_message")
                                  else ""))
     return dict(kwargs)
+
+
+def check_turn_options(add_generation_prompt, continue_final_message) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message), checked: booleans, and not both on.
+    One wording for a Python caller and a server's JSON request alike."""
+    add_generation_prompt = check_bool("add_generation_prompt", add_generation_prompt)
+    continue_final_message = check_bool("continue_final_message", continue_final_message)
+    if continue_final_message and add_generation_prompt:
+        raise SpecrtError("continue_final_message continues the last message, and "
+                          "add_generation_prompt (on by default) starts a new one: turn "
+                          "add_generation_prompt off")
+    return add_generation_prompt, continue_final_message
 
 
 def _first_line(e: BaseException) -> str:

@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from specrt.api.args import check_stop
 from specrt.api.async_llm import AsyncLLM
-from specrt.api.tokenizer import check_template_kwargs
+from specrt.api.tokenizer import check_template_kwargs, check_turn_options
 from specrt.engine.request import check_length, positions_needed
 from specrt.errors import ClosedError, SpecrtError, TextTooLongError
 from specrt.serve import schemas
@@ -346,12 +346,11 @@ def _encode(state: _State, body, chat: bool, **options) -> list[int]:
 
 
 def _check_template_options(options: dict) -> None:
-    """The chat-template fields of a request, refused in JSON's words and under their names
-    (LLM.encode would say it in Python's)."""
-    if options.get("continue_final_message") and options.get("add_generation_prompt"):
-        raise APIError("\"continue_final_message\": true continues the last message, and "
-                       "\"add_generation_prompt\": true (the default) starts a new one: set "
-                       "\"add_generation_prompt\": false", param="add_generation_prompt")
+    """The chat-template fields of a request, checked as `Tokenizer.chat_text` checks them,
+    and refused under their names."""
+    with _as_field("add_generation_prompt"):
+        check_turn_options(options.get("add_generation_prompt", True),
+                           options.get("continue_final_message", False))
     with _as_field("chat_template_kwargs"):
         check_template_kwargs(options.get("chat_template_kwargs"))
 
