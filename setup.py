@@ -147,8 +147,8 @@ ext_modules = [
     # -ffp-contract=off everywhere in csrc/cpu: no multiply-adds fused behind the code's back
     # (the ops round where the PyTorch reference rounds), and one source compiled into two
     # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
-    extension("specrt._gemv", GEMV + cpu("stream_read.cpp", "gemv_bindings.cpp"),
-              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "cpu_features.h") + ["csrc/build_id.h"],
+    extension("specrt._gemv", GEMV + cpu("stream_read.cpp", "dot_peak.cpp", "gemv_bindings.cpp"),
+              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h") + ["csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", cpu("ops.cpp", "ops_bindings.cpp"), OPS_HEADERS + CPU_HEADERS,
               CPU_FLAGS, openmp=True, x86_only=True),

@@ -3,19 +3,19 @@
 Run: python -m benchmarks.kernel_ab [--base REV] [--new REV] [--rows 1,5] [--shapes draft]
                                     [--rounds N]
 
-Builds the `_gemv` extension's sources (csrc/cpu/gemv*.cpp, stream_read.cpp, the bindings) of
-two git revisions (default: HEAD~1 against the working tree) into a temporary folder, each as
-its own uniquely named module, loads both, checks that they give the same bits (unless
---allow-different-bits), and times the bf16 product over the 1.5B target's matrix shapes (28
-layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random weights,
-2.6 GB), rounds interleaved, the order reversed every other round (--format int8: the 0.5B
-draft's shapes, 24 layers, int8; --shapes picks either model's shapes for either format), with
-the streaming read over the same tensors as the floor. The weights sit in huge pages where the
-kernel gives them, as the CPU backend puts a model's (specrt.kernels.cpu.huge_pages), and both
-builds read one copy when they read the same layout: with a copy each, packed one after the
-other in 4 KiB pages, the second build's int8 products read 6-9% faster than the first's,
-whichever build was second (identical code: 1.06x; benchmarks/RESULTS.md, "A new CPU ...").
-Prints GB/s (weight bytes / time; median and best of the rounds) per build and row count.
+Builds the `_gemv` extension's sources (csrc/cpu/gemv*.cpp, the probes stream_read.cpp and
+dot_peak.cpp, the bindings) of two git revisions (default: HEAD~1 against the working tree) into a
+temporary folder, each as its own uniquely named module, loads both, checks that they give the same
+bits (unless --allow-different-bits), and times the bf16 product over the 1.5B target's matrix
+shapes (28 layers of qkv 2048x1536, o 1536x1536, gate_up 17920x1536, down 1536x8960, random
+weights, 2.6 GB), rounds interleaved, the order reversed every other round (--format int8: the 0.5B
+draft's shapes, 24 layers, int8; --shapes picks either model's shapes for either format), with the
+streaming read over the same tensors as the floor. The weights sit in huge pages where the kernel
+gives them, as the CPU backend puts a model's (specrt.kernels.cpu.huge_pages), and both builds read
+one copy when they read the same layout: with a copy each, packed one after the other in 4 KiB
+pages, the second build's int8 products read 6-9% faster than the first's, whichever build was
+second (identical code: 1.06x; benchmarks/RESULTS.md, "A new CPU ..."). Prints GB/s (weight bytes /
+time; median and best of the rounds) per build and row count.
 
 Why its own modules: CPython keeps one module per extension name, so loading a second build
 under the name `specrt._gemv` silently returns the first (an A/B of two identical modules).
@@ -72,6 +72,7 @@ def build_parser():
 def _sources(tree: Path) -> list[Path]:
     cpu = tree / "csrc" / "cpu"
     found = sorted(cpu.glob("gemv*.cpp")) + [cpu / "stream_read.cpp"]
+    found += [cpu / "dot_peak.cpp"] if (cpu / "dot_peak.cpp").exists() else []   # newer trees
     if not (cpu / "gemv_bindings.cpp").exists():
         cli.fail(f"{tree} has no csrc/cpu/gemv_bindings.cpp: not a revision with the kernels")
     return found

@@ -11,6 +11,10 @@ repeat's ratio), the cache rolled back to P before every forward (`cache.truncat
 on CUDA. The prefix is a real prefill of seeded random token ids. Reports ms and the ratio
 to T = 1 (the seed study: 17 tokens cost 1.2x one token on a GPU), the draft-step / target-step cost
 ratio (the seed study: 9.9 / 30.9 ms = 0.32), a PNG of latency vs T, and JSON on the last line.
+For bf16 weights on the CPU (off AMX tiles) each pass is also priced against its floor,
+max(reading the weights once, its flops at the dot-product peak), both probes timed in every
+repeat beside the passes (`specrt.kernels.cpu.bandwidth`, `specrt.kernels.cpu.compute`): which
+one holds it, and how far above it the pass runs.
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
     import torch
 
     from specrt.errors import SpecrtError
+    from specrt.kernels.cpu import bandwidth, compute
     from specrt.model import Transformer
 
     max_seq = max(prefixes) + max(ts) + 1
@@ -52,6 +57,8 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
     except SpecrtError as e:
         cli.fail(str(e))
     cache = model.new_cache(1, max_seq)
+    roofline = has_floors(args, model)
+    weights = bandwidth.weight_tensors(model) if roofline else []
     gen = torch.Generator().manual_seed(0)
     vocab = model.cfg.vocab_size
     rows = []
@@ -67,6 +74,7 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
         # (other tenants) hits every T alike and the ratios to T = 1 stay paired.
         inputs = {T: torch.randint(0, vocab, (1, T), generator=gen).to(model.device) for T in ts}
         times = {T: [] for T in ts}
+        floors = []                   # per repeat: (read seconds, peak flop/s), or nothing
         for rep in range(args.warmup + args.repeats):
             bar.set_postfix_str(f"P={P} repeat {rep + 1}")
             for T in ts:
@@ -75,12 +83,18 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
                                     device=args.device)[0]
                 if rep >= args.warmup:
                     times[T].append(dt)
+            if roofline and rep >= args.warmup:     # the floors, timed beside the passes
+                floors.append((bandwidth.read_seconds(weights, args.threads),
+                               compute.peak_flops(args.threads, repeats=1)))
         for T in ts:
             ratios = [a / b for a, b in zip(times[T], times[1])]     # main() always adds T = 1
-            rows.append({"model": name, "P": P, "T": T, "ms": timing.median(times[T]) * 1e3,
-                         "min_ms": min(times[T]) * 1e3, "max_ms": max(times[T]) * 1e3,
-                         "repeats": len(times[T]), "prefill_s": prefill_s,
-                         "ratio_to_T1": timing.median(ratios)})
+            row = {"model": name, "P": P, "T": T, "ms": timing.median(times[T]) * 1e3,
+                   "min_ms": min(times[T]) * 1e3, "max_ms": max(times[T]) * 1e3,
+                   "repeats": len(times[T]), "prefill_s": prefill_s,
+                   "ratio_to_T1": timing.median(ratios)}
+            if floors:
+                row.update(_against_floors(times[T], floors, compute.pass_flops(model.cfg, T, P)))
+            rows.append(row)
             bar.update(1)
     bar.close()
     wb = model.weight_bytes
@@ -89,6 +103,31 @@ def time_model(name: str, model_dir, args, prefixes, ts, show: bool) -> list[dic
     del model, cache
     gc.collect()
     return rows
+
+
+def has_floors(args, model) -> bool:
+    """Whether a pass of `model` is priced against its floors: bf16 weights on the CPU, with
+    the C++ probes, and not on AMX tiles (which multiply faster than the compute probe)."""
+    import torch
+
+    from specrt.kernels.cpu import compute
+
+    return (args.device == "cpu" and compute.AVAILABLE and not compute.amx()
+            and model.dtype == torch.bfloat16 and model.quant is None and model.head_rows is None)
+
+
+def _against_floors(times: list[float], floors: list[tuple[float, float]], flops: float
+                    ) -> dict:
+    """A pass's times against its floors in the same repeats: max(reading the weights once,
+    its flops at the compute probe's rate). The median of each repeat's ratio, which floor
+    held it in most repeats ("read" or "compute"), and its flop rate at the median time."""
+    bound = [max(read, flops / peak) for read, peak in floors]
+    held = [("compute" if flops / peak > read else "read") for read, peak in floors]
+    return {"over_floor": timing.median([t / b for t, b in zip(times, bound)]),
+            "held_by": max(set(held), key=held.count),
+            "gflops": flops / timing.median(times) / 1e9,
+            "floor_read_ms": timing.median([r for r, _ in floors]) * 1e3,
+            "peak_gflops": timing.median([p for _, p in floors]) / 1e9}
 
 
 def tables(by: dict, names: list[str], prefixes, ts) -> tuple[list[str], list, list]:
@@ -101,6 +140,21 @@ def tables(by: dict, names: list[str], prefixes, ts) -> tuple[list[str], list, l
     return headers, ms_rows, ratio_rows
 
 
+def floor_rows(by: dict, names: list[str], prefixes, ts) -> list:
+    """Rows of each pass's time over its floor ("1.31x r": held by the read, "c": by
+    compute) and flop rate, for the models priced against their floors."""
+    return [[n, P] + [f"{by[(n, P, t)]['over_floor']:.2f}x {by[(n, P, t)]['held_by'][0]} "
+                      f"{by[(n, P, t)]['gflops']:.0f}" for t in ts]
+            for n in names for P in prefixes if "over_floor" in by[(n, P, ts[0])]]
+
+
+def floors_text(by: dict, names: list[str], prefixes) -> list[str]:
+    """One line per model: its floors' medians."""
+    return [f"{n}: reading the weights once {by[(n, P, 1)]['floor_read_ms']:.1f} ms, "
+            f"the dot-product peak {by[(n, P, 1)]['peak_gflops']:.0f} GFLOP/s"
+            for n in names for P in prefixes[:1] if "over_floor" in by[(n, P, 1)]]
+
+
 def step_ratios(by: dict, names: list[str], prefixes) -> dict:
     """{P: draft step ms / target step ms} (empty without a draft)."""
     if "draft" not in names:
@@ -109,14 +163,21 @@ def step_ratios(by: dict, names: list[str], prefixes) -> dict:
 
 
 def print_report(by: dict, prefixes, headers, ms_rows, ratio_rows, step_ratio: dict,
-                 info: dict) -> None:
-    """Both tables, the draft/target step ratios and weight bytes, the load at the end."""
+                 info: dict, floors: list) -> None:
+    """The tables (the floors' where measured), the draft/target step ratios and weight bytes,
+    the load at the end."""
     print("median ms per forward of T new tokens (KV cache holding P tokens)")
     print(report.table(headers, ms_rows))
     print()
     print("ratio to T = 1 (seed study, 3B on a GPU: T = 17 costs 1.2x T = 1)")
     print(report.table(headers, ratio_rows))
     print()
+    if floors:
+        print("over the floor, max(read the weights once, flops at the dot-product peak), "
+              "median of each repeat's ratio; r / c: held by the read / by compute; GFLOP/s")
+        print(report.table(headers, floors))
+        print("\n".join(floors_text(by, list(dict.fromkeys(r[0] for r in floors)), prefixes)))
+        print()
     for P, ratio in step_ratio.items():
         print(f"draft step / target step at P={P}: {by[('draft', P, 1)]['ms']:.1f} / "
               f"{by[('target', P, 1)]['ms']:.1f} ms = {ratio:.2f} "
@@ -147,7 +208,7 @@ def plot(by: dict, names: list[str], prefixes, ts, args, path):
 
 
 def markdown(args, info, target_dir, draft_dir, png, headers, ms_rows, ratio_rows,
-             step_ratio: dict) -> str:
+             step_ratio: dict, floors: list, floor_lines: list[str]) -> str:
     """The body of this benchmark's RESULTS.md section."""
     return "\n".join([
         report.results_preamble(info, args.note),
@@ -167,7 +228,15 @@ def markdown(args, info, target_dir, draft_dir, png, headers, ms_rows, ratio_row
         "",
         report.markdown_table(headers, ratio_rows),
         "",
-    ] + [f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
+    ] + ([
+        "Over the floor, max(reading the weights once, the pass's flops at the dot-product "
+        "peak of `specrt.kernels.cpu.compute`), each timed beside the passes (the median of "
+        "each repeat's ratio; r / c: held by the read / by compute; then GFLOP/s):",
+        "",
+        report.markdown_table(headers, floors),
+        "",
+    ] + [f"- {line}." for line in floor_lines] + [""] if floors else []) + [
+        f"- Draft step / target step at P={P}: **{v:.2f}** (seed study 0.32)."
          for P, v in step_ratio.items()])
 
 
@@ -200,11 +269,13 @@ def main(argv=None) -> int:
     names = [n for n, _ in models]
     headers, ms_rows, ratio_rows = tables(by, names, prefixes, ts)
     step_ratio = step_ratios(by, names, prefixes)
-    print_report(by, prefixes, headers, ms_rows, ratio_rows, step_ratio, info)
+    floors = floor_rows(by, names, prefixes, ts)
+    print_report(by, prefixes, headers, ms_rows, ratio_rows, step_ratio, info, floors)
     png = plot(by, names, prefixes, ts, args, out / "verify_vs_step.png")
     if args.record:
         report.record_section(SECTION, markdown(args, info, target_dir, draft_dir, png, headers,
-                                                ms_rows, ratio_rows, step_ratio),
+                                                ms_rows, ratio_rows, step_ratio, floors,
+                                                floors_text(by, names, prefixes)),
                               args.results_md)
 
     report.emit_json({

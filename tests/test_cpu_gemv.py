@@ -202,3 +202,45 @@ def test_the_streaming_read_reads_contiguous_cpu_tensors_and_refuses_views():
     for threads in (0, -1, 2.0):     # -1 reached OpenMP, which aborted the whole process
         with pytest.raises(ValueError, match="threads must be an int >= 1"):
             bandwidth.read_seconds([t], threads=threads)
+
+
+@needs_kernel
+def test_the_compute_floor_probe_does_every_multiply_add_it_counts():
+    """The compute floor probe (csrc/cpu/dot_peak.cpp) returns the sum of every product it
+    issued, so one that skipped work (or counted steps it did not run) differs from the
+    definition; its rate is positive and finite, and a bad thread count is refused."""
+    from specrt.kernels.cpu import compute
+
+    for steps, scale, threads in [(1000, 1.0, 1), (1000, 0.375, 2), (37, 1.0, 2)]:
+        assert cpu_gemv._gemv.dot_peak(steps, scale, threads) == \
+            compute.dot_peak_reference(steps, scale, threads)
+    assert 0 < compute.peak_flops(threads=1, repeats=1, steps=10_000) < float("inf")
+    for threads in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+            compute.peak_flops(threads=threads)
+
+
+def test_a_pass_is_priced_at_the_flops_a_counter_sees(tmp_path):
+    """pass_flops counts what PyTorch's flop counter counts in transformers' own forward of a
+    tiny Qwen2 with a KV cache, except the positions the causal mask hides, which the counter
+    prices too (T (T - 1) / 2 per head and layer for T new tokens)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    import tiny
+    from specrt.kernels.cpu.compute import pass_flops
+    from specrt.model.config import ModelConfig
+
+    path = tiny.make_model(tmp_path / "m", layers=3, heads=4, kv_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    cfg = ModelConfig.from_dir(path)
+    ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    for prefix, tokens in [(5, 1), (0, 1), (5, 3), (8, 4)]:
+        with torch.no_grad():
+            cache = (model(ids[:, :prefix], use_cache=True).past_key_values if prefix
+                     else None)
+            with FlopCounterMode(display=False) as counter:
+                model(ids[:, prefix:prefix + tokens], past_key_values=cache, use_cache=True)
+        hidden = tokens * (tokens - 1) // 2 * cfg.num_heads * cfg.head_dim * 4 * cfg.num_layers
+        assert pass_flops(cfg, tokens, prefix) == counter.get_total_flops() - hidden, \
+            (prefix, tokens)

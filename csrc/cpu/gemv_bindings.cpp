@@ -6,6 +6,7 @@
 
 #include "../build_id.h"
 #include "cpu_features.h"
+#include "dot_peak.h"
 #include "gemv.h"
 #include "gemv_bf16_amx.h"
 #include "gemv_int4.h"
@@ -79,6 +80,16 @@ PYBIND11_MODULE(_gemv, m) {
         return specrt::stream_read(reinterpret_cast<const void*>(data), nbytes, threads);
       },
       "read nbytes once with AVX-512 or AVX2 loads on `threads` threads (the memory-read floor)");
+  m.def(
+      "dot_peak",
+      [](int64_t steps, float scale, int threads) {
+        py::gil_scoped_release release;
+        return specrt::dot_peak(steps, scale, threads);
+      },
+      "steps rounds of independent dot products (1 x scale) on `threads` threads: the compute "
+      "floor probe; returns the sum of the accumulators");
+  m.def("dot_peak_flops_per_step", &specrt::dot_peak_flops_per_step,
+        "floating-point operations of one dot_peak step on one thread");
   m.def("int8_supported", &specrt::cpu_supports_int8, "AVX-512 VNNI, or AVX2 (the int8 product runs)");
   m.def("int8_packed_rows", &specrt::int8_packed_rows,
         "the int8 weight layout here: 16 (groups of 16 rows, AVX-512 VNNI) or 0 (row-major)");
