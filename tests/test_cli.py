@@ -313,3 +313,79 @@ def test_closed_or_full_standard_streams_are_one_line_not_an_internal_error(tiny
         assert proc.returncode == 1, proc.stderr
         assert "cannot write to standard output" in proc.stderr, proc.stderr
         assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _drafts_loaded(monkeypatch) -> list[str]:
+    """The draft directories LLMs load from here on, in order."""
+    from specrt.api.llm import LLM
+
+    loaded, real = [], LLM._load_draft
+
+    def spy(self, target, draft_dir):
+        loaded.append(os.path.realpath(draft_dir))
+        return real(self, target, draft_dir)
+
+    monkeypatch.setattr(LLM, "_load_draft", spy)
+    return loaded
+
+
+def test_a_draft_named_in_the_config_is_the_one_draft_loaded(tiny_noeos_dir, tiny_draft_dir,
+                                                             monkeypatch, capsys):
+    """vLLM names the draft in the config's "model": it is loaded once, as the run's draft,
+    and drafts as --draft would; --draft naming the same model too loads it once."""
+    from specrt.api import cli
+
+    loaded = _drafts_loaded(monkeypatch)
+    common = ["--model", str(tiny_noeos_dir), "--prompt-ids", "5,6,7", "--max-new-tokens", "10",
+              "--dtype", "float32", "--json"]
+    named = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(tiny_draft_dir)}
+    runs = {}
+    for extra in (["--speculative-config", json.dumps(named)],
+                  ["--speculative-config", json.dumps(named), "--draft", str(tiny_draft_dir)],
+                  ["--draft", str(tiny_draft_dir), "--speculative-config",
+                   json.dumps({k: v for k, v in named.items() if k != "model"})]):
+        loaded.clear()
+        assert cli.main(common + extra) == 0
+        assert loaded == [os.path.realpath(tiny_draft_dir)], extra
+        runs[len(runs)] = json.loads(capsys.readouterr().out)
+    assert runs[0]["token_ids"] == runs[1]["token_ids"] == runs[2]["token_ids"]
+    assert runs[0]["stats"]["num_drafts"] == runs[2]["stats"]["num_drafts"] > 0
+
+
+def test_two_different_drafts_are_refused_on_the_flags(tiny_noeos_dir, tiny_draft_dir):
+    """--draft A and a config naming B loaded both, and ran B only."""
+    proc = run_cli("--model", tiny_noeos_dir, "--draft", tiny_draft_dir, "--prompt-ids", "5",
+                   "--speculative-config", json.dumps({"model": str(tiny_noeos_dir)}),
+                   check=False)
+    assert proc.returncode == 2 and "name two draft models" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags,fetched", [
+    (["--no-spec"], ["target"]),
+    (["--speculative-config", "none"], ["target"]),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], ["target"]),
+    ([], ["target", "draft"])])
+def test_the_default_pairs_draft_is_fetched_only_for_a_run_that_drafts_with_it(
+        flags, fetched, tiny_noeos_dir, tiny_draft_dir, monkeypatch, capsys):
+    """Plain decoding and prompt lookup need no draft: with no --model they fetched (and
+    prompt lookup loaded) the default pair's draft anyway, and failed where it could not be
+    downloaded."""
+    from specrt.api import cli
+    from specrt.hub import fetch, resolve
+
+    got = []
+    dirs = {resolve.DEFAULT_TARGET: ("target", tiny_noeos_dir),
+            resolve.DEFAULT_DRAFT: ("draft", tiny_draft_dir)}
+
+    def ensure(name, progress=False):
+        got.append(dirs[name][0])
+        return dirs[name][1]
+
+    monkeypatch.setattr(fetch, "ensure_model", ensure)
+    loaded = _drafts_loaded(monkeypatch)
+    assert cli.main(flags + ["--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--dtype",
+                             "float32", "--json"]) == 0
+    assert got == fetched
+    assert loaded == ([os.path.realpath(tiny_draft_dir)] if "draft" in fetched else [])
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 6

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import re
 import socket
 import threading
@@ -1608,3 +1609,71 @@ def test_served_name_defaults_to_a_hub_id_as_given(tmp_path):
     assert default_served_name("qwen2.5-coder-1.5b-instruct",
                                tmp_path / "qwen2.5-coder-1.5b-instruct") == \
         "qwen2.5-coder-1.5b-instruct"
+
+
+def test_a_draft_named_in_the_servers_config_is_its_draft(tiny_noeos_dir, tiny_draft_dir,
+                                                          tmp_path):
+    """vLLM names the draft in --speculative-config's "model": the real server started so
+    loads it as its draft and drafts with it, where it answered every request with a 400
+    ("this server has no draft model")."""
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(tiny_draft_dir)}
+    env = dict(os.environ, PYTHONPATH=str(root),
+               SPECRT_CALIBRATION=str(tmp_path / "calibration.json"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrt.serve", "--model", str(tiny_noeos_dir), "--port",
+         str(port), "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "128",
+         "--served-model-name", "tiny", "--speculative-config", json.dumps(spec)],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start in 120 s"
+                time.sleep(0.3)
+        body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"{base}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            assert response.status == 200
+            answer = json.loads(response.read())
+        with urllib.request.urlopen(f"{base}/metrics", timeout=TIMEOUT) as response:
+            metrics = response.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=128, dtype="float32")
+    plain = llm.generate([5, 6, 7], max_new_tokens=8)
+    assert answer["choices"][0]["text"] == plain.text
+    drafts = [line for line in metrics.splitlines()
+              if line.startswith('vllm:spec_decode_num_drafts_total{model_name="tiny"}')]
+    assert drafts and float(drafts[0].split()[-1]) > 0, metrics
+
+
+def test_two_different_drafts_are_refused_by_the_servers_flags(tiny_noeos_dir, tiny_draft_dir):
+    """--draft A beside a config naming B would load both and draft with B only; the same
+    model named twice is one draft."""
+    from specrt.errors import ArgumentError
+    from specrt.serve.cli import build_parser, check_flags
+
+    def flags(named):
+        return build_parser().parse_args(["--model", str(tiny_noeos_dir), "--draft",
+                                          str(tiny_draft_dir), "--speculative-config",
+                                          json.dumps({"model": str(named)})])
+
+    with pytest.raises(ArgumentError, match="name two draft models"):
+        check_flags(flags(tiny_noeos_dir))
+    assert check_flags(flags(tiny_draft_dir)).draft == str(tiny_draft_dir)

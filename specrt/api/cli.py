@@ -157,6 +157,9 @@ def check_flags(args) -> _Request:
                             "prompt with none: drop --draft, or use method 'draft_model' or "
                             "'auto'")
     check_draft_flags_used(args, spec, plain_loads_none=True)
+    draft, spec = draft_in_config(spec, args.draft)
+    if draft is not None and draft != args.draft:       # the config's "model" is the draft
+        llm = dataclasses.replace(llm, draft=draft)
     with named_flags(_flag_of):
         max_new_tokens, stop = check_max_new_tokens(args.max_new_tokens), check_stop(args.stop)
     return _Request(llm, prompt, max_new_tokens, params, stop, spec)
@@ -196,6 +199,40 @@ def check_draft_given(spec, model, draft) -> None:
                             "a JSON object without \"method\") needs a draft model; pass "
                             "--draft DIR, put \"model\": DIR in the config, or choose "
                             "\"method\": \"ngram\"")
+
+
+def draft_in_config(spec, draft):
+    """(the draft model to load, the config to run) where the speculative config names a
+    draft "model" (vLLM's way): that model is loaded as the run's draft and the config drafts
+    with it, in place of the default pair's draft, which nothing would run (LLM would load it,
+    and the named one beside it for the config). Refused beside a --draft naming another
+    model: one of the two would be loaded for nothing."""
+    from specrt.checks import show
+    from specrt.errors import ArgumentError
+    from specrt.spec.config import SpecConfig
+
+    if not (isinstance(spec, SpecConfig) and spec.model is not None):
+        return draft, spec
+    if draft is not None and not _same_model(draft, spec.model):
+        raise ArgumentError(f"--draft {show(str(draft))} and --speculative-config \"model\" "
+                            f"{show(spec.model)} name two draft models, and one runs: give one "
+                            "of them")
+    return spec.model, dataclasses.replace(spec, model=None)
+
+
+def _same_model(a, b) -> bool:
+    """Whether two model arguments name one model: the same text, or the same directory
+    (found without a download; a hub id is compared as written)."""
+    from specrt.errors import SpecrtError
+    from specrt.hub.resolve import is_hub_id, resolve_model_dir
+
+    if os.fspath(a) == os.fspath(b):
+        return True
+    try:
+        return not (is_hub_id(a) or is_hub_id(b)) and os.path.realpath(
+            resolve_model_dir(a)) == os.path.realpath(resolve_model_dir(b))
+    except SpecrtError:
+        return False
 
 
 def check_draft_flags_used(args, spec, plain_loads_none: bool = False) -> None:
@@ -288,11 +325,13 @@ def _run(args) -> int:
     req = check_flags(args)
     # Before a fetch: the length with what the flags fix (the default's K needs the pair).
     _check_length(req, None if req.spec == "default" else req.spec)
-    model, draft = resolve_pair(req.llm.model, req.llm.draft, progress=True)
-    if req.spec is None:
-        draft = None                # plain decoding (--no-spec): no draft to load
-    spec = SpecConfig.parse(default_speculative(draft is not None)) if req.spec == "default" \
-        else req.spec
+    # plain decoding (--no-spec) and prompt lookup load no draft: nor the default pair's
+    spec = req.spec
+    drafts = spec == "default" or (isinstance(spec, SpecConfig) and spec.method != "ngram")
+    model, draft = resolve_pair(req.llm.model, req.llm.draft if drafts else None,
+                                progress=True, default_draft=drafts)
+    if spec == "default":
+        spec = SpecConfig.parse(default_speculative(draft is not None))
     _check_length(req, spec)
     dtype = str(req.llm.dtype).removeprefix("torch.")
     print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "

@@ -122,13 +122,15 @@ def _first_line(error: Exception) -> str:
 
 
 def resolve_pair(model: str | Path | None, draft: str | Path | None,
-                 progress: bool = False) -> tuple[Path, Path | None]:
+                 progress: bool = False, default_draft: bool = True
+                 ) -> tuple[Path, Path | None]:
     """(target dir, draft dir or None). No model: the default pair, fetched first if missing
-    (about 1.6 GB of downloads the first time); a model without a draft runs without one."""
+    (about 1.6 GB of downloads the first time), or with default_draft=False its target alone
+    (a run that drafts with no draft model); a model without a draft runs without one."""
     if model is None:
         from specrt.hub.fetch import ensure_model
 
         model = ensure_model(DEFAULT_TARGET, progress=progress)
-        if draft is None:
+        if draft is None and default_draft:
             draft = ensure_model(DEFAULT_DRAFT, progress=progress)
     return resolve_model_dir(model), resolve_model_dir(draft) if draft is not None else None

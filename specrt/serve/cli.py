@@ -15,6 +15,7 @@ and it exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -87,7 +88,7 @@ def check_flags(args):
     flags alone: a typo costs no fetch and no model load. Returns the checked LLMArgs (dtype
     and device resolved)."""
     from specrt.api.args import LLMArgs
-    from specrt.api.cli import check_draft_flags_used, check_draft_given
+    from specrt.api.cli import check_draft_flags_used, check_draft_given, draft_in_config
     from specrt.engine.request import positions_needed
     from specrt.spec.config import SpecConfig
 
@@ -102,6 +103,9 @@ def check_flags(args):
     spec = SpecConfig.parse(speculative_from_flag(args.speculative_config, has_draft))
     check_draft_given(spec, args.model, args.draft)
     check_draft_flags_used(args, spec)
+    draft, _ = draft_in_config(spec, args.draft)
+    if draft is not None and draft != args.draft:    # the config's "model": the server's draft
+        checked = dataclasses.replace(checked, draft=draft)
     # the shortest request (a 1-token prompt, 1 token) under the server's config: if even it
     # does not fit, only requests sending a smaller K or "speculative": false will be served
     k = spec.num_speculative_tokens if spec is not None else 0
@@ -204,8 +208,10 @@ def _serve(args) -> int:
     checked = check_flags(args)     # before resolve_pair, which may fetch ~6 GB
     sock = bind(args.host, args.port)
     try:
-        model, draft = resolve_pair(args.model, args.draft, progress=True)
+        model, draft = resolve_pair(args.model, checked.draft, progress=True)
         spec = speculative_from_flag(args.speculative_config, draft is not None)
+        if spec is not None:
+            spec.pop("model", None)          # loaded as the server's draft (check_flags)
         name = args.served_model_name or default_served_name(args.model, model)
         log.info("loading %s%s (%s, %s)", model, f" with draft {draft}" if draft else "",
                  str(checked.dtype).removeprefix("torch."), checked.device)
