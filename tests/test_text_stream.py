@@ -82,7 +82,9 @@ def reference_deltas(tok, stop, pushes):
     The text's last characters that later tokens may still change (`open_chars`: up to 3
     U+FFFD placeholders of a character whose bytes have not all arrived, or all that a
     byte-fallback decoder's trailing run of byte tokens decodes to) are not shown until
-    later tokens leave them in place. The first stop string in the text stops it, unless it
+    later tokens leave them in place, nor is the longest suffix of the rest that is a proper
+    prefix of a stop string (it may yet grow into one). The first stop string in the text stops
+    it, unless it
     ends in them: then the text stops once later tokens leave it in place (or no token
     follows), and nothing from it on is shown meanwhile. Each stop string's place counts its ids up to the token that first
     completed it there."""
@@ -112,11 +114,8 @@ def reference_deltas(tok, stop, pushes):
         end = len(text)
         if not final:
             end -= open_chars(tok, ids, text)
-            for s in stop:
-                for n in range(min(len(s) - 1, end), 0, -1):
-                    if text[:end].endswith(s[:n]):
-                        end -= n
-                        break
+            end -= max((n for s in stop for n in range(1, min(len(s) - 1, end) + 1)
+                        if text[:end].endswith(s[:n])), default=0)
         if seen:
             end = min(end, min(seen)[0])
         end = max(end, shown)
@@ -328,3 +327,37 @@ def test_a_real_byte_fallback_tokenizer_streams_its_text(tmp_path):
         shown = "".join(ts.push([t]) for t in cut) + ts.push([], final=True)
         whole = tok.decode(cut)
         assert ts.stopped and shown == ts.text == whole[:whole.index("\ufffd")], text
+
+
+class Counted(str):
+    """A stop string that counts its characters read (indexing and slicing)."""
+    reads = 0
+
+    def __getitem__(self, key):
+        Counted.reads += 1
+        return str.__getitem__(self, key)
+
+
+def test_text_that_may_grow_into_a_stop_string_is_found_in_time_per_character():
+    """Each push tried every prefix length of every stop string against the text's end: 256
+    stop strings of 2,000 characters held a server's event loop for ~30 s of one answer. The
+    held text is now followed character by character (a KMP automaton per stop string): its
+    reads stay within a few per character of text and of stop string, however long the
+    strings, and what is shown still equals the reference, on self-overlapping stop strings
+    whose partial matches restart inside themselves."""
+    text = ("abab" * 200 + "abac" + "aab" * 50) * 2
+    stops = ["ab" * 199 + "ad", "a" * 300 + "b", "aba" + "c" * 397, "ba" * 199 + "d",
+             "x" * 400, "q" + "ab" * 200]
+    assert not any(s in text for s in stops)      # held and released, never found
+    Counted.reads = 0
+    ts = TextStream(CharTok(), [Counted(s) for s in stops])
+    pushes = [([ord(c) for c in text[i:i + 3]], i + 3 >= len(text))
+              for i in range(0, len(text), 3)]
+    shown = "".join(ts.push(chunk, final=final) for chunk, final in pushes)
+    assert shown == text and not ts.stopped
+    assert Counted.reads <= sum(4 * len(text) + 4 * len(s) for s in stops), Counted.reads
+    small = ["abab" + "ad", "aaab", "abaa", "babd", "xxxx"]
+    short = text[:300]
+    pushes = [([ord(c) for c in short[i:i + 2]], i + 2 >= len(short))
+              for i in range(0, len(short), 2)]
+    assert run_stream(CharTok(), small, pushes) == reference_deltas(CharTok(), small, pushes)

@@ -31,6 +31,19 @@ def unfinished(text: str) -> int:
     return min(3, len(text) - len(text.rstrip("\ufffd")))
 
 
+def _borders(s: str) -> list[int]:
+    """KMP's failure function of s: for each i, the length of the longest proper prefix of
+    s[:i + 1] that is also its suffix."""
+    out, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = out[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        out[i] = k
+    return out
+
+
 class TextStream:
     """Incremental detokenization of one row, with stop strings.
 
@@ -71,6 +84,15 @@ class TextStream:
         self._bytes: frozenset[int] = tokenizer.byte_ids() if hasattr(tokenizer, "byte_ids") \
             else frozenset()
         self._open = 0
+        # Per stop string, the longest of its proper prefixes the settled text ends with (a
+        # KMP automaton fed each settled character once, `_held`), and up to which offset the
+        # text was fed: the text a stop string may still grow from, found in time per push
+        # bounded by the characters the push settled. Tried at every length instead, 256 stop
+        # strings of 2,000 characters took a server's event loop for ~30 s of a 2,000-token
+        # answer.
+        self._borders = [_borders(s) for s in self.stop]
+        self._matched = [0] * len(self.stop)
+        self._fed = 0
 
     @property
     def text(self) -> str:
@@ -186,14 +208,9 @@ class TextStream:
         else:
             recent, at = self._recent + self._tail, self._recent_at
         end = len(recent)
-        if not final:
+        if not final and self._final is None:
             end -= self._open                      # text later tokens may yet change
-            for s in self.stop:                    # a suffix that may grow into a stop string
-                shown = recent[:end]
-                for n in range(min(len(s) - 1, end), 0, -1):
-                    if shown.endswith(s[:n]):
-                        end -= n
-                        break
+            end -= self._held(recent, at, end)     # a suffix that may grow into a stop string
         if self._pending:                          # stop strings that may be real
             end = min(end, min(self._pending)[0] - at)
         end = max(at + end, self.emitted)
@@ -202,3 +219,29 @@ class TextStream:
         if self._final is None:
             self._forget()
         return delta
+
+    def _held(self, recent: str, at: int, end: int) -> int:
+        """How many of the settled text's last characters (recent[:end], recent starting at
+        offset `at`) are the longest proper prefix of a stop string they end with: text that
+        may yet grow into one. Each stop string's automaton reads the characters settled
+        since the last call (settled text does not change; were it ever to end before them,
+        it is read again from the first character not shown, where every such prefix
+        starts: one that started in shown text would have been held)."""
+        if not self.stop:
+            return 0
+        if at + end < self._fed:
+            self._matched = [0] * len(self.stop)
+            self._fed = self.emitted
+        new = recent[self._fed - at:end]
+        self._fed = at + end
+        for i, (s, border) in enumerate(zip(self.stop, self._borders)):
+            q = self._matched[i]
+            for c in new:
+                while q and s[q] != c:
+                    q = border[q - 1]
+                if s[q] == c:
+                    q += 1
+                if q == len(s):                    # a whole stop string (`_find_stops`):
+                    q = border[q - 1]              # what may grow into the next one
+            self._matched[i] = q
+        return max(self._matched)
