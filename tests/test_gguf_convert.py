@@ -147,7 +147,10 @@ def test_config_tokenizer_and_generation_config(converted):
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
+    from specrt.hub.paths import CONVERTED_FILES
+
     kind, hf_dir, out = converted
+    assert all((out / name).is_file() for name in CONVERTED_FILES)   # what `damage` expects
     cfg = json.loads((out / "config.json").read_text())
     gen = json.loads((out / "generation_config.json").read_text())
     with safe_open(str(out / "model.safetensors"), framework="pt") as st, \

@@ -133,10 +133,12 @@ def test_stale_leftovers_removed_when_model_present(private_cache):
     import fcntl
     import time
 
+    from specrt.hub.paths import CONVERTED_FILES
+
     present = models.model_dir(DEFAULT_DRAFT)
     present.mkdir(parents=True)
-    (present / "model.safetensors").write_bytes(b"x")
-    (present / "config.json").write_text("{}")
+    for name in CONVERTED_FILES:
+        (present / name).write_text("{}")
     old = private_cache / "models" / f".tmp-{DEFAULT_DRAFT}-old"
     old.mkdir()
     (old / "model.safetensors").write_bytes(b"partial")
@@ -257,20 +259,25 @@ def test_damaged_cached_gguf_is_fetched_again(private_cache, monkeypatch, capsys
     assert "damaged" in capsys.readouterr().err and not dest.exists()
 
 
-@pytest.mark.parametrize("damage", ["truncated", "no config", "bad record"])
+@pytest.mark.parametrize("damage", ["truncated", "no config.json", "no tokenizer.json",
+                                    "no tokenizer_config.json", "bad record"])
 def test_a_damaged_converted_model_is_converted_again_by_fetch(private_cache, monkeypatch,
                                                                capsys, damage):
     """fetch said "already present" for a cached model whose weights were truncated or whose
-    config.json was gone (is_present looked for model.safetensors only), and loading it then
-    said to fetch: the damage is now seen, the folder removed and the model converted
+    config.json was gone (is_present looked for model.safetensors only), or whose tokenizer
+    was (generate then said the model has no tokenizer, to pass token ids), and loading it
+    then said to fetch: the damage is now seen, the folder removed and the model converted
     again (here: the download is where it stops)."""
     import json
 
+    from specrt.hub.paths import CONVERTED_FILES
+
     folder = models.model_dir(DEFAULT_DRAFT)
     folder.mkdir(parents=True)
+    for name in CONVERTED_FILES:
+        if damage != f"no {name}":
+            (folder / name).write_text("{}")
     (folder / "model.safetensors").write_bytes(b"x" * (10 if damage == "truncated" else 100))
-    if damage != "no config":
-        (folder / "config.json").write_text("{}")
     (folder / "specrt-checksum.json").write_text(
         "{" if damage == "bad record" else
         json.dumps({"file": "model.safetensors", "size": 100, "sha256": "0" * 64}))

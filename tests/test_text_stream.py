@@ -84,10 +84,9 @@ def reference_deltas(tok, stop, pushes):
     byte-fallback decoder's trailing run of byte tokens decodes to) are not shown until
     later tokens leave them in place, nor is the longest suffix of the rest that is a proper
     prefix of a stop string (it may yet grow into one). The first stop string in the text stops
-    it, unless it
-    ends in them: then the text stops once later tokens leave it in place (or no token
-    follows), and nothing from it on is shown meanwhile. Each stop string's place counts its ids up to the token that first
-    completed it there."""
+    it, unless it ends in them: then the text stops once later tokens leave it in place (or no
+    token follows), and nothing from it on is shown meanwhile. Each stop string's place counts
+    its ids up to the token that first completed it there."""
     ids, shown, deltas, seen = [], 0, [], {}
     for chunk, final in pushes:
         text, stopped_at = None, None

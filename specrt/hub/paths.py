@@ -11,6 +11,11 @@ from specrt.errors import CachePathError
 __all__ = ["cache_dir", "state_file", "model_dir", "gguf_path", "is_present", "damage",
            "expand_user"]
 DEFAULT_CACHE = "~/.cache/specrt"
+# What a conversion (specrt.hub.gguf_convert) always writes into a model's folder: without any
+# of them the folder is damaged (`damage`). Its chat_template.jinja is written only for a GGUF
+# with a chat template, and the checksum record is looked at on its own.
+CONVERTED_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+                   "tokenizer_config.json", "model.safetensors")
 
 
 def expand_user(raw: str | Path, what: str) -> Path:
@@ -78,7 +83,7 @@ def damage(name: str) -> str | None:
     folder = model_dir(name)
     if not folder.is_dir():
         return None
-    for required in ("config.json", "model.safetensors"):
+    for required in CONVERTED_FILES:
         if not (folder / required).is_file():
             return f"{required} is missing"
     try:
