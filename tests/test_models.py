@@ -110,6 +110,25 @@ def test_cli_entry_point_errors_without_traceback(private_cache):
     assert "known models" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_list_and_path_to_a_full_stdout_are_one_line_not_an_internal_error(private_cache):
+    """`models list > /dev/full` said "internal error: OSError ... please report it"."""
+    from specrt.hub.paths import CONVERTED_FILES
+
+    folder = models.model_dir(DEFAULT_DRAFT)
+    folder.mkdir(parents=True)
+    for name in CONVERTED_FILES:
+        (folder / name).write_text("{}")
+    for argv in (["list"], ["path", DEFAULT_DRAFT]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "specrt.models", *argv], cwd=REPO,
+                                  stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                                  env={**os.environ, "SPECRT_CACHE": str(private_cache)})
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.strip() == ("error: cannot write to standard output (No space left "
+                                       "on device)"), proc.stderr
+
+
 def test_registry_unreachable(private_cache, monkeypatch, capsys):
     # A real pip run against an index nobody listens on.
     (private_cache / "models" / ".tmp-stale-1").mkdir(parents=True)  # left by a killed fetch

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from specrt.commands import (OneLineParser, interruptible, prog_name, run_command,
-                             sigterm_interrupts)
+                             sigterm_interrupts, write_out)
 from specrt.errors import (ArgumentError, CachePathError, ModelFetchError, NotRegularFileError,
                            SpecrtError)
 from specrt.hub.paths import cache_dir, is_present, model_dir
@@ -56,7 +56,7 @@ def _cmd_path(name: str) -> int:
     if not is_present(name):
         raise SpecrtError(f"{name} is not in the cache ({model_dir(name)}); fetch it with "
                               f"`{fetch_command(name)}`")
-    print(model_dir(name))
+    write_out(f"{model_dir(name)}\n")
     return 0
 
 
@@ -64,17 +64,19 @@ def _cmd_list() -> int:
     from specrt.hub.fetch import cached_models
 
     rows = cached_models()
-    print(f"cache: {cache_dir()}")
+    lines = [f"cache: {cache_dir()}"]
     if not rows:
-        print("nothing cached; fetch the default pair with `python -m specrt.models fetch`")
-        return 0
-    width = max(len(r[0]) for r in rows)
-    for name, kind, size, path in rows:
-        print(f"{name:<{width}}  {kind:<4}  {_human(size):>8}  {path}")
-    missing = [n for n in KNOWN_MODELS if not is_present(n)]
-    if missing:
-        print("not fetched: " + ", ".join(f"{n} ({KNOWN_MODELS[n].description})"
-                                          for n in missing))
+        lines.append("nothing cached; fetch the default pair with `python -m specrt.models "
+                     "fetch`")
+    else:
+        width = max(len(r[0]) for r in rows)
+        lines += [f"{name:<{width}}  {kind:<4}  {_human(size):>8}  {path}"
+                  for name, kind, size, path in rows]
+        missing = [n for n in KNOWN_MODELS if not is_present(n)]
+        if missing:
+            lines.append("not fetched: " + ", ".join(f"{n} ({KNOWN_MODELS[n].description})"
+                                                     for n in missing))
+    write_out("".join(f"{line}\n" for line in lines))
     return 0
 
 
