@@ -1,7 +1,11 @@
 """The draft model stops a row's drafts after a guess it is unsure of (`draft_stop`): what it
 proposes, and that output stays exact (greedy: identical to plain; sampling: the distribution
 test in test_sampling_exact.py; seeded: the same alone and in a batch)."""
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,8 @@ from specrt.spec.drafters.draft_model import DraftModelDrafter
 from specrt.spec.sampling import confidence
 from specrt.spec.sampling import SamplingParams
 from tests.helpers import drain, slots_held_at_reserve
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = [[5, 6, 7, 8], list(range(40, 70)), [250, 3]]
 K = 6
@@ -117,6 +123,28 @@ def test_a_static_drafter_always_drafts_k(draft):
     all K too, so a request's rounds do not depend on which path served them."""
     assert DraftModelDrafter(draft, draft.cfg.vocab_size, 1, MAX_SEQ, static=True,
                              stop_below=0.5).stop_below == 0.0
+
+
+def test_a_stop_that_graphs_would_ignore_is_refused(tmp_path):
+    """With CUDA graphs every round drafts K: a draft_stop other than 0 (the same) or the
+    default was silently ignored. Refused before any file is read (the model does not exist),
+    by the API and, naming the flag, by the CLI."""
+    from specrt.api.args import LLMArgs
+    from specrt.spec.config import DRAFT_STOP
+
+    missing = str(tmp_path / "model")
+    with pytest.raises(ArgumentError, match="draft_stop 0.3 would be ignored: with CUDA graphs"):
+        LLMArgs(model=missing, device="cpu", cuda_graphs=True, draft_stop=0.3)
+    for stop in (0.0, DRAFT_STOP):
+        LLMArgs(model=missing, device="cpu", cuda_graphs=True, draft_stop=stop)
+    LLMArgs(model=missing, device="cpu", draft_stop=0.3)        # no graphs on the CPU
+    proc = subprocess.run([sys.executable, "-m", "specrt.generate", "--model", missing,
+                           "--draft", missing, "--cuda-graphs", "--draft-stop", "0.3"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: --draft-stop: draft_stop 0.3 would be "
+                                          "ignored"), proc.stderr
 
 
 @pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), "0.5", None, True])
