@@ -375,6 +375,12 @@ def _drop(key):
     ("tokenizer_config.json", lambda raw: {**raw, "eos_token": 5}, "eos_token must be"),
     ("tokenizer_config.json", lambda raw: {**raw, "added_tokens_decoder": {"x": 1}},
      "cannot load the tokenizer"),
+    # a typo in a token field: transformers added it as a new token past the vocabulary, and
+    # the tokenizer was said to belong to another model
+    ("tokenizer_config.json", lambda raw: {**raw, "eos_token": "<|im_end>"},
+     r"eos_token '<\|im_end>' is not a token of tokenizer.json \(did you mean '<\|im_end\|>'"),
+    ("tokenizer_config.json", lambda raw: {**raw, "pad_token": {"content": "<pad>"}},
+     "pad_token '<pad>' is not a token of tokenizer.json; correct it"),
 ])
 def test_tokenizer_files_are_checked(tiny_dir, fname, mutate, pattern):
     d = copy_model(tiny_dir)

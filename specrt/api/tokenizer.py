@@ -6,6 +6,7 @@ lives in `specrt.api.text_stream`.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import os
@@ -281,6 +282,41 @@ def _check_files(model_dir: Path) -> None:
     if extra is not None and not isinstance(extra, (list, dict)):
         bad("additional_special_tokens" if "additional_special_tokens" in cfg
             else "extra_special_tokens", "a list of token strings")
+    _check_named_tokens(path, cfg, tok)
+
+
+def _check_named_tokens(path: Path, cfg: dict, tok: dict) -> None:
+    """A token field (eos_token, ...) of tokenizer_config.json must name a token of
+    tokenizer.json: transformers adds one it lacks as a new token at the next free id, so a
+    typo ("<|im_end>") became an id past the model's vocabulary, blamed on the whole tokenizer
+    ("it belongs to another model"), or an EOS no answer ever ends with."""
+    known = _file_tokens(tok)
+    if known is None:                   # a vocabulary layout not read here
+        return
+    for key in _TOKEN_FIELDS:
+        value = cfg.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str) and value not in known:
+            specials = [t["content"] for t in tok["added_tokens"]]
+            close = difflib.get_close_matches(value, specials, n=1, cutoff=0.6)
+            raise TokenizerFileError(
+                f"{path}: {key} {value!r:.80} is not a token of tokenizer.json"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; correct it, or re-download the tokenizer files from the model's source")
+
+
+def _file_tokens(tok: dict) -> set[str] | None:
+    """The tokens of a tokenizers file: its model's vocabulary (BPE and WordPiece: an object
+    of token -> id; Unigram: a list of [token, score]) and its added tokens; None for a layout
+    not known here."""
+    vocab = tok["model"].get("vocab")
+    if isinstance(vocab, dict):
+        tokens = set(vocab)
+    elif isinstance(vocab, list) and all(isinstance(v, list) and v for v in vocab):
+        tokens = {v[0] for v in vocab}
+    else:
+        return None
+    return tokens | {t["content"] for t in tok["added_tokens"]}
 
 
 def check_compatible(target: Tokenizer | None, draft: Tokenizer | None,
