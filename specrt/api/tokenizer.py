@@ -302,7 +302,7 @@ def _check_named_tokens(path: Path, cfg: dict, tok: dict) -> None:
             raise TokenizerFileError(
                 f"{path}: {key} {value!r:.80} is not a token of tokenizer.json"
                 + (f" (did you mean {close[0]!r}?)" if close else "")
-                + f"; correct it, or re-download the tokenizer files from the model's source")
+                + "; correct it, or re-download the tokenizer files from the model's source")
 
 
 def _file_tokens(tok: dict) -> set[str] | None:
