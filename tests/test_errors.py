@@ -44,6 +44,32 @@ def test_corrupt_weights(tiny_dir, tmp_path):
         specrt.LLM(d, dtype="float32")
 
 
+def test_weights_that_make_nan_logits_are_an_error_not_an_answer_of_id_0(tiny_dir, tmp_path):
+    """One NaN weight made every logit NaN, and greedy and sampled answers alike were id 0
+    over and over, reported as a normal answer. Each request now fails with the cause (the
+    engine takes the next one), and a sound model's answers are untouched by the check."""
+    from safetensors.torch import load_file, save_file
+
+    from specrt.errors import CheckpointError
+
+    d = copy_model(tiny_dir, tmp_path / "m")
+    sd = load_file(d / "model.safetensors")
+    sd["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    llm = specrt.LLM(d, max_seq_len=64, dtype="float32")
+    try:
+        for kw in ({}, {"temperature": 1.0, "seed": 1}):
+            with pytest.raises(CheckpointError, match="logits that are NaN or infinite"):
+                llm.generate([5, 6, 7], max_new_tokens=4, **kw)
+    finally:
+        llm.close()
+    sound = specrt.LLM(tiny_dir, max_seq_len=64, dtype="float32")
+    try:
+        assert len(sound.generate([5, 6, 7], max_new_tokens=4).token_ids) == 4
+    finally:
+        sound.close()
+
+
 def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specrt.errors import CheckpointError
 from specrt.kernels import draw_randomness, greedy_accept, rejection_sample
 from specrt.model.kv_cache import StaticKVCache
 from specrt.model.transformer import Transformer
@@ -228,5 +229,14 @@ def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[i
                             num_valid=[len(p) for p in prompts], last_only=True)   # [B, 1, V]
     members = set(rows)
     listed = [b in members for b in range(B)]
-    tokens, _ = choose_rows(logits[:, 0], params, generators, listed)
+    first = logits[:, 0]                                                             # [B, V]
+    broken = (torch.isnan(first) | torch.isposinf(first)).any(dim=-1).tolist()      # [B]
+    if any(broken[b] for b in rows):      # (-inf is an id a shortlisted head does not score)
+        # NaN logits take id 0 (argmax and the samplers alike), and an answer of it ran on
+        raise CheckpointError("the model computed logits that are NaN or infinite for this "
+                              "prompt: its weights hold such values (a "
+                              "damaged or badly converted checkpoint) or a pass overflows its "
+                              "dtype; fetch or convert the model again, or load it in "
+                              "bfloat16 or float32")
+    tokens, _ = choose_rows(first, params, generators, listed)
     return [int(tokens[b]) for b in rows]
