@@ -289,11 +289,11 @@ def test_async_requests_are_encoded_off_the_event_loop(tiny_noeos_dir, monkeypat
     monkeypatch.setattr(LLM, "encode", held_encode)
     real_start, started = LLM._start, []
 
-    def recorded_start(prepared):
+    def recorded_start(self, prepared):
         started.append(prepared.request.max_new_tokens)
-        return real_start(prepared)
+        return real_start(self, prepared)
 
-    monkeypatch.setattr(LLM, "_start", staticmethod(recorded_start))
+    monkeypatch.setattr(LLM, "_start", recorded_start)
 
     async def main():
         async with specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32") as allm:
@@ -547,8 +547,8 @@ def test_a_batch_larger_than_the_queue_waits_for_room_and_equals_its_single_runs
         llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, max_batch_size=1, max_queue=2,
                          dtype="float32")
         real_start, started = LLM._start, []
-        monkeypatch.setattr(LLM, "_start", staticmethod(
-            lambda prepared: started.append(prepared) or real_start(prepared)))
+        monkeypatch.setattr(LLM, "_start", lambda self, prepared: started.append(prepared)
+                            or real_start(self, prepared))
         with pytest.raises(SpecrtError, match="vocabulary"):
             llm.generate(prompts + [[10**6]], max_new_tokens=3)
         assert started == []
@@ -689,3 +689,43 @@ def test_a_draft_path_is_taken_in_a_speculative_config_as_llm_takes_it():
 
     assert SpecConfig.parse({"model": Path("/models/draft")}).model == "/models/draft"
     assert SpecConfig.parse({"method": "auto", "prompt_lookup_max": 5}).prompt_lookup_max == 5
+
+
+def test_an_llm_dropped_without_close_stops_its_engines_and_is_a_context_manager(
+        tiny_noeos_dir, tiny_draft_dir):
+    """Dropped without close(), an LLM lived on with its model, caches and scheduler thread
+    (the thread held what built its engine, and that held the LLM), one more per LLM made;
+    `with LLM(...)` was a TypeError after the load. Now the LLM and its engines' memory go,
+    and their threads end, a draft engine named per request's too."""
+    import gc
+    import weakref
+
+    def schedulers():
+        return {t for t in threading.enumerate() if t.name == "specrt-scheduler"}
+
+    before = schedulers()
+    llm = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    assert llm.generate([5, 6, 7], max_new_tokens=3,
+                        speculative={"model": str(tiny_draft_dir)}).token_ids
+    started = schedulers() - before
+    assert len(started) == 2
+    gone = weakref.ref(llm)
+    engine = weakref.ref(llm.engine)
+    del llm
+    gc.collect()
+    assert gone() is None
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.is_alive() for t in started)
+    gc.collect()
+    assert engine() is None
+    with specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32") as llm:
+        assert llm.generate([5, 6, 7], max_new_tokens=2).token_ids
+    with pytest.raises(ClosedError):
+        llm.generate([5, 6, 7], max_new_tokens=2)
+    # a run keeps its LLM: one held by nothing else still answers
+    run = specrt.LLM(tiny_noeos_dir, max_seq_len=64, dtype="float32").submit([5, 6, 7],
+                                                                             max_new_tokens=4)
+    gc.collect()
+    assert len(run.result().token_ids) == 4

@@ -22,6 +22,7 @@ import logging
 import numbers
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -112,6 +113,18 @@ class LLM:
         self._schedulers: dict[str | None, Scheduler] = {_real(draft_dir): self.scheduler}
         self._schedulers_lock = threading.Lock()     # callers' threads add engines
         self._closed = False                         # set by close(), under that lock
+        # Dropped without close(), an LLM's engines stop with it: their threads hold nothing
+        # of it (Scheduler drops what built an engine), so this runs once nothing else does,
+        # and leaves each thread to end after its round (not waiting: it may run on any
+        # thread, a scheduler's own included). At exit the scheduler module closes them all.
+        finalizer = weakref.finalize(self, _stop_engines, self._schedulers)
+        finalizer.atexit = False
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _load_draft(self, target: Transformer, draft_dir: Path) -> Transformer:
         cfg = ModelConfig.from_dir(draft_dir)
@@ -308,10 +321,10 @@ class LLM:
         scheduler.check(request)
         return _Prepared(scheduler, request, text)
 
-    @staticmethod
-    def _start(prepared: _Prepared) -> TextRun:
-        """Queue a prepared request (QueueFullError when the queue is full)."""
-        return TextRun(prepared.scheduler.submit(prepared.request), prepared.text)
+    def _start(self, prepared: _Prepared) -> TextRun:
+        """Queue a prepared request (QueueFullError when the queue is full); the run keeps
+        this LLM alive (`LLM(...).submit(...)` holds no other reference to it)."""
+        return TextRun(prepared.scheduler.submit(prepared.request), prepared.text, owner=self)
 
     def request_ids(self, prompt=None, messages: list[dict] | None = None,
                     chat: bool | None = None) -> list[int]:
@@ -408,6 +421,12 @@ def is_batch(prompt) -> bool:
     """A list of prompts (texts, or token-id lists), not one prompt's token ids."""
     return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and \
         isinstance(prompt[0], (str, list, tuple))
+
+
+def _stop_engines(schedulers: dict) -> None:
+    """An LLM's finalizer: close each of its schedulers without waiting for its thread."""
+    for scheduler in list(schedulers.values()):
+        scheduler.close(wait=False)
 
 
 def _real(path: Path | None) -> str | None:

@@ -55,9 +55,11 @@ class TextRun:
     """A request's text side. Keep the run while the request should go on: dropped, it is
     cancelled (its `handle` alone does not keep it)."""
 
-    def __init__(self, handle: RequestHandle, stream: TextStream):
+    def __init__(self, handle: RequestHandle, stream: TextStream, owner: object = None):
         self.handle = handle
         self.stream = stream
+        self.owner = owner          # what must outlive the request (the LLM: dropped, it stops
+                                    # its engines)
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats: dict = {}

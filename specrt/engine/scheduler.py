@@ -30,6 +30,7 @@ from specrt.errors import ClosedError, QueueFullError, SpecrtError
 
 log = logging.getLogger("specrt.scheduler")
 _live: weakref.WeakSet[Scheduler] = weakref.WeakSet()     # closed at interpreter exit
+_stopping: set[threading.Thread] = set()    # threads told to stop without a wait (`close`)
 
 
 @atexit.register
@@ -38,9 +39,12 @@ def _close_all() -> None:
     or Ctrl-C out of `generate`) would shut Python down around a scheduler thread busy in
     torch's C++ code, which aborts the process ("terminate called without an active
     exception"); each scheduler is closed first: its requests cancelled, its thread joined
-    once its round (or load, or calibration) ends."""
+    once its round (or load, or calibration) ends. So is each thread told to stop without a
+    wait (a dropped LLM's), which may still be freeing its engine: its scheduler may be gone."""
     for scheduler in list(_live):
         scheduler.close()
+    for thread in list(_stopping):
+        join(thread)
 
 
 class Scheduler:
@@ -71,12 +75,14 @@ class Scheduler:
         ready, failed = threading.Event(), []
 
         def run() -> None:
+            nonlocal build
             try:
                 self.engine = build()
             except BaseException as e:    # raised on the constructing thread below
                 failed.append(e)
                 return
             finally:
+                build = None     # nor does the thread keep what built it (an LLM: `LLM`)
                 ready.set()
             self._loop()
 
@@ -144,15 +150,21 @@ class Scheduler:
             self._lock.notify()
         return result_of(future)
 
-    def close(self) -> None:
-        """Cancel everything and stop the thread (waits for the round in progress)."""
+    def close(self, wait: bool = True) -> None:
+        """Cancel everything and stop the thread (wait: for the round in progress, and the
+        thread's end)."""
         with self._lock:
             self._closed = True
             self._cancels.update(self._handles)
             self._lock.notify()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is None or thread is threading.current_thread():
+            return
+        if wait:
             join(thread)
+        else:
+            _stopping.difference_update([t for t in list(_stopping) if not t.is_alive()])
+            _stopping.add(thread)
 
     @property
     def pending(self) -> int:
