@@ -70,6 +70,30 @@ def test_weights_that_make_nan_logits_are_an_error_not_an_answer_of_id_0(tiny_di
         sound.close()
 
 
+def test_a_prompt_with_nan_logits_fails_alone_beside_others_in_its_prefill(tiny_dir, tmp_path):
+    """Only prompts holding a token whose embedding is NaN break: prefilled in one pass with a
+    sound prompt, the whole admission failed; the sound request now gets its answer alone."""
+    from safetensors.torch import load_file, save_file
+
+    from specrt.errors import CheckpointError
+
+    d = copy_model(tiny_dir, tmp_path / "m")
+    sd = load_file(d / "model.safetensors")
+    sd["model.embed_tokens.weight"][9] = float("nan")
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    llm = specrt.LLM(d, max_seq_len=64, dtype="float32", max_batch_size=2)
+    try:
+        alone = llm.generate([5, 6, 7], max_new_tokens=4, temperature=1.0, seed=3).token_ids
+        for _ in range(3):
+            sound = llm.submit([5, 6, 7], max_new_tokens=4, temperature=1.0, seed=3)
+            broken = llm.submit([9, 5], max_new_tokens=4)
+            with pytest.raises(CheckpointError, match="logits that are NaN or infinite"):
+                broken.result()
+            assert sound.result().token_ids == alone
+    finally:
+        llm.close()
+
+
 def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -25,7 +25,7 @@ from typing import Iterator
 from specrt.engine.metrics import RequestStats, Timing
 from specrt.engine.request import Request, Step, check_request, runs_alone
 from specrt.engine.round import prefill_rows, run_round
-from specrt.errors import CapacityError, ConfigError
+from specrt.errors import CapacityError, ConfigError, SpecrtError
 from specrt.engine.static_round import MAX_T, StaticRound
 from specrt.model.graphs import GraphPool
 from specrt.model.transformer import Transformer
@@ -234,14 +234,19 @@ class Engine:
         for slot in slots:
             row = self.slots[slot]
             row.stats.target_passes += 1
-            step = self._step(slot, row, self._commit(row, [first[slot]]), "prefill", [], 0)
+            if isinstance(first[slot], SpecrtError):      # this request alone fails
+                step = self._finish(slot, row, [], "error")
+                step.error = first[slot]
+            else:
+                step = self._step(slot, row, self._commit(row, [first[slot]]), "prefill", [], 0)
             step.scheduled = row.started
             steps.append(step)
         return steps
 
-    def _prefill(self, group: list[int]) -> list[int]:
+    def _prefill(self, group: list[int]) -> list[int | SpecrtError]:
         """The first tokens of `group`'s slots, prefilled in one pass over the cache rows they
-        span (slots in between that are not in the group take no tokens)."""
+        span (slots in between that are not in the group take no tokens), or the error that
+        fails a slot's request (`prefill_rows`)."""
         lo, hi = min(group), max(group) + 1
         members = set(group)
         rows = [self.slots[s] if s in members else None for s in range(lo, hi)]

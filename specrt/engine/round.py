@@ -220,9 +220,10 @@ def _rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[int]],
                  params: list[SamplingParams], generators: list[torch.Generator | None],
-                 rows: list[int]) -> list[int]:
+                 rows: list[int]) -> list[int | CheckpointError]:
     """Prefill the given rows (their prompts right-padded into one pass; rows not listed take
-    no tokens) and choose each listed row's first new token, in the order of `rows`."""
+    no tokens) and choose each listed row's first new token, in the order of `rows`: or, for
+    a row whose logits are NaN or +inf, the CheckpointError that fails its request alone."""
     B = len(prompts)
     ids = right_pad(prompts)
     logits = target.forward(ids.to(target.device), cache,
@@ -230,13 +231,15 @@ def prefill_rows(target: Transformer, cache: StaticKVCache, prompts: list[list[i
     members = set(rows)
     listed = [b in members for b in range(B)]
     first = logits[:, 0]                                                             # [B, V]
+    # NaN logits take id 0 (argmax and the samplers alike), and an answer of it ran on
+    # (-inf is an id a shortlisted head does not score)
     broken = (torch.isnan(first) | torch.isposinf(first)).any(dim=-1).tolist()      # [B]
-    if any(broken[b] for b in rows):      # (-inf is an id a shortlisted head does not score)
-        # NaN logits take id 0 (argmax and the samplers alike), and an answer of it ran on
-        raise CheckpointError("the model computed logits that are NaN or infinite for this "
-                              "prompt: its weights hold such values (a "
-                              "damaged or badly converted checkpoint) or a pass overflows its "
-                              "dtype; fetch or convert the model again, or load it in "
-                              "bfloat16 or float32")
+    if any(broken):                       # nothing is drawn for those rows, nor read
+        listed = [ok and not bad for ok, bad in zip(listed, broken)]
+        first = first.masked_fill(torch.tensor(broken, device=first.device)[:, None], 0.0)
     tokens, _ = choose_rows(first, params, generators, listed)
-    return [int(tokens[b]) for b in rows]
+    return [CheckpointError("the model computed logits that are NaN or infinite for this "
+                            "prompt: its weights hold such values (a damaged or badly "
+                            "converted checkpoint) or a pass overflows its dtype; fetch or "
+                            "convert the model again, or load it in bfloat16 or float32")
+            if broken[b] else int(tokens[b]) for b in rows]
