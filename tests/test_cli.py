@@ -389,3 +389,23 @@ def test_the_default_pairs_draft_is_fetched_only_for_a_run_that_drafts_with_it(
     assert got == fetched
     assert loaded == ([os.path.realpath(tiny_draft_dir)] if "draft" in fetched else [])
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 6
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_configs_draft_keeps_the_draft_flags_given_with_it(command, tiny_noeos_dir,
+                                                            tiny_draft_dir):
+    """The config's "model" becomes the checked arguments' draft: checked again, a
+    --draft-dtype equal to --dtype (already normalized to "as the target's") was refused."""
+    if command == "serve":
+        from specrt.serve.cli import build_parser, check_flags
+        argv = []
+    else:
+        from specrt.api.cli import build_parser, check_flags
+        argv = ["--prompt-ids", "5"]
+    spec = json.dumps({"method": "draft_model", "num_speculative_tokens": 3,
+                       "model": str(tiny_draft_dir)})
+    checked = check_flags(build_parser().parse_args(argv + [
+        "--model", str(tiny_noeos_dir), "--dtype", "float32", "--draft-dtype", "float32",
+        "--draft-stop", "0.3", "--speculative-config", spec]))
+    llm = checked if command == "serve" else checked.llm
+    assert (llm.draft, llm.draft_dtype, llm.draft_stop) == (str(tiny_draft_dir), None, 0.3)

@@ -154,7 +154,10 @@ def check_draft_dtype(value, device, dtype):
     "auto": quantized on the CPU where a quantized kernel runs (quantized.AUTO_DRAFT_FORMATS),
     else the model dtype (decided at load, where the draft's shapes are known); "int8" /
     "int4": weight-only int8 / int4 (CPU only; int4 needs projections whose input sizes are
-    multiples of 128); a float dtype: unquantized, which must be the model's dtype."""
+    multiples of 128); a float dtype: unquantized, which must be the model's dtype; None: the
+    same (this function's own answer for it, so checked arguments check again unchanged)."""
+    if value is None:
+        return None
     if value == "auto" or value in QUANT_NAMES:
         if value != "auto" and device.type != "cpu":
             raise ArgumentError(f"draft_dtype {value!r} runs on the CPU only (device is "
