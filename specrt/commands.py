@@ -105,9 +105,12 @@ class OutputError(Exception):
 
 def write_out(text: str) -> None:
     """Write text to standard output and flush it; a failure other than a closed pipe is an
-    OutputError."""
+    OutputError, and so is a closed standard output (`>&-`: sys.stdout is None)."""
     import sys
 
+    if sys.stdout is None:
+        raise OutputError("standard output is closed, and the answer goes there: redirect it "
+                          "to a file (> FILE, or > /dev/null to discard it)")
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -111,22 +111,31 @@ def test_cli_entry_point_errors_without_traceback(private_cache):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_list_and_path_to_a_full_stdout_are_one_line_not_an_internal_error(private_cache):
-    """`models list > /dev/full` said "internal error: OSError ... please report it"."""
+def test_list_and_path_to_a_full_or_closed_stdout_are_one_line_not_an_internal_error(
+        private_cache):
+    """`models list > /dev/full` said "internal error: OSError ... please report it" (and
+    with stdout closed, `>&-`, an AttributeError once it wrote through write_out)."""
     from specrt.hub.paths import CONVERTED_FILES
 
     folder = models.model_dir(DEFAULT_DRAFT)
     folder.mkdir(parents=True)
     for name in CONVERTED_FILES:
         (folder / name).write_text("{}")
+    env = {**os.environ, "SPECRT_CACHE": str(private_cache)}
     for argv in (["list"], ["path", DEFAULT_DRAFT]):
         with open("/dev/full", "w") as full:
             proc = subprocess.run([sys.executable, "-m", "specrt.models", *argv], cwd=REPO,
                                   stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
-                                  env={**os.environ, "SPECRT_CACHE": str(private_cache)})
+                                  env=env)
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.strip() == ("error: cannot write to standard output (No space left "
                                        "on device)"), proc.stderr
+        proc = subprocess.run([sys.executable, "-m", "specrt.models", *argv], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=120, env=env,
+                              preexec_fn=lambda: os.close(1))      # started with `>&-`
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.strip().startswith("error: standard output is closed"), proc.stderr
 
 
 def test_registry_unreachable(private_cache, monkeypatch, capsys):
