@@ -59,6 +59,8 @@ def test_streams_text_and_traces_rounds(tiny_noeos_dir, tiny_draft_dir):
     (["--draft", "{model}", "--no-spec", "--draft-stop", "0.3"], "plain decoding (--no-spec"),
     (["--draft", "{model}", "--speculative-config", "none", "--draft-dtype", "float32"],
      "--draft-dtype sets up a draft model, and plain decoding"),
+    (["--speculative-config", '{"method": "ngram"}', "--draft-stop", "0.3"],
+     "--draft-stop sets up a draft model, and method 'ngram' drafts from the prompt with none"),
 ])
 def test_bad_input_is_one_clear_line(tiny_noeos_dir, args, message):
     args = [a.replace("{model}", str(tiny_noeos_dir)) for a in args]
@@ -409,3 +411,17 @@ def test_a_configs_draft_keeps_the_draft_flags_given_with_it(command, tiny_noeos
         "--draft-stop", "0.3", "--speculative-config", spec]))
     llm = checked if command == "serve" else checked.llm
     assert (llm.draft, llm.draft_dtype, llm.draft_stop) == (str(tiny_draft_dir), None, 0.3)
+
+
+def test_draft_flags_for_prompt_lookup_on_the_default_pair_are_refused_before_a_fetch(tmp_path):
+    """With no --model, method ngram runs the default pair's target alone (3123891): a draft
+    flag beside it was silently ignored."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPECRT_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "specrt.generate", "--speculative-config",
+                           '{"method": "ngram"}', "--draft-stop", "0.3", "--prompt-ids", "5"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("error: --draft-stop sets up a draft model, and method "
+                                   "'ngram' drafts from the prompt with none: drop "
+                                   "--draft-stop, or use method 'draft_model' or 'auto'")
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))

@@ -238,12 +238,14 @@ def _same_model(a, b) -> bool:
 def check_draft_flags_used(args, spec, plain_loads_none: bool = False) -> None:
     """A flag that changes only the draft model, when no draft model will load (--model
     without --draft, and no "model" in --speculative-config; or, with plain_loads_none,
-    plain decoding: generate's --no-spec / --speculative-config none), would be ignored:
-    refused. (The server loads its draft whatever its own config: a request may ask for it.)"""
+    plain decoding (generate's --no-spec / --speculative-config none) and method ngram,
+    which generate runs with no draft), would be ignored: refused. (The server loads its
+    draft whatever its own config: a request may ask for it.)"""
     from specrt.errors import ArgumentError
     from specrt.spec.config import SpecConfig
 
-    plain = plain_loads_none and spec is None
+    ngram = isinstance(spec, SpecConfig) and spec.method == "ngram"   # (with no "model")
+    plain = plain_loads_none and (spec is None or ngram)
     if not plain and (args.model is None or args.draft is not None or (
             isinstance(spec, SpecConfig) and spec.model is not None)):
         return
@@ -252,6 +254,10 @@ def check_draft_flags_used(args, spec, plain_loads_none: bool = False) -> None:
     for action in draft_flags._actions:
         if getattr(args, action.dest) != action.default:
             flag = action.option_strings[0]
+            if plain and ngram:
+                raise ArgumentError(f"{flag} sets up a draft model, and method 'ngram' drafts "
+                                    f"from the prompt with none: drop {flag}, or use method "
+                                    "'draft_model' or 'auto'")
             if plain:
                 raise ArgumentError(f"{flag} sets up a draft model, and plain decoding "
                                     "(--no-spec, --speculative-config none) loads none: drop "
