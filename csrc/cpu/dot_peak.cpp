@@ -2,8 +2,9 @@
 // instruction the bf16 kernels multiply with (AVX-512 BF16's vdpbf16ps: 16 lanes, each adding
 // two bf16 products to an fp32 sum; or, at the AVX2 level, fp32 FMA on bf16 widened in
 // registers), on register operands only: CHAINS independent accumulators a thread, so neither
-// memory nor an instruction's latency limits it. A pass of T tokens does 2 T multiply-adds per
-// weight: no kernel on these instructions can do it faster than its flops at this rate.
+// memory nor an instruction's latency limits it. A pass of T tokens does T multiply-adds (2 T
+// flops) per weight: no kernel on these instructions can do it faster than its flops at this
+// rate.
 #include "dot_peak.h"
 
 #include <immintrin.h>

@@ -140,8 +140,9 @@ class LLMArgs:
         graphs = self.device.type == "cuda" if self.cuda_graphs is None else self.cuda_graphs
         if graphs and self.draft_stop not in (0.0, DRAFT_STOP):
             raise ArgumentError(f"draft_stop {self.draft_stop} would be ignored: with CUDA "
-                                "graphs (on by default on CUDA) every round drafts K, as a "
-                                "stop of 0 does; leave it out, or turn CUDA graphs off")
+                                "graphs (on by default on CUDA; the server's always there) "
+                                "every round drafts K, as a stop of 0 does; leave it out, or "
+                                "turn CUDA graphs off (cuda_graphs=False, --no-cuda-graphs)")
         from specrt.spec.calibration import disk_path
         disk_path()     # SPECRT_CALIBRATION naming a folder: refused here, not by every `auto`
                         # request after the model loaded

@@ -37,7 +37,8 @@ def amx() -> bool:
 
 def dot_peak_reference(steps: int, scale: float, threads: int) -> float:
     """What the probe returns: every multiply-add of 1 by `scale` (scale rounded to bf16 at the
-    AVX-512 level, as the instruction reads it), summed."""
+    AVX-512 level, as the instruction reads it), summed; exactly so for a scale whose sums
+    fp32 holds exactly (1, 0.375), as the probe's fp32 accumulators round the others."""
     if _gemv.cpu_level() == "avx512":
         scale = float(torch.tensor(scale).to(torch.bfloat16))
     return steps * threads * _gemv.dot_peak_flops_per_step() / 2 * scale
