@@ -729,3 +729,29 @@ def test_an_llm_dropped_without_close_stops_its_engines_and_is_a_context_manager
                                                                              max_new_tokens=4)
     gc.collect()
     assert len(run.result().token_ids) == 4
+
+
+def test_an_async_request_refused_for_its_arguments_loads_no_draft_it_names(tiny_noeos_dir,
+                                                                            tiny_draft_dir):
+    """AsyncLLM loaded a draft named per request before checking the rest: a refused request
+    left an engine (a draft model, its caches, a thread) behind, and two such filled the
+    engines a later sound request could name."""
+    named = {"method": "draft_model", "model": str(tiny_draft_dir), "num_speculative_tokens": 2}
+
+    async def main(allm):
+        with pytest.raises(SpecrtError, match="max_new_tokens"):
+            await allm.generate([1, 2], max_new_tokens=0, speculative=named)
+        with pytest.raises(SpecrtError, match="max_tokens"):
+            await allm.generate([1, 2], max_tokens=5, speculative=named)
+        with pytest.raises(SpecrtError, match="max_new_tokens"):
+            async for _ in allm.stream([1, 2], max_new_tokens=0, speculative=named):
+                pass
+        assert len(allm.llm._schedulers) == 1                 # the LLM's own engine only
+        return await allm.generate([5, 6, 7], max_new_tokens=3, speculative=named)
+
+    allm = specrt.AsyncLLM(tiny_noeos_dir, max_seq_len=64, dtype="float32")
+    try:
+        assert len(asyncio.run(main(allm)).token_ids) == 3
+        assert len(allm.llm._schedulers) == 2
+    finally:
+        allm.close()

@@ -22,7 +22,6 @@ from specrt.api.args import check_positional
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import TAIL, StreamChunk, TextRun
 from specrt.errors import ArgumentError
-from specrt.spec.config import SpecConfig
 
 
 class AsyncLLM:
@@ -59,20 +58,13 @@ class AsyncLLM:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    async def _prepare(self, kwargs: dict) -> None:
-        """A request naming a draft model not loaded yet: load it on a worker thread (seconds),
-        not on the event loop."""
-        spec = SpecConfig.parse(kwargs.get("speculative"))
-        if spec is not None and spec.model is not None:
-            await asyncio.to_thread(self.llm.prepare, spec)
-
     def stream(self, prompt=None, *extra, **kwargs) -> "AsyncChunks":
         """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats.
         The request starts at the first step; several tasks may step the stream at once."""
         check_positional("stream", extra)
-        async def start() -> TextRun:
-            await self._prepare(kwargs)
-            return await _submitted(functools.partial(self.llm.submit_stream, prompt, **kwargs))
+        async def start() -> TextRun:     # a draft model it names loads on that worker thread,
+            return await _submitted(        # once every argument is checked
+                functools.partial(self.llm.submit_stream, prompt, **kwargs))
         return AsyncChunks(start)
 
     async def generate(self, prompt=None, *extra, **kwargs):
@@ -81,7 +73,7 @@ class AsyncLLM:
         single run (a batch of any size: what the queue cannot hold waits for room;
         cancelling the await cancels every one)."""
         check_positional("generate", extra)
-        await self._prepare(kwargs)
+        # checked, encoded and (a draft model it names) loaded on a worker thread
         prepared = await asyncio.to_thread(self.llm.prepare_all, prompt, **kwargs)
         runs: list[TextRun] = []
         try:
