@@ -755,3 +755,30 @@ def test_an_async_request_refused_for_its_arguments_loads_no_draft_it_names(tiny
         assert len(allm.llm._schedulers) == 2
     finally:
         allm.close()
+
+
+def test_an_argument_given_twice_or_unknown_is_an_argument_error_everywhere(shared_llm):
+    """encode, decode and cost_model took no keyword check, and an argument given both by
+    position and by name (the prompt) failed inside Python's binding: raw TypeErrors."""
+    from specrt.errors import ArgumentError
+
+    llm, ids = shared_llm, [5, 6, 7]
+    allm = specrt.AsyncLLM(llm=llm)
+    calls = {
+        "generate twice": lambda: llm.generate(ids, prompt=ids),
+        "stream twice": lambda: list(llm.stream(ids, prompt=ids)),
+        "submit twice": lambda: llm.submit(ids, prompt=ids),
+        "async generate twice": lambda: asyncio.run(allm.generate(ids, prompt=ids)),
+        "async stream twice": lambda: allm.stream(ids, prompt=ids),
+        "encode keyword": lambda: llm.encode("hi", add_special_tokens=False),
+        "encode typo": lambda: llm.encode(promt="hi"),
+        "encode positional": lambda: llm.encode("hi", False, None, True),
+        "decode keyword": lambda: llm.decode(ids, skip_special=True),
+        "decode positional": lambda: llm.decode(ids, True, 1),
+        "cost_model keyword": lambda: llm.cost_model(k=4),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ArgumentError, match="both by position and by name|unknown argument"
+                                                "|positional argument"):
+            call()
+    assert llm.decode(llm.encode("hi")) == "hi"     # the checked methods still answer

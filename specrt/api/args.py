@@ -246,20 +246,56 @@ def check_keywords(kwargs, known) -> None:
 
 def keywords_checked(fn):
     """`fn`, a method whose signature names every keyword it takes, answering an unknown keyword
-    argument (check_keywords) or more positional ones than it takes (check_positional) with an
-    ArgumentError instead of Python's TypeError; the signature is kept for help() and
-    editors."""
+    argument (check_keywords), more positional ones than it takes (check_positional) or one
+    given both ways (`given_once`) with an ArgumentError instead of Python's TypeError; the
+    signature is kept for help() and editors."""
     params = inspect.signature(fn).parameters
     known = tuple(n for n, p in params.items() if n != "self" and p.kind in (
         p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     positional = tuple(n for n, p in params.items() if p.kind == p.POSITIONAL_OR_KEYWORD)
-    owner, _, name = fn.__qualname__.rpartition(".")
-    call = owner if name == "__init__" else fn.__qualname__
+    call = _call_name(fn)
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
         check_positional(call, args[len(positional):], positional[1:])   # less self
         check_keywords(kwargs, known)
+        _check_given_once(call, positional, args, kwargs)
         return fn(*args, **kwargs)
 
     return checked
+
+
+def given_once(fn):
+    """`fn` (a method passing **kwargs on, such as generate) answering an argument given both
+    by position and by name (`generate(ids, prompt=ids)`) with an ArgumentError: Python binds
+    the arguments, and raises its TypeError, before the method's own checks run."""
+    params = inspect.signature(fn).parameters
+    positional = tuple(n for n, p in params.items() if p.kind == p.POSITIONAL_OR_KEYWORD)
+    call = _call_name(fn)
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def checked_async(*args, **kwargs):
+            _check_given_once(call, positional, args, kwargs)
+            return await fn(*args, **kwargs)
+
+        return checked_async
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        _check_given_once(call, positional, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return checked
+
+
+def _call_name(fn) -> str:
+    owner, _, name = fn.__qualname__.rpartition(".")
+    return owner if name == "__init__" else fn.__qualname__
+
+
+def _check_given_once(call: str, positional: tuple[str, ...], args: tuple, kwargs: dict
+                      ) -> None:
+    for name in positional[:len(args)]:
+        if name in kwargs:
+            raise ArgumentError(f"{call} got {name} both by position and by name; give it once")

@@ -18,7 +18,7 @@ import asyncio
 import functools
 from typing import AsyncIterator, Awaitable, Callable
 
-from specrt.api.args import check_positional
+from specrt.api.args import check_positional, given_once
 from specrt.api.llm import LLM, is_batch
 from specrt.api.run import TAIL, StreamChunk, TextRun
 from specrt.errors import ArgumentError
@@ -58,6 +58,7 @@ class AsyncLLM:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
+    @given_once
     def stream(self, prompt=None, *extra, **kwargs) -> "AsyncChunks":
         """Async `LLM.stream`: a StreamChunk per round; the last has finish_reason and stats.
         The request starts at the first step; several tasks may step the stream at once."""
@@ -67,6 +68,7 @@ class AsyncLLM:
                 functools.partial(self.llm.submit_stream, prompt, **kwargs))
         return AsyncChunks(start)
 
+    @given_once
     async def generate(self, prompt=None, *extra, **kwargs):
         """Async `LLM.generate`: one prompt (text, token ids or messages=[...]) ->
         GenerationResult, a list of prompts -> list[GenerationResult], each equal to its

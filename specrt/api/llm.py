@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from specrt.api.args import (LLMArgs, check_max_new_tokens, check_positional,
-                              check_request_kwargs, check_stop, check_text, keywords_checked)
+                              check_request_kwargs, check_stop, check_text, given_once,
+                              keywords_checked)
 from specrt.api.run import Chunks, GenerationResult, StreamChunk, TextRun
 from specrt.api.text_stream import TextStream
 from specrt.api.tokenizer import Tokenizer, check_compatible, check_template_kwargs
@@ -166,6 +167,7 @@ class LLM:
         model it names is not loaded yet (AsyncLLM calls this off the event loop)."""
         self._scheduler_for(SpecConfig.parse(speculative))
 
+    @keywords_checked
     def cost_model(self, max_k: int = MAX_SPECULATIVE_TOKENS) -> CostModel:
         """What `auto` with num_speculative_tokens = max_k plans with: this machine's
         calibrated forward times of the target and the draft (a one-off measurement of a few
@@ -205,6 +207,7 @@ class LLM:
             scheduler.close()
 
     # --- text -> ids ------------------------------------------------------------------------
+    @keywords_checked
     def encode(self, prompt: str | Sequence[int] | None = None, chat: bool = False,
                messages: list[dict] | None = None, *, add_generation_prompt: bool = True,
                continue_final_message: bool = False,
@@ -263,6 +266,7 @@ class LLM:
             raise SpecrtError("the prompt is empty: give some text or at least one token id")
         return ids
 
+    @keywords_checked
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of token ids, special tokens included unless skip_special_tokens (as
         Hugging Face's decode; a generation's own text skips them)."""
@@ -341,6 +345,7 @@ class LLM:
                 and self.tokenizer.has_chat_template
         return self.encode(prompt, chat, messages)
 
+    @given_once
     def prepare_all(self, prompt=None, **kwargs) -> list[_Prepared]:
         """generate's requests (LLM's and AsyncLLM's), every one checked and encoded before
         any runs: a bad prompt in a batch runs none of it. `start_in_batch` queues them."""
@@ -368,6 +373,7 @@ class LLM:
                 raise
             return None, going
 
+    @given_once
     def submit_stream(self, prompt=None, **kwargs) -> TextRun:
         """stream's request (LLM's and AsyncLLM's): the keywords checked, one prompt."""
         check_request_kwargs(kwargs)
@@ -375,6 +381,7 @@ class LLM:
             raise SpecrtError("stream takes one prompt; use generate for a batch")
         return self.submit(prompt, **kwargs)
 
+    @given_once
     def generate(self, prompt=None, *extra, **kwargs):
         """Generate for one prompt (str, token ids, or messages=[...]) -> GenerationResult, or
         for a list of prompts -> list[GenerationResult], each equal to its single run (a
@@ -399,6 +406,7 @@ class LLM:
         results = [run.result() for run in runs]
         return results if is_batch(prompt) else results[0]
 
+    @given_once
     def stream(self, prompt=None, *extra, **kwargs) -> Iterator[StreamChunk]:
         """Yield a StreamChunk (text delta, token ids; finish reason and stats on the last) as
         each round commits, from the first `next()` on (the request is checked and submitted
