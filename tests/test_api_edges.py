@@ -782,3 +782,18 @@ def test_an_argument_given_twice_or_unknown_is_an_argument_error_everywhere(shar
                                                 "|positional argument"):
             call()
     assert llm.decode(llm.encode("hi")) == "hi"     # the checked methods still answer
+
+
+def test_a_list_of_numpy_arrays_or_tensors_is_a_batch(shared_llm):
+    """A prompt may be a 1-D numpy array or tensor of ids, and a list of prompts is a batch:
+    a list of them was read as one prompt ("a token-id prompt must be a list of ints")."""
+    import numpy
+    import torch
+
+    llm, prompts = shared_llm, [[5, 6, 7], [8, 9]]
+    solo = [llm.generate(p, max_new_tokens=3).token_ids for p in prompts]
+    for batch in ([numpy.array(p) for p in prompts], [torch.tensor(p) for p in prompts]):
+        assert [r.token_ids for r in llm.generate(batch, max_new_tokens=3)] == solo
+    # numpy's integer scalars in a list are one prompt's ids
+    one = llm.generate([numpy.int64(t) for t in prompts[0]], max_new_tokens=3)
+    assert one.token_ids == solo[0]

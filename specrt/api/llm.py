@@ -426,9 +426,13 @@ class _Prepared:
 
 
 def is_batch(prompt) -> bool:
-    """A list of prompts (texts, or token-id lists), not one prompt's token ids."""
-    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and \
-        isinstance(prompt[0], (str, list, tuple))
+    """A list of prompts (texts, token-id lists, or 1-D numpy arrays or tensors of ids), not
+    one prompt's token ids (numpy's integer scalars among them: 0-D)."""
+    if not (isinstance(prompt, (list, tuple)) and len(prompt) > 0):
+        return False
+    first = prompt[0]
+    return isinstance(first, (str, list, tuple)) or (
+        hasattr(first, "tolist") and getattr(first, "ndim", None) == 1)
 
 
 def _stop_engines(schedulers: dict) -> None:
