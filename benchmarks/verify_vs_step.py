@@ -119,11 +119,15 @@ def has_floors(args, model) -> bool:
 def _against_floors(times: list[float], floors: list[tuple[float, float]], flops: float
                     ) -> dict:
     """A pass's times against its floors in the same repeats: max(reading the weights once,
-    its flops at the compute probe's rate). The median of each repeat's ratio, which floor
-    held it in most repeats ("read" or "compute"), and its flop rate at the median time."""
+    its flops at the compute probe's rate), and their sum (a pass at 1.0x the sum overlaps
+    none of its reading with its products; one at its floor, all). The median of each
+    repeat's ratio to each, which floor held it in most repeats ("read" or "compute"), and
+    its flop rate at the median time."""
     bound = [max(read, flops / peak) for read, peak in floors]
+    both = [read + flops / peak for read, peak in floors]
     held = [("compute" if flops / peak > read else "read") for read, peak in floors]
     return {"over_floor": timing.median([t / b for t, b in zip(times, bound)]),
+            "over_sum": timing.median([t / b for t, b in zip(times, both)]),
             "held_by": max(set(held), key=held.count),
             "gflops": flops / timing.median(times) / 1e9,
             "floor_read_ms": timing.median([r for r, _ in floors]) * 1e3,
@@ -142,9 +146,11 @@ def tables(by: dict, names: list[str], prefixes, ts) -> tuple[list[str], list, l
 
 def floor_rows(by: dict, names: list[str], prefixes, ts) -> list:
     """Rows of each pass's time over its floor ("1.31x r": held by the read, "c": by
-    compute) and flop rate, for the models priced against their floors."""
+    compute), over the floors' sum, and its flop rate, for the models priced against their
+    floors."""
     return [[n, P] + [f"{by[(n, P, t)]['over_floor']:.2f}x {by[(n, P, t)]['held_by'][0]} "
-                      f"{by[(n, P, t)]['gflops']:.0f}" for t in ts]
+                      f"{by[(n, P, t)]['over_sum']:.2f}x {by[(n, P, t)]['gflops']:.0f}"
+                      for t in ts]
             for n in names for P in prefixes if "over_floor" in by[(n, P, ts[0])]]
 
 
@@ -174,7 +180,8 @@ def print_report(by: dict, prefixes, headers, ms_rows, ratio_rows, step_ratio: d
     print()
     if floors:
         print("over the floor, max(read the weights once, flops at the dot-product peak), "
-              "median of each repeat's ratio; r / c: held by the read / by compute; GFLOP/s")
+              "median of each repeat's ratio; r / c: held by the read / by compute; over the "
+              "floors' sum (1.00x: no overlap); GFLOP/s")
         print(report.table(headers, floors))
         print("\n".join(floors_text(by, list(dict.fromkeys(r[0] for r in floors)), prefixes)))
         print()
@@ -231,7 +238,8 @@ def markdown(args, info, target_dir, draft_dir, png, headers, ms_rows, ratio_row
     ] + ([
         "Over the floor, max(reading the weights once, the pass's flops at the dot-product "
         "peak of `specrt.kernels.cpu.compute`), each timed beside the passes (the median of "
-        "each repeat's ratio; r / c: held by the read / by compute; then GFLOP/s):",
+        "each repeat's ratio; r / c: held by the read / by compute; then over the floors' "
+        "sum, where 1.00x overlaps none of the reading with the products; then GFLOP/s):",
         "",
         report.markdown_table(headers, floors),
         "",

@@ -14,6 +14,7 @@ def test_a_pass_is_over_the_higher_floor_of_its_own_repeat():
     out = verify_vs_step._against_floors([0.3, 0.1, 0.3], floors, 1e8)
     # floors: compute 0.1 > read 0.05; read 0.05 > compute 0.025; read 0.2 > compute 0.1
     assert out["over_floor"] == pytest.approx(2.0)            # median of 3.0, 2.0, 1.5
+    assert out["over_sum"] == pytest.approx(0.1 / 0.075)      # of 2.0, 1.33, 1.0
     assert out["held_by"] == "read"
     assert out["gflops"] == pytest.approx(1e8 / 0.3 / 1e9)
     assert out["floor_read_ms"] == pytest.approx(50.0)
@@ -31,7 +32,7 @@ def test_a_bf16_run_reports_each_pass_over_its_floors(tiny_noeos_dir, tmp_path, 
     rows = json.loads((tmp_path / "verify_vs_step.json").read_text())["rows"]
     assert [r["T"] for r in rows] == [1, 3]
     for r in rows:
-        assert r["over_floor"] > 0 and r["held_by"] in ("read", "compute")
+        assert 0 < r["over_sum"] < r["over_floor"] and r["held_by"] in ("read", "compute")
         assert r["peak_gflops"] > 0 and r["floor_read_ms"] > 0
 
 
