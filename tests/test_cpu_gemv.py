@@ -224,6 +224,8 @@ def test_a_pass_is_priced_at_the_flops_a_counter_sees(tmp_path):
     """pass_flops counts what PyTorch's flop counter counts in transformers' own forward of a
     tiny Qwen2 with a KV cache, except the positions the causal mask hides, which the counter
     prices too (T (T - 1) / 2 per head and layer for T new tokens)."""
+    import inspect
+
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
@@ -235,12 +237,16 @@ def test_a_pass_is_priced_at_the_flops_a_counter_sees(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     cfg = ModelConfig.from_dir(path)
     ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    # the cache's keyword: "cache" in newer transformers, "past_key_values" (deprecated there)
+    # in older ones, such as the GPU image's
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
     for prefix, tokens in [(5, 1), (0, 1), (5, 3), (8, 4)]:
         with torch.no_grad():
             cache = (model(ids[:, :prefix], use_cache=True).past_key_values if prefix
                      else None)
             with FlopCounterMode(display=False) as counter:
-                model(ids[:, prefix:prefix + tokens], past_key_values=cache, use_cache=True)
+                model(ids[:, prefix:prefix + tokens], use_cache=True, **{name: cache})
         hidden = tokens * (tokens - 1) // 2 * cfg.num_heads * cfg.head_dim * 4 * cfg.num_layers
         assert pass_flops(cfg, tokens, prefix) == counter.get_total_flops() - hidden, \
             (prefix, tokens)

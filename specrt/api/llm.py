@@ -164,7 +164,8 @@ class LLM:
 
     def prepare(self, speculative=None) -> None:
         """Load the engine that requests with this `speculative` config run on, if a draft
-        model it names is not loaded yet (AsyncLLM calls this off the event loop)."""
+        model it names is not loaded yet (a request naming it loads it otherwise: seconds a
+        benchmark may want outside its timings)."""
         self._scheduler_for(SpecConfig.parse(speculative))
 
     @keywords_checked
