@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from specrt.kernels.cpu import checks
 from specrt.kernels.cpu.gemv import AVAILABLE, _gemv   # the probe lives in specrt._gemv
 
 
@@ -44,10 +45,7 @@ def read_seconds(tensors: list[torch.Tensor], threads: int | None = None) -> flo
     if bad:
         raise ValueError(f"read_seconds: tensors must be contiguous CPU tensors, got shape "
                          f"{bad[0]} strided or off the CPU")
-    threads = torch.get_num_threads() if threads is None else threads
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"read_seconds: threads must be an int >= 1 (or None: torch's "
-                         f"count), got {threads!r}")     # OpenMP aborts the process on -1
+    threads = checks.threads("read_seconds", threads)
     t0 = time.perf_counter()
     for t in tensors:
         if AVAILABLE:

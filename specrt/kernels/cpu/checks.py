@@ -29,6 +29,16 @@ def require(available: bool, fn: str, module: str) -> None:
                            "AVX-512 VNNI for int4); check usable() first")
 
 
+def threads(fn: str, value) -> int:
+    """A probe's thread count: None (torch's count) or an int >= 1 (OpenMP aborts the whole
+    process on -1)."""
+    value = torch.get_num_threads() if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{fn}: threads must be an int >= 1 (or None: torch's count), got "
+                         f"{value!r}")
+    return value
+
+
 def floating(fn: str, name: str, t: object, layout: str) -> None:
     """t: a contiguous CPU bf16/fp32 tensor with as many dimensions as `layout` ("[M, H]")."""
     if not (isinstance(t, _Tensor) and t.dtype in FLOATS and t.dim() == layout.count(",") + 1

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from specrt.kernels.cpu import checks
 from specrt.kernels.cpu.gemv import AVAILABLE, _gemv   # the probe lives in specrt._gemv
 from specrt.model.config import ModelConfig
 
@@ -51,10 +52,7 @@ def peak_flops(threads: int | None = None, repeats: int = 5, steps: int = STEPS
     machine only slows a run); None without the probe."""
     if not AVAILABLE:
         return None
-    threads = torch.get_num_threads() if threads is None else threads
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"peak_flops: threads must be an int >= 1 (or None: torch's count), "
-                         f"got {threads!r}")     # OpenMP aborts the process on -1
+    threads = checks.threads("peak_flops", threads)
     best = float("inf")
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
