@@ -157,9 +157,7 @@ def check_flags(args) -> _Request:
                             "prompt with none: drop --draft, or use method 'draft_model' or "
                             "'auto'")
     check_draft_flags_used(args, spec, plain_loads_none=True)
-    draft, spec = draft_in_config(spec, args.draft)
-    if draft is not None and draft != args.draft:       # the config's "model" is the draft
-        llm = dataclasses.replace(llm, draft=draft)
+    llm, spec = draft_in_config(spec, llm)
     with named_flags(_flag_of):
         max_new_tokens, stop = check_max_new_tokens(args.max_new_tokens), check_stop(args.stop)
     return _Request(llm, prompt, max_new_tokens, params, stop, spec)
@@ -201,23 +199,24 @@ def check_draft_given(spec, model, draft) -> None:
                             "\"method\": \"ngram\"")
 
 
-def draft_in_config(spec, draft):
-    """(the draft model to load, the config to run) where the speculative config names a
-    draft "model" (vLLM's way): that model is loaded as the run's draft and the config drafts
-    with it, in place of the default pair's draft, which nothing would run (LLM would load it,
-    and the named one beside it for the config). Refused beside a --draft naming another
-    model: one of the two would be loaded for nothing."""
+def draft_in_config(spec, llm):
+    """(the checked LLM arguments, the config to run) where the speculative config names a
+    draft "model" (vLLM's way): that model is loaded as the run's draft (`llm.draft`) and the
+    config drafts with it, in place of the default pair's draft, which nothing would run (LLM
+    would load it, and the named one beside it for the config). Refused beside a --draft
+    naming another model: one of the two would be loaded for nothing."""
     from specrt.checks import show
     from specrt.errors import ArgumentError
     from specrt.spec.config import SpecConfig
 
     if not (isinstance(spec, SpecConfig) and spec.model is not None):
-        return draft, spec
-    if draft is not None and not _same_model(draft, spec.model):
-        raise ArgumentError(f"--draft {show(str(draft))} and --speculative-config \"model\" "
+        return llm, spec
+    if llm.draft is not None and not _same_model(llm.draft, spec.model):
+        raise ArgumentError(f"--draft {show(llm.draft)} and --speculative-config \"model\" "
                             f"{show(spec.model)} name two draft models, and one runs: give one "
                             "of them")
-    return spec.model, dataclasses.replace(spec, model=None)
+    return (dataclasses.replace(llm, draft=spec.model),
+            dataclasses.replace(spec, model=None))
 
 
 def _same_model(a, b) -> bool:

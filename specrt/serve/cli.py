@@ -15,7 +15,6 @@ and it exits 0.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -103,9 +102,7 @@ def check_flags(args):
     spec = SpecConfig.parse(speculative_from_flag(args.speculative_config, has_draft))
     check_draft_given(spec, args.model, args.draft)
     check_draft_flags_used(args, spec)
-    draft, _ = draft_in_config(spec, args.draft)
-    if draft is not None and draft != args.draft:    # the config's "model": the server's draft
-        checked = dataclasses.replace(checked, draft=draft)
+    checked, _ = draft_in_config(spec, checked)       # the config's "model": the server's draft
     # the shortest request (a 1-token prompt, 1 token) under the server's config: if even it
     # does not fit, only requests sending a smaller K or "speculative": false will be served
     k = spec.num_speculative_tokens if spec is not None else 0
