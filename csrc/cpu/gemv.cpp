@@ -144,6 +144,13 @@ constexpr int NB_DEC = 4, MB_FEW = 6;   // a decode step's tile over long rows; 
 constexpr int MB_FEW_HALVES = 2;        // ... up to 2 on a Zen 4
 constexpr int64_t ROW_AT_A_TIME_K = 2048;
 
+// Wider passes (gemv_tiled) request the block after next into L2, not the next: on the Zen 4
+// EPYC (2 threads, kernel_ab over the 1.5B's shapes, bits identical) the later request read 8,
+// 9, 12 and 17 rows of x 1.08x, 1.10x, 1.05x and 1.06x faster with the streaming read at 50-53
+// GB/s, 3, 5 and 8 rows 1.04x, 1.01x and 1.01x with it at 32-33; three blocks ahead measured
+// as two (0.98-1.05x; benchmarks/RESULTS.md, "The bf16 verify pass's prefetch distance").
+constexpr int BF16_DISTANCE = 2;
+
 // x rows [MB, K] bf16 against NB whole weight rows w [NB, K]: the lane sums of each (weight
 // row i, x row j) into sums [NB][MB][16]. Each 32-value step reads 64 bytes of each weight row
 // and prefetches (into L2) as many bytes of the next tile.
@@ -189,8 +196,8 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
   const Vector512<Bf16Store> store{{bias, out, out_f32, N}};
   if (M <= (cpu_avx512_halves() ? MB_FEW_HALVES : MB_FEW))
     return few_bf16(x, w, M, N, K, threads, store);
-  gemv_tiled<NB_MAX, MB_MAX, 512>(Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table,
-                                   store);
+  gemv_tiled<NB_MAX, MB_MAX, 512, 1, Ahead::next_block, BF16_DISTANCE>(
+      Rows<uint16_t>{x, K}, w, M, N, K, threads, block_bf16_table, store);
 }
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,

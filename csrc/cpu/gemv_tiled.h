@@ -70,13 +70,15 @@ struct Rows {
 // A burst of requests at the start of a block, or requests into L1, stalled on the miss queue
 // and measured no better or worse.
 //
-// Where the next bytes come from (Ahead): the AVX-512 kernels request the next block (the same
-// rows' next k range, or the next tile's first block: NB short runs, one per row); the AVX2
+// Where the next bytes come from (Ahead): the AVX-512 kernels request the block DISTANCE blocks
+// on (the same rows' later k range, or a later tile's block: NB short runs, one per row); the AVX2
 // kernels request the next tile in memory order (its rows are contiguous, so one linear run of
 // NB * K bytes, shared out over this tile's passes). On the AVX2 development machine (Zen 3)
 // the linear run made the tiled product 1.31x faster at 2 rows and 1.07x at 5 (benchmarks/
 // kernel_ab.py over the 1.5B's matrix shapes, benchmarks/RESULTS.md); the AVX-512 kernels
-// keep what was measured for them.
+// keep what was measured for them. The bf16 kernel requests the block after next (DISTANCE 2,
+// gemv.cpp): one block (8 rows x 1 KiB) of lead was too short for memory to keep up while a
+// 3- to 17-row pass multiplied the current block; the others keep the next block (1).
 enum class Ahead { next_block, next_tile };
 
 // A pass's share of the lines to request: `left` lines from p, per_step per k-step, in runs
@@ -316,11 +318,12 @@ constexpr int64_t M_DYNAMIC = 24, DYNAMIC_TILES = 8, VERIFY_TILES = 32;
 
 // NB_MAX weight rows per tile, row tiles of at most MB_MAX rows of x, blocks of KB k-values.
 template <int NB_MAX, int MB_MAX, int KB, int PACK = 1, Ahead AHEAD = Ahead::next_block,
-          typename X, typename T, typename Store>
+          int DISTANCE = 1, typename X, typename T, typename Store>
 static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int threads,
                        Block<X, T> (&Blocks)[NB_MAX][MB_MAX], Store store,
                        Reduce reduce = reduce16_all) {
   int64_t n_tiles = (N + NB_MAX - 1) / NB_MAX;
+  const int64_t blocks = (K + KB - 1) / KB;                 // k-blocks a tile
   const int64_t row = K / PACK;                             // weight elements per row
   const std::vector<std::pair<int64_t, int64_t>> row_tiles = near_equal_parts(M, MB_MAX);
   const int64_t m_tiles = int64_t(row_tiles.size());
@@ -348,7 +351,8 @@ static void gemv_tiled(X x, const T* w, int64_t M, int64_t N, int64_t K, int thr
         const char* base = nullptr;
         int64_t row_stride = 0, lines_per_row = 1, lines = 0, pass0 = 0, passes = m_tiles;
         if (AHEAD == Ahead::next_block) {
-          int64_t nn0 = k1 < K ? n0 : n0 + NB_MAX, nk0 = k1 < K ? k1 : 0;
+          const int64_t b = k0 / KB + DISTANCE;                 // the block requested
+          const int64_t nn0 = n0 + b / blocks * NB_MAX, nk0 = b % blocks * KB;
           if (nn0 < N) {
             int64_t nkb = std::min<int64_t>(KB, K - nk0);
             base = reinterpret_cast<const char*>(w + nn0 * row + nk0 / PACK);
