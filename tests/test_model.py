@@ -78,6 +78,27 @@ def test_an_engine_longer_than_the_rotary_tables_is_refused(tiny_noeos_dir):
         Engine(model, max_seq_len=65)
 
 
+@pytest.mark.parametrize("backend", ["torch_ref", "cpu_native"])
+@pytest.mark.parametrize("max_seq_len", [0, -5, 2.5, True])
+def test_a_max_seq_len_below_one_is_refused_at_load(tiny_noeos_dir, backend, max_seq_len):
+    """0 rows of rotary tables: the C++ layer loop read row -1 of an empty table (a segfault),
+    torch_ref raised an IndexError, and -5 a RuntimeError from torch.arange."""
+    from specrt.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="max_seq_len must be an integer >= 1"):
+        Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=max_seq_len,
+                             backend=backend)
+
+
+@pytest.mark.parametrize("rows", [[0, 5, 1000], [0, -1]])
+def test_head_rows_outside_the_vocabulary_are_refused(tiny_noeos_dir, rows):
+    """1000 >= V gave an IndexError; -1 was kept, scoring the last id under the name -1."""
+    from specrt.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"head_rows\[\] must be an integer in 0\.\.319"):
+        Transformer.from_dir(tiny_noeos_dir, max_seq_len=16, head_rows=rows)
+
+
 def test_sharded_checkpoint_loads(tmp_path):
     d = make_model(tmp_path / "sharded", "qwen2", seed=3, eos=False, tokenizer=False,
                    max_shard_size="60KB")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from specrt.checks import check_int
 from specrt.errors import CapacityError
 from specrt.model.backends import Backend, Linear, Pass, select_backend
 from specrt.model.backends.torch_ref import rope_tables
@@ -47,6 +48,14 @@ class Transformer:
         shrinks to them, every other logit is -inf, except the ids a pass names in
         `also_score`); None: the whole vocabulary."""
         self.cfg = cfg
+        # Every pass clamps a position into the rotary tables of max_seq_len rows: none would
+        # leave a table of nothing to clamp into (the C++ layer loop read row -1 of it).
+        max_seq_len = check_int("max_seq_len", max_seq_len, 1,
+                                fix="the most positions a sequence holds, at least 1")
+        if head_rows is not None:
+            head_rows = [check_int("head_rows[]", r, 0, cfg.vocab_size - 1,
+                                   fix="token ids of the model's vocabulary")
+                         for r in head_rows]
         w = weights
         self.embed = w.pop("model.embed_tokens.weight")            # [V, H]
         self.norm = w.pop("model.norm.weight")                      # [H]

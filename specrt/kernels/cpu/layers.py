@@ -57,7 +57,8 @@ class Stack:
         d = cfg.head_dim
         cos, sin = model.cos, model.sin
         if final is None or not all(t.dtype == torch.bfloat16 and t.is_contiguous()
-                                    and t.dim() == 2 and t.shape[1] == d for t in (cos, sin)):
+                                    and t.dim() == 2 and t.shape[1] == d and t.shape[0] >= 1
+                                    for t in (cos, sin)):
             return None
         handle = _layers.Stack(layers, final, cos.data_ptr(), sin.data_ptr(), h, cfg.num_heads,
                                cfg.num_kv_heads, d, inter, cos.shape[0], cfg.rms_norm_eps,
