@@ -78,6 +78,25 @@ def test_an_engine_longer_than_the_rotary_tables_is_refused(tiny_noeos_dir):
         Engine(model, max_seq_len=65)
 
 
+def test_sharded_checkpoint_in_the_hugging_face_cache_layout_loads(tmp_path):
+    """The hub's cache links every file of snapshots/<rev>/ to ../../blobs/<hash>; a shard
+    named inside the directory was refused as "outside the model directory" because its link
+    resolves into blobs/."""
+    d = make_model(tmp_path / "sharded", "qwen2", seed=3, eos=False, tokenizer=False,
+                   max_shard_size="60KB")
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(d.iterdir())):
+        f.rename(blobs / f"blob{i}")
+        (snap / f.name).symlink_to(f"../../blobs/blob{i}")
+    assert len(list(snap.glob("model-*.safetensors"))) > 1
+    ours = Transformer.from_dir(snap, max_seq_len=32)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(ours.forward(ids, ours.new_cache(1, 32)),
+                               hf_model(snap)(ids).logits, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("backend", ["torch_ref", "cpu_native"])
 @pytest.mark.parametrize("max_seq_len", [0, -5, 2.5, True])
 def test_a_max_seq_len_below_one_is_refused_at_load(tiny_noeos_dir, backend, max_seq_len):
