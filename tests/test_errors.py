@@ -1,8 +1,9 @@
 """Bad input gets one SpecrtError that names the problem and the fix, never a raw traceback."""
 import pytest
+import torch
 
 import specrt
-from specrt.errors import SpecrtError
+from specrt.errors import CheckpointError, SpecrtError
 from tests.helpers import copy_model, edit_json
 
 
@@ -92,6 +93,22 @@ def test_a_prompt_with_nan_logits_fails_alone_beside_others_in_its_prefill(tiny_
             assert sound.result().token_ids == alone
     finally:
         llm.close()
+
+
+def test_a_bf16_checkpoint_short_of_one_projection_names_it(tiny_dir, tmp_path):
+    """At 2 bytes a parameter a missing projection also fails the size check, which blamed
+    config.json ("check num_hidden_layers, hidden_size ...") for a checkpoint short of one
+    tensor; the layers are the config's, so the tensor is named."""
+    from safetensors.torch import load_file, save_file
+
+    d = copy_model(tiny_dir, tmp_path / "m")
+    sd = {k: v.to(torch.bfloat16) for k, v in load_file(d / "model.safetensors").items()}
+    sd.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError,
+                       match="missing tensor 'model.layers.1.mlp.up_proj.weight'") as e:
+        specrt.LLM(d, dtype="bfloat16")
+    assert "check num_hidden_layers" not in str(e.value)
 
 
 def test_missing_and_misshaped_tensor(tiny_dir, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -169,6 +170,20 @@ def check_sizes(cfg: ModelConfig, paths, model_dir: Path) -> None:
         "(check num_hidden_layers, hidden_size, intermediate_size and vocab_size)")
 
 
+def _layers_in(files: dict[str, Path]) -> set[int]:
+    """The layer numbers N of the checkpoint's model.layers.N.* tensors."""
+    found = (re.match(r"model\.layers\.(\d+)\.", name) for name in files)
+    return {int(m.group(1)) for m in found if m}
+
+
+def _check_missing(want: dict, files: dict[str, Path], model_dir: Path) -> None:
+    missing = [n for n in want if n not in files]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"checkpoint in {model_dir} is missing tensor {missing[0]!r}{more}; "
+                              "it does not match its config.json")
+
+
 def _header_len(path: Path) -> int:
     try:
         with open(path, "rb") as f:
@@ -220,14 +235,17 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype,
     model_dir = Path(model_dir)
     files = _weight_files(model_dir)
     _check_float(files)           # first: weights in another form also miss the size check
-    check_sizes(cfg, files.values(), model_dir)
+    try:
+        check_sizes(cfg, files.values(), model_dir)
+    except WeightsSizeError:
+        # A checkpoint whose layers are the config's, short of a tensor, is short of that
+        # tensor (a 2-byte checkpoint without one projection also fails the size check).
+        if _layers_in(files) == set(range(cfg.num_layers)):
+            _check_missing(expected_shapes(cfg), files, model_dir)
+        raise
     checksum.verify(model_dir)
     want = expected_shapes(cfg)
-    missing = [n for n in want if n not in files]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"checkpoint in {model_dir} is missing tensor {missing[0]!r}{more}; "
-                              "it does not match its config.json")
+    _check_missing(want, files, model_dir)
     # Tied embeddings with an lm_head.weight of their own: read it too; the model uses it where
     # it differs from the embeddings (as transformers does), else it is dropped
     # (`_untie_if_different`).
