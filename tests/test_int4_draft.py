@@ -106,9 +106,15 @@ def test_int4_draft_greedy_equals_plain(llm4, method, monkeypatch):
 
 
 def test_int4_on_a_model_it_cannot_hold_is_one_clear_error(tiny_noeos_dir, tiny_draft_dir):
-    """Hidden size 64: not a multiple of 128."""
-    with pytest.raises(ConfigError, match="multiples of 128"):
+    """Hidden size 64: not a multiple of 128, but of int8's 64, so int8 is offered; a 32-wide
+    one fits neither, and int8 said to load it in int8."""
+    with pytest.raises(ConfigError, match="multiples of 128.*load it unquantized or in int8$"):
         specrt.LLM(tiny_noeos_dir, draft=tiny_draft_dir, dtype="float32", draft_dtype="int4")
+    from specrt.model.backends.quantized import quantized_linear
+
+    for fmt in ("int8", "int4"):
+        with pytest.raises(ConfigError, match="32-wide projection: load it unquantized$"):
+            quantized_linear(fmt, torch.zeros(64, 32))
 
 
 def test_calibration_tells_int4_from_int8(tiny128_draft_dir):

@@ -68,9 +68,10 @@ def quantized_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None =
                           "on CUDA")
     multiple = _KERNELS[fmt][1]
     if weight.shape[1] % multiple:
+        others = [f for f, (_, m) in _KERNELS.items() if f != fmt and weight.shape[1] % m == 0]
         raise ConfigError(f"{fmt} weights need input sizes that are multiples of {multiple}; "
                           f"this model has a {weight.shape[1]}-wide projection: load it "
-                          "unquantized or in int8")
+                          f"unquantized{''.join(f' or in {f}' for f in others)}")
     return _LINEARS[fmt](weight, bias)
 
 
