@@ -52,6 +52,27 @@ def test_matches_f_linear(dtype, tol, m, n, k):
 
 
 @needs_kernel
+def test_linear_keeps_autograd_and_refuses_an_out_dtype_that_is_not_one():
+    """F.linear is linear's specification: a product autograd must track takes it (the kernel
+    path returned a result without grad_fn for 1 row, with one for 65), and out_dtype must be
+    a dtype (the string "float32" reached Tensor.to as a device name)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 40, generator=g)
+    for rows in (1, 65):
+        x = torch.randn(rows, 40, generator=g, requires_grad=True)
+        y = cpu_gemv.linear(x, w)
+        assert y.grad_fn is not None
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, w.sum(0).expand(rows, 40))
+    with torch.no_grad():                 # no graph wanted: the kernel serves it
+        assert cpu_gemv.linear(torch.randn(1, 40, requires_grad=True), w).grad_fn is None
+    with pytest.raises(ValueError, match="linear: out_dtype must be a torch.dtype or None"):
+        cpu_gemv.linear(torch.randn(1, 40), w, out_dtype="float32")
+    with pytest.raises(ValueError, match=r"out_dtype must be torch.float32 \(that of x\), got"):
+        cpu_gemv.kernel_linear(torch.randn(1, 40), w, out_dtype=torch.bfloat16)
+
+
+@needs_kernel
 @pytest.mark.parametrize("m", [1, 3, 6, 17, 48])
 def test_bf16_outputs_are_the_fp32_outputs_rounded_to_nearest_even(m):
     """The stores round (+ bias) to bf16 as torch does, every lane of a tile (vector stores on
@@ -199,9 +220,13 @@ def test_the_streaming_read_reads_contiguous_cpu_tensors_and_refuses_views():
         bandwidth.read_seconds([torch.ones(8).expand(4, 8)])
     with pytest.raises(ValueError, match="contiguous CPU tensors"):
         bandwidth.read_seconds([torch.ones(16, 16).t()])
-    for threads in (0, -1, 2.0):     # -1 reached OpenMP, which aborted the whole process
-        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+    # -1 reached OpenMP, which aborted the whole process; 2**31 the binding's raw TypeError
+    for threads in (0, -1, 2.0, 2**31):
+        with pytest.raises(ValueError, match="threads must be an int in 1..4096"):
             bandwidth.read_seconds([t], threads=threads)
+    for not_a_list in ([1, 2], t):      # an AttributeError; a tensor's rows read one by one
+        with pytest.raises(ValueError, match="tensors must be a list of tensors"):
+            bandwidth.read_seconds(not_a_list)
 
 
 @needs_kernel
@@ -215,9 +240,14 @@ def test_the_compute_floor_probe_does_every_multiply_add_it_counts():
         assert cpu_gemv._gemv.dot_peak(steps, scale, threads) == \
             compute.dot_peak_reference(steps, scale, threads)
     assert 0 < compute.peak_flops(threads=1, repeats=1, steps=10_000) < float("inf")
-    for threads in (0, -1, 2.0):
-        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+    for threads in (0, -1, 2.0, 2**31):
+        with pytest.raises(ValueError, match="threads must be an int in 1..4096"):
             compute.peak_flops(threads=threads)
+    # steps -5 gave a negative rate, 0 a rate of 0, 2.5 the binding's raw TypeError
+    for name, bad in [("steps", -5), ("steps", 0), ("steps", 2.5), ("repeats", 0),
+                      ("steps", 2**31)]:
+        with pytest.raises(ValueError, match=f"peak_flops: {name} must be an int in 1\\.\\."):
+            compute.peak_flops(threads=1, **{name: bad})
 
 
 def test_a_pass_is_priced_at_the_flops_a_counter_sees(tmp_path):

@@ -22,20 +22,32 @@ def fail(fn: str, name: str, expected: str, got: object) -> ValueError:
 
 def require(available: bool, fn: str, module: str) -> None:
     """A kernel called where it cannot run (no extension, SPECRT_* = 0, or a CPU without the
-    ISA: it would die of SIGILL) fails as an error; callers ask `usable` first."""
+    ISA: it would die of SIGILL) fails as an error; callers ask the module's AVAILABLE first.
+    module: the extension and the instructions it needs here."""
     if not available:
-        raise RuntimeError(f"{fn}: {module} is not built, is disabled, or this CPU lacks "
-                           "the ISA it needs (AVX-512 F/BW/VL/BF16 or AVX2 + FMA + F16C; "
-                           "AVX-512 VNNI for int4); check usable() first")
+        raise RuntimeError(f"{fn}: {module} is not built, is disabled (SPECRT_* = 0), or this "
+                           "CPU lacks those instructions; check the kernel module's AVAILABLE "
+                           "first")
+
+
+# The most threads a kernel takes: its bindings take a C int, and no CPU has more.
+MAX_THREADS = 4096
 
 
 def threads(fn: str, value) -> int:
-    """A probe's thread count: None (torch's count) or an int >= 1 (OpenMP aborts the whole
-    process on -1)."""
+    """A probe's thread count: None (torch's count) or an int in 1..MAX_THREADS (OpenMP aborts
+    the whole process on -1; the bindings refuse what a C int does not hold)."""
     value = torch.get_num_threads() if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{fn}: threads must be an int >= 1 (or None: torch's count), got "
-                         f"{value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise ValueError(f"{fn}: threads must be an int in 1..{MAX_THREADS} (or None: torch's "
+                         f"count), got {value!r}")
+    return value
+
+
+def count(fn: str, name: str, value, most: int = 2**31 - 1) -> int:
+    """An int in 1..most (a probe's repeats or steps; the bindings take a C int)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(f"{fn}: {name} must be an int in 1..{most}, got {value!r}")
     return value
 
 

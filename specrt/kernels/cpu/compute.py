@@ -50,11 +50,13 @@ def peak_flops(threads: int | None = None, repeats: int = 5, steps: int = STEPS
     """Floating-point operations per second the bf16 kernels' instructions issue at on
     `threads` threads (default: torch's count): the best of `repeats` probe runs (a busy
     machine only slows a run); None without the probe."""
+    threads = checks.threads("peak_flops", threads)
+    repeats = checks.count("peak_flops", "repeats", repeats)
+    steps = checks.count("peak_flops", "steps", steps)
     if not AVAILABLE:
         return None
-    threads = checks.threads("peak_flops", threads)
     best = float("inf")
-    for _ in range(max(1, repeats)):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         _gemv.dot_peak(steps, 0.0, threads)
         best = min(best, time.perf_counter() - t0)

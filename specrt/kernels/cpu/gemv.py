@@ -64,12 +64,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out_dtype=torch.float32 with bf16 inputs keeps the fp32 accumulator (used for logits).
     Any device and layout: what the kernel does not serve takes `F.linear`."""
     _check_operands("linear", x, weight, bias)
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise checks.fail("linear", "out_dtype", "a torch.dtype or None", out_dtype)
     # Asked-for fp32 results (logits) take the kernel at any row count: a batch's logits must
     # be the bits of each row alone (and the library would round bf16 products to bf16 first).
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     most = rows if out_dtype == torch.float32 else MAX_ROWS.get(weight.dtype, 0)
     out_dtype = out_dtype or x.dtype
-    if not (usable(weight) and 0 < rows <= most
+    # the kernel records no autograd graph: a product that needs one takes the library
+    tracked = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias))
+    if not (usable(weight) and 0 < rows <= most and not tracked
             and (bias is None or bias.is_contiguous()) and out_dtype in (x.dtype, torch.float32)):
         y = F.linear(x, weight, bias)
         return y if y.dtype == out_dtype else y.to(out_dtype)
@@ -82,7 +87,7 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     not serve (see `usable`; x may have any strides: it is copied to rows if it must be).
     Each output row is computed the same way whatever M is."""
     fn = "kernel_linear"
-    checks.require(AVAILABLE, fn, "specrt._gemv")
+    checks.require(AVAILABLE, fn, "specrt._gemv (AVX-512 BF16, or AVX2 + FMA + F16C)")
     _check_operands(fn, x, weight, bias)
     checks.floating(fn, "weight", weight, "[N, K]")
     n, k = weight.shape
@@ -90,7 +95,9 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         checks.tensor(fn, "bias", bias, weight.dtype, (n,), "[N]", "weight")
     out_dtype = out_dtype or x.dtype
     if out_dtype not in (x.dtype, torch.float32):
-        raise checks.fail(fn, "out_dtype", f"{x.dtype} (that of x) or torch.float32", out_dtype)
+        expected = ("torch.float32 (that of x)" if x.dtype == torch.float32
+                    else f"{x.dtype} (that of x) or torch.float32")
+        raise checks.fail(fn, "out_dtype", expected, out_dtype)
     if not x.is_cpu:
         raise checks.fail(fn, "x", "on the CPU", x.device)
     rows = x.numel() // k if k else 0

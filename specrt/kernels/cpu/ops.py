@@ -43,7 +43,7 @@ def _bf16(x: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [M, H] -> RMSNorm(x) * weight [H], as `backends.torch_ref.rms_norm`."""
-    checks.require(AVAILABLE, "rms_norm", "specrt._cpu_ops")
+    checks.require(AVAILABLE, "rms_norm", "specrt._cpu_ops (AVX-512 or AVX2)")
     checks.floating("rms_norm", "x", x, "[M, H]")
     m, h = x.shape
     checks.tensor("rms_norm", "weight", weight, x.dtype, (h,), "[H]", "x")
@@ -55,7 +55,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> torch.Tensor:
     """The residual add and the next norm: x [M, H] += y (in place); returns RMSNorm(x) * w."""
-    checks.require(AVAILABLE, "add_rms_norm", "specrt._cpu_ops")
+    checks.require(AVAILABLE, "add_rms_norm", "specrt._cpu_ops (AVX-512 or AVX2)")
     checks.floating("add_rms_norm", "x", x, "[M, H]")
     m, h = x.shape
     checks.tensor("add_rms_norm", "y", y, x.dtype, x.shape, "[M, H] like x", "x")
@@ -68,7 +68,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [M, 2I] (gate, then up) -> silu(gate) * up [M, I]."""
-    checks.require(AVAILABLE, "silu_mul", "specrt._cpu_ops")
+    checks.require(AVAILABLE, "silu_mul", "specrt._cpu_ops (AVX-512 or AVX2)")
     checks.floating("silu_mul", "gate_up", gate_up, "[M, 2I]")
     m, two_i = gate_up.shape
     if two_i % 2:
@@ -110,7 +110,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     Xeon; csrc/cpu/ops_impl.h reads each row twice with vector loads (benchmarks/RESULTS.md,
     "The argmax over the vocabulary")."""
     fn = "argmax"
-    checks.require(AVAILABLE, fn, "specrt._cpu_ops")
+    checks.require(AVAILABLE, fn, "specrt._cpu_ops (AVX-512 or AVX2)")
     if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_cpu
             and x.dim() >= 1 and x.shape[-1] >= 1):
         raise checks.fail(fn, "x", "a CPU fp32 tensor [..., V] with V >= 1",
@@ -130,7 +130,7 @@ def _check_attention(qkv, k_cache, v_cache, cos, sin, starts, counts,
                      num_heads: int) -> tuple[int, int, int, int]:
     """rope_attention's arguments, checked; returns (B, Hkv, S, D)."""
     fn = "rope_attention"
-    checks.require(AVAILABLE, fn, "specrt._cpu_ops")
+    checks.require(AVAILABLE, fn, "specrt._cpu_ops (AVX-512 or AVX2)")
     checks.floating(fn, "k_cache", k_cache, "[Bmax, Hkv, S, D]")
     bmax, hkv, s, d = k_cache.shape
     dt = k_cache.dtype
