@@ -1,4 +1,6 @@
 """The runtime against transformers' own Qwen2/Llama code, on tiny random checkpoints (fp32)."""
+import re
+
 import pytest
 import torch
 
@@ -116,6 +118,31 @@ def test_head_rows_outside_the_vocabulary_are_refused(tiny_noeos_dir, rows):
 
     with pytest.raises(ArgumentError, match=r"head_rows\[\] must be an integer in 0\.\.319"):
         Transformer.from_dir(tiny_noeos_dir, max_seq_len=16, head_rows=rows)
+
+
+@pytest.mark.parametrize("backend", ["torch_ref", "cpu_native"])
+def test_a_pass_of_bad_ids_or_counts_is_one_value_error(tiny_noeos_dir, backend):
+    """-1 was read as the last id (an embedding lookup wraps), silently; the others raised
+    IndexErrors or unpacking errors from inside the backends."""
+    model = Transformer.from_dir(tiny_noeos_dir, dtype="bfloat16", max_seq_len=16,
+                                 backend=backend)
+    V = model.cfg.vocab_size
+    bad = [(torch.tensor([[3, -1]]), {}, f"token ids in 0..{V - 1}, got -1"),
+           (torch.tensor([[3, V]]), {}, f"token ids in 0..{V - 1}, got {V}"),
+           (torch.tensor([[3.0, 4.0]]), {}, "an int64 tensor"),
+           (torch.tensor([3, 4]), {}, "an int64 tensor"),
+           (torch.zeros(1, 0, dtype=torch.long), {}, "T >= 1"),
+           (torch.tensor([[3], [4], [5]]), {}, "B <= 2"),
+           (torch.tensor([[3, 4]]), {"num_valid": [5]}, "num_valid must be 1 ints in 0..2"),
+           (torch.tensor([[3, 4]]), {"num_valid": [-1]}, "num_valid must be 1 ints in 0..2"),
+           (torch.tensor([[3, 4]]), {"num_valid": [1, 2]}, "num_valid must be 1 ints in 0..2")]
+    for ids, kwargs, message in bad:
+        cache = model.new_cache(2, 16)
+        with pytest.raises(ValueError, match=f"^forward: .*{re.escape(message)}"):
+            model.forward(ids, cache, **kwargs)
+        assert cache.host_lengths() == [0, 0]          # refused before anything was written
+    out = model.forward(torch.tensor([[3, V - 1]]), model.new_cache(2, 16))
+    assert out.shape == (1, 2, V)
 
 
 def test_sharded_checkpoint_loads(tmp_path):

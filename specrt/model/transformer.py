@@ -153,9 +153,9 @@ class Transformer:
         Returns fp32 logits [B, T, V] (or [B, 1, V]), zeros at the padding (which the backend
         need not compute); cache lengths advance by num_valid.
         """
-        B, T = input_ids.shape
-        rows = Pass(T, cache.host_lengths()[:B],
-                    list(num_valid) if num_valid is not None else [T] * B)
+        lengths = cache.host_lengths()
+        B, T, valid = self._check_pass(input_ids, len(lengths), num_valid)
+        rows = Pass(T, lengths[:B], valid)
         need = max(s + v for s, v in zip(rows.starts, rows.valid))
         if need > cache.max_seq_len:
             raise CapacityError(f"KV cache overflow: a row needs {need} positions but "
@@ -168,6 +168,32 @@ class Transformer:
         if also_score is not None and any(also_score):
             self._score_also(logits, unpack(h), also_score)
         return logits
+
+    def _check_pass(self, input_ids, cache_rows: int, num_valid) -> tuple[int, int, list[int]]:
+        """(B, T, num_valid as a list) of a pass, or ValueError naming what is wrong: an
+        embedding lookup would wrap a negative id (-1 read as the last id, silently) and
+        raise an IndexError for one past the vocabulary."""
+        if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2
+                and input_ids.dtype == torch.int64):
+            got = (f"{input_ids.dtype} of shape {tuple(input_ids.shape)}"
+                   if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__)
+            raise ValueError(f"forward: input_ids must be an int64 tensor [B, T], got {got}")
+        B, T = input_ids.shape
+        if not 1 <= B <= cache_rows or T < 1:
+            raise ValueError(f"forward: input_ids [B, T] = {tuple(input_ids.shape)} needs "
+                             f"1 <= B <= {cache_rows} (the cache's rows) and T >= 1")
+        # A CUDA tensor's values would be read by a host sync: the engine checks a request's
+        # ids where it admits them (engine/request.py), and the static path never syncs.
+        if input_ids.device.type == "cpu" and input_ids.numel():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise ValueError(f"forward: input_ids must be token ids in 0.."
+                                 f"{self.cfg.vocab_size - 1}, got {lo if lo < 0 else hi}")
+        valid = [T] * B if num_valid is None else list(num_valid)
+        if len(valid) != B or not all(isinstance(v, int) and 0 <= v <= T for v in valid):
+            raise ValueError(f"forward: num_valid must be {B} ints in 0..{T} (each row's "
+                             f"real tokens), got {valid!r:.80}")
+        return B, T, valid
 
     def forward_static(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
         """The CUDA-graph-safe forward: every row's T tokens are real, positions and lengths
