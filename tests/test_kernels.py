@@ -441,6 +441,15 @@ def test_rejection_padding_and_residual_fallback(sample):
     assert out[0, 1] == (p[0, 1] / noise[0]).argmax()
     assert out[1, 0] == (p[1, 0] / noise[1]).argmax()
     assert out[2, K] == (p[2, K] / noise[2]).argmax()
+    # An id past the vocabulary is padding too (the reference indexed past V: an IndexError
+    # on the CPU, where the Triton kernel read it as padding), with q or one-hot.
+    for outside in (V, V + 5, -2):
+        far = drafts.clone()
+        far[0, 1] = outside
+        for q_or_none in (q, None):
+            want = sample(p, q_or_none, drafts, u, noise)
+            got = sample(p, q_or_none, far, u, noise)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("sample", REJECTION_BACKENDS)

@@ -121,7 +121,7 @@ def rejection_sample(
     """Exact speculative sampling (Leviathan et al. / Chen et al.).
 
     Draft x_i is accepted iff `uniforms[b, i] * q_i(x_i) < p_i(x_i)` (q = 1 without
-    draft_probs); padding drafts (-1) are rejected. At the first rejected position i the
+    draft_probs); padding drafts (-1, or any id outside 0..V-1) are rejected. At the first rejected position i the
     recovered token is `argmax_v max(0, p_i[v] - q_i[v]) / noise[b, v]` (one-hot drafts:
     p_i with x_i zeroed; padding: q_i = 0), an exact sample of the normalized residual
     since noise ~ Exp(1) (exponential race). If the residual scores are all zero, it falls
@@ -137,7 +137,8 @@ def rejection_sample(
         require(draft_probs.shape == (B, K, V), f"draft_probs must be [B, K, V]={[B, K, V]}")
 
     x = draft_tokens.long()
-    valid = x >= 0
+    valid = (x >= 0) & (x < V)
+    x = torch.where(valid, x, -1)  # an id outside the vocabulary is padding, as -1 is
     xc = x.clamp(min=0).unsqueeze(-1)  # [B, K, 1]
     p_x = target_probs[:, :K].gather(2, xc).squeeze(-1).float()  # [B, K]
     if draft_probs is None:
