@@ -328,11 +328,29 @@ def test_bad_sizes(backend):
     # Sizes are checked before tokens, in both backends.
     with pytest.raises(ValueError, match="^k must be"):
         propose([-1], 0, 1, 2)
+    # Past int64 (the C++ binding's int64_t: pybind11's TypeError where the fallback
+    # answered or raised its ValueError): the same answer, or the same check's ValueError.
+    assert full.propose(2**63) == full.propose(2**70) == [3, 1, 2]
+    assert full.agreement(2**63) == full.agreement(2**70) == 2
+    assert propose([1, 2, 3, 1, 2], 2**70, 1, 2) == [3, 1, 2]
+    with pytest.raises(ValueError, match="^k must be >= 1, got -"):
+        full.propose(-2**70)
+    with pytest.raises(ValueError, match="^k must be >= 1, got -"):
+        propose([1, 2], -2**70, 1, 2)
+    for sizes, check in [((1, 2**63), "^max_n must be <= 1024, got "),
+                         ((-2**70, 2), "^min_n must be >= 1, got -"),
+                         ((2**70, 2), "^min_n must be <= max_n, got ")]:
+        with pytest.raises(ValueError, match=check):
+            index_cls(*sizes)
+        with pytest.raises(ValueError, match=check):
+            propose([1, 2], 2, *sizes)
     # Not an integer at all: TypeError, as for any Python integer argument.
     with pytest.raises(TypeError):
         index.propose(2.5)
     with pytest.raises(TypeError):
         index_cls(1.0, 2)
+    with pytest.raises(TypeError):         # the fallback compared 1.5 <= 0 and answered
+        full.agreement(1.5)
 
 
 # ---------------------------------------------------------------- backend selection

@@ -138,6 +138,21 @@ class TokenSpan {
   py::object keepalive_;
 };
 
+// An integer argument as the Python backend reads it (operator.index: ints, numpy integers,
+// bool; a float is a TypeError), saturated to int64: a value past int64 then passes or fails
+// the same range check as the Python backend's exact int, its message showing the bound it was
+// read as (pybind11's own int64_t conversion refused it with a TypeError naming no argument).
+int64_t index_arg(py::handle value) {
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+  Py_DECREF(index);
+  if (overflow != 0) return overflow > 0 ? INT64_MAX : INT64_MIN;
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
 py::list to_list(const specrt::Token* data, size_t count) {
   py::list out(count);
   for (size_t i = 0; i < count; ++i) {
@@ -165,7 +180,10 @@ most recent earlier occurrence of the history's last n tokens, so propose(k) cos
 O(max_n + k) whatever the history length. Raises ValueError unless
 1 <= min_n <= max_n <= 1024.
 )doc")
-      .def(py::init<int64_t, int64_t>(), py::arg("min_n"), py::arg("max_n"))
+      .def(py::init([](py::handle min_n, py::handle max_n) {
+             return new specrt::NgramIndex(index_arg(min_n), index_arg(max_n));
+           }),
+           py::arg("min_n"), py::arg("max_n"))
       .def(
           "extend",
           [](specrt::NgramIndex& self, py::handle tokens) {
@@ -177,8 +195,8 @@ O(max_n + k) whatever the history length. Raises ValueError unless
           "[0, 2**31 - 1].")
       .def(
           "propose",
-          [](const specrt::NgramIndex& self, int64_t k) {
-            const auto [begin, end] = self.propose_range(k);
+          [](const specrt::NgramIndex& self, py::handle k) {
+            const auto [begin, end] = self.propose_range(index_arg(k));
             return to_list(self.tokens().data() + begin, end - begin);
           },
           py::arg("k"),
@@ -188,7 +206,11 @@ O(max_n + k) whatever the history length. Raises ValueError unless
       .def("match_length", &specrt::NgramIndex::match_length,
            "The suffix length n that propose matches on (the longest n in [min_n, max_n] whose\n"
            "last n tokens occurred earlier); 0 if none does.")
-      .def("agreement", &specrt::NgramIndex::agreement, py::arg("limit"),
+      .def("agreement",
+           [](const specrt::NgramIndex& self, py::handle limit) {
+             return self.agreement(index_arg(limit));
+           },
+           py::arg("limit"),
            "How many tokens, up to limit, the history's suffix shares with the text ending\n"
            "where propose copies from: match_length() below max_n, possibly more once the\n"
            "whole max_n-gram matches; 0 if nothing matches (or limit <= 0).")
@@ -204,9 +226,11 @@ O(max_n + k) whatever the history length. Raises ValueError unless
 
   m.def(
       "propose",
-      [](py::handle history, int64_t k, int64_t min_n, int64_t max_n) {
+      [](py::handle history, py::handle k_arg, py::handle min_arg, py::handle max_arg) {
         // Same check order as the Python fallback: sizes first, then tokens.
+        const int64_t k = index_arg(k_arg);
         specrt::check_k(k);
+        const int64_t min_n = index_arg(min_arg), max_n = index_arg(max_arg);
         specrt::check_ngram_sizes(min_n, max_n);
         const auto draft = TokenSpan(history).visit([&](const auto* data, size_t n) {
           return specrt::propose(data, n, k, min_n, max_n);

@@ -155,6 +155,7 @@ class PyNgramIndex:
         where propose copies from: match_length() below max_n, possibly more once the whole
         max_n-gram matches; 0 if nothing matches (or limit <= 0). A long agreement means the
         text is being copied, so the copy is likely to go on."""
+        limit = operator.index(limit)
         n = self.match_length()
         if not n or limit <= 0:
             return 0
