@@ -55,3 +55,36 @@ def check_bool(name: str, value, allow_none: bool = False) -> bool | None:
                         f"got {show(value)}")
 
 
+DEVICE_TYPES = ("cpu", "cuda")      # the devices a model runs on
+
+
+def check_device(device):
+    """'cpu', 'cuda', 'cuda:N' or a torch.device -> torch.device. None picks CUDA when it is
+    available, else the CPU (what the CLIs do with no --device)."""
+    import torch      # here: importing specrt.checks stays cheap
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentError(f"device must be 'cpu', 'cuda' or 'cuda:N' (or None: CUDA if "
+                            f"available), got {show(device)}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):    # torch's text lists ~20 device types
+        raise ArgumentError(f"device {show(device)} is not a device name; use 'cpu', 'cuda' "
+                            "or 'cuda:N'") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ArgumentError(f"device {show(device)} is not supported; use 'cpu' or 'cuda'")
+    if dev.type == "cpu":
+        if dev.index not in (None, 0):      # torch takes 'cpu:5' and runs on the one CPU
+            raise ArgumentError(f"device {show(device)}: the CPU is one device and has no "
+                                "index; use 'cpu'")
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"device {show(device)} requested but CUDA is not available; "
+                                "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ArgumentError(f"device {show(device)}: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s)")
+    return dev

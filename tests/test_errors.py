@@ -193,6 +193,25 @@ def test_bad_dtype_and_device(tiny_dir):
         # one sentence of ours, not torch's list of ~20 device types ("..., lazy, ;")
         assert str(e.value) == (f"device {name!r} is not a device name; use 'cpu', 'cuda' "
                                 "or 'cuda:N'")
+        # the model runtime's own loader checks it the same way (it raised torch's list)
+        from specrt.model import Transformer
+
+        with pytest.raises(SpecrtError) as e2:
+            Transformer.from_dir(tiny_dir, device=name)
+        assert str(e2.value) == str(e.value)
+
+
+def test_a_file_given_as_the_model_directory_is_named_as_such(tmp_path):
+    """The model runtime's loader said "cannot stat model config F/config.json: Not a
+    directory; replace it with the real file"; it now says what LLM says."""
+    from specrt.model import Transformer
+
+    f = tmp_path / "model.py"
+    f.write_text("")
+    for load in (specrt.LLM, Transformer.from_dir):
+        with pytest.raises(SpecrtError, match=f"^{f} is a file, not a model directory; pass "
+                                              "the directory that holds config.json"):
+            load(f)
 
 
 @pytest.mark.parametrize("changes, pattern", [

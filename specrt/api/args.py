@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from specrt.errors import ArgumentError
-from specrt.checks import check_bool, check_int, show
+from specrt.checks import check_bool, check_device, check_int, show
 from specrt.spec.config import DRAFT_STOP, check_draft_stop
 
 MAX_SEQ_LEN = 2**20          # a KV cache longer than any Qwen2 context; beyond it, a typo
@@ -24,7 +24,6 @@ MAX_BATCH_SIZE = 1024
 MAX_QUEUE = 2**20
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 QUANT_NAMES = ("int8", "int4")        # the draft's weight-only formats (`draft_dtype`)
-DEVICE_TYPES = ("cpu", "cuda")
 REQUEST_ARGS = ("prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                 "stop", "chat", "speculative")
 
@@ -68,36 +67,6 @@ def auto_dtype(device):
     return torch.bfloat16 if ops.AVAILABLE else torch.float32
 
 
-def check_device(device):
-    """'cpu', 'cuda', 'cuda:N' or a torch.device -> torch.device. None picks CUDA when it is
-    available, else the CPU (what the CLIs do with no --device)."""
-    import torch
-
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not isinstance(device, (str, torch.device)):
-        raise ArgumentError(f"device must be 'cpu', 'cuda' or 'cuda:N' (or None: CUDA if "
-                            f"available), got {show(device)}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):    # torch's text lists ~20 device types
-        raise ArgumentError(f"device {show(device)} is not a device name; use 'cpu', 'cuda' "
-                            "or 'cuda:N'") from None
-    if dev.type not in DEVICE_TYPES:
-        raise ArgumentError(f"device {show(device)} is not supported; use 'cpu' or 'cuda'")
-    if dev.type == "cpu":
-        if dev.index not in (None, 0):      # torch takes 'cpu:5' and runs on the one CPU
-            raise ArgumentError(f"device {show(device)}: the CPU is one device and has no "
-                                "index; use 'cpu'")
-        return torch.device("cpu")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ArgumentError(f"device {show(device)} requested but CUDA is not available; "
-                                "use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ArgumentError(f"device {show(device)}: this machine has "
-                                f"{torch.cuda.device_count()} CUDA device(s)")
-    return dev
 
 
 @dataclasses.dataclass(frozen=True)

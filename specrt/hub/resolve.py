@@ -19,6 +19,7 @@ from pathlib import Path
 from specrt.errors import ModelFetchError, SpecrtError
 from specrt.hub.paths import expand_user, is_present, model_dir
 from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, fetch_command
+from specrt.model.files import file_not_directory
 
 __all__ = ["resolve_model_dir", "resolve_pair", "HUB_FILES"]
 
@@ -37,10 +38,7 @@ def resolve_model_dir(model: str | Path) -> Path:
     if path.is_dir():
         return path
     if path.exists():          # a file: never a Hugging Face id, whatever its name looks like
-        hint = (f"; convert a GGUF file first: python -m specrt.models convert {path} OUT_DIR"
-                if path.suffix.lower() == ".gguf" else "")
-        raise SpecrtError(f"{path} is a file, not a model directory; pass the directory that "
-                          f"holds config.json and the *.safetensors weights{hint}")
+        raise SpecrtError(file_not_directory(path))
     if str(model) in KNOWN_MODELS:
         if is_present(str(model)):
             return model_dir(str(model))

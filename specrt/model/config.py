@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from specrt.errors import ConfigError, ConfigValueError
-from specrt.model.files import check_model_dir, read_json
+from specrt.model.files import check_model_dir, file_not_directory, read_json
 
 # architecture name -> whether q/k/v projections carry a bias by default
 _ARCHITECTURES = {
@@ -134,6 +134,8 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         model_dir = Path(model_dir)
+        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ConfigError(file_not_directory(model_dir))
         check_model_dir(model_dir)
         path = model_dir / "config.json"
         raw = read_json(path, what="model config",

@@ -60,6 +60,14 @@ def check_regular(path: str | Path, what: str = "model file") -> os.stat_result:
     return st
 
 
+def file_not_directory(path: Path) -> str:
+    """What to say when a model directory named is a file."""
+    hint = (f"; convert a GGUF file first: python -m specrt.models convert {path} OUT_DIR"
+            if path.suffix.lower() == ".gguf" else "")
+    return (f"{path} is a file, not a model directory; pass the directory that holds "
+            f"config.json and the *.safetensors weights{hint}")
+
+
 def check_model_dir(model_dir: str | Path) -> None:
     """Refuse a model directory where any file specrt or transformers may read is not a
     regular file. One directory listing, no file is opened."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specrt.checks import check_int
+from specrt.checks import check_device, check_int
 from specrt.errors import CapacityError
 from specrt.model.backends import Backend, Linear, Pass, select_backend
 from specrt.model.backends.torch_ref import rope_tables
@@ -108,6 +108,7 @@ class Transformer:
     def from_dir(cls, model_dir: str | Path, dtype="float32", device="cpu",
                  max_seq_len: int = 4096, backend: str | None = None,
                  quant: str | None = None, head_rows: list[int] | None = None) -> "Transformer":
+        device = check_device(device)
         cfg = ModelConfig.from_dir(model_dir)
         weights = load_state_dict(model_dir, cfg, parse_dtype(dtype), device)
         model = cls(cfg, weights, max_seq_len, backend, quant, head_rows)
