@@ -34,6 +34,14 @@ def test_pack_is_undone_by_unpack(n, k):
     assert torch.equal(gemv_amx.unpack(packed, n, k), w)
 
 
+@pytest.mark.parametrize("shape", [(10, 30), (16, 30), (10, 32), (0, 32), (16,)])
+def test_pack_refuses_a_weight_its_layout_does_not_hold(shape):
+    """(10, 30) raised torch's "shape '[0, 1, 16, 0, 16, 2]' is invalid" from a reshape."""
+    with pytest.raises(ValueError, match=r"^pack: weight must be \[N, K\] with N a multiple "
+                                         "of 16 and K of 32"):
+        gemv_amx.pack(torch.zeros(shape, dtype=torch.bfloat16))
+
+
 def test_pack_puts_a_block_of_a_group_in_one_tile():
     """tile[p][n][e] = W[n][32 b + 2 p + e]: the first KiB is rows 0-15, k 0-31."""
     w = torch.arange(64 * 64, dtype=torch.float32).view(64, 64).bfloat16()

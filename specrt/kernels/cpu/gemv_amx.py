@@ -50,6 +50,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] bf16 -> the kernel's layout, flat [N * K] (gemv_bf16_amx.cpp): units of
     two 16-row groups, each unit's 32-wide blocks in order, a block's groups side by side, a
     group's block as tile[p][n][e] = W[n][32 b + 2 p + e]."""
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and fits(*weight.shape)):
+        got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"pack: weight must be [N, K] with N a multiple of {GROUP} and K of "
+                         f"{BLOCK} (check fits() first), got {got}")
     n, k = weight.shape
     parts = []
     for r0, rows, g in _units(n):
