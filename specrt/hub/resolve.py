@@ -19,7 +19,6 @@ from pathlib import Path
 from specrt.errors import ModelFetchError, SpecrtError
 from specrt.hub.paths import expand_user, is_present, model_dir
 from specrt.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS, fetch_command
-from specrt.model.files import file_not_directory
 
 __all__ = ["resolve_model_dir", "resolve_pair", "HUB_FILES"]
 
@@ -38,6 +37,8 @@ def resolve_model_dir(model: str | Path) -> Path:
     if path.is_dir():
         return path
     if path.exists():          # a file: never a Hugging Face id, whatever its name looks like
+        from specrt.model.files import file_not_directory   # here: specrt.model imports torch
+
         raise SpecrtError(file_not_directory(path))
     if str(model) in KNOWN_MODELS:
         if is_present(str(model)):
