@@ -120,6 +120,19 @@ def write_out(text: str) -> None:
         raise OutputError(f"cannot write to standard output ({e.strerror or e})") from None
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on the
+    writing end); True where that cannot be told."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.__stdout__.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null, so the flush at exit cannot fail again."""
     import os
@@ -159,7 +172,9 @@ def _answer(body, interrupted: str) -> int:
         return 130
     except BrokenPipeError:
         _quiet_stdout()
-        return 0
+        # a pipe other than stdout's (a library's write to a dead stderr): not a reader
+        # that had enough of the answer
+        return 0 if _stdout_reader_gone() else 1
     except OutputError as e:
         _say(f"error: {e}")
         _quiet_stdout()
@@ -269,10 +284,21 @@ def _exit_now(status: int) -> None:
 
 def _say(line: str, lead: str = "") -> None:
     """One line on stderr: a message's own line breaks are folded so scripts can parse it."""
+    say(lead + " ".join(part.strip() for part in line.splitlines() if part.strip()))
+
+
+def say(line: str) -> None:
+    """A diagnostic line on stderr (progress, a trace, a summary, an error), best effort: a
+    closed, full or broken standard error drops it. The answer goes to stdout, and a lost log
+    line must neither stop it nor pass for stdout's reader having gone (`_answer`)."""
     import sys
 
-    print(lead + " ".join(part.strip() for part in line.splitlines() if part.strip()),
-          file=sys.stderr)
+    if sys.stderr is None:                 # 2>&-: printing to None writes to stdout
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):          # a broken pipe, a full disk, a closed file
+        pass
 
 
 def prog_name(module: str, script: str) -> str:
@@ -287,3 +313,18 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}; see --help\n")
+
+    def print_help(self, file=None):
+        """--help through write_out: a stdout that cannot take it is exit 1 with an error line
+        (argparse wrote into a full disk and exited 0), a reader that closed it early 0."""
+        if file is not None:
+            return super().print_help(file)
+        try:
+            write_out(self.format_help())
+        except OutputError as e:
+            _say(f"error: {e}")
+            _quiet_stdout()
+            sys.exit(1)
+        except BrokenPipeError:
+            _quiet_stdout()
+            sys.exit(0)

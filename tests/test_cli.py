@@ -1,6 +1,7 @@
 """`python -m specrt.generate` end to end on a tiny model, in a subprocess like a user runs it."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -315,6 +316,63 @@ def test_closed_or_full_standard_streams_are_one_line_not_an_internal_error(tiny
         assert proc.returncode == 1, proc.stderr
         assert "cannot write to standard output" in proc.stderr, proc.stderr
         assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_standard_error_closed_full_or_broken_still_gives_the_answer(tiny_noeos_dir):
+    """Diagnostics are best effort: with stderr closed (`2>&-`) the "loading" line went into
+    stdout, before --json's object; into /dev/full the run ended as an "internal error" with
+    no answer; into a pipe whose reader had gone it exited 0 with no answer (read as stdout's
+    reader having had enough)."""
+    common = ["--model", tiny_noeos_dir, "--prompt-ids", "5,6", "--max-new-tokens", 4,
+              "--dtype", "float32", "--no-spec", "--json"]
+    want = json.loads(run_cli(*common).stdout)["token_ids"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "specrt.generate", *map(str, common)]
+    read, broken = os.pipe()
+    os.close(read)
+    targets = {"closed": None, "broken": broken}
+    if Path("/dev/full").exists():
+        targets["full"] = os.open("/dev/full", os.O_WRONLY)
+    try:
+        for name, fd in targets.items():
+            if fd is None:
+                proc = subprocess.run(" ".join(map(shlex.quote, cmd)) + " 2>&-", shell=True,
+                                      capture_output=False, stdout=subprocess.PIPE,
+                                      text=True, env=env, cwd=ROOT, timeout=300)
+            else:
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=fd, text=True,
+                                      env=env, cwd=ROOT, timeout=300)
+            assert proc.returncode == 0, name
+            assert json.loads(proc.stdout)["token_ids"] == want, (name, proc.stdout)
+    finally:
+        for fd in targets.values():
+            if fd is not None:
+                os.close(fd)
+
+
+@pytest.mark.parametrize("flags, start", [
+    (["--stop", ""], "error: --stop: every stop string must be a non-empty string"),
+    (["--speculative-config", '{"method": "ngram", "foo": 1}'],
+     "error: --speculative-config: unknown speculative config key(s) 'foo'"),
+    (["--speculative-config", '{"num_speculative_tokens": 0}'],
+     "error: --speculative-config: num_speculative_tokens (K) must be")])
+def test_a_stop_or_speculative_config_error_names_its_flag(tiny_noeos_dir, flags, start):
+    """Every other flag's error starts with the flag; these two did not."""
+    proc = run_cli("--model", tiny_noeos_dir, "--prompt-ids", "5", *flags, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith(start), proc.stderr
+
+
+@pytest.mark.parametrize("module", ["specrt.generate", "specrt.serve", "specrt.models"])
+def test_help_into_a_full_stdout_is_a_failure(module):
+    """argparse wrote --help into /dev/full and exited 0 with nothing said."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", module, "--help"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: cannot write to standard output"), proc.stderr
 
 
 def _drafts_loaded(monkeypatch) -> list[str]:

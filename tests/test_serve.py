@@ -1193,7 +1193,9 @@ def test_a_busy_port_or_a_bad_host_is_bad_input_before_anything_loads(capsys):
         assert main(["--model", "/nonexistent", "--port", str(port)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"--port {port}" in err[0] and "in use" in err[0], err
-    for host in ("192.0.2.1", "a..b"):          # TEST-NET-1: no machine's own; not a name
+    # TEST-NET-1: no machine's own; not a name; empty, which bind reads as every interface
+    # (it listened on 0.0.0.0 and logged "http://:PORT/v1")
+    for host in ("192.0.2.1", "a..b", "", " "):
         assert main(["--model", "/nonexistent", "--host", host, "--port", "0"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"--host {host!r}" in err[0], err

@@ -22,7 +22,7 @@ import re
 import sys
 
 from specrt.api.args import DTYPE_NAMES, QUANT_NAMES
-from specrt.commands import interruptible, named_flags, write_out
+from specrt.commands import interruptible, named_flags, say, write_out
 
 DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges "
                   "overlapping intervals and returns them sorted. Include a docstring.")
@@ -98,7 +98,7 @@ def check_flags(args) -> _Request:
     """The same validators as the API (LLMArgs, SamplingParams, SpecConfig, check_stop), run
     on the flags alone: a typo costs no model load."""
     from specrt.api.args import LLMArgs, check_max_new_tokens, check_stop, check_text
-    from specrt.errors import ArgumentError
+    from specrt.errors import ArgumentError, SpecrtError
     from specrt.checks import check_int, show
     from specrt.spec.config import SpecConfig, means_plain
     from specrt.spec.sampling import SamplingParams
@@ -150,7 +150,10 @@ def check_flags(args) -> _Request:
     if args.no_spec and flag is not None and not plain:
         raise ArgumentError("--no-spec and --speculative-config contradict each other; "
                             "give one of them")
-    spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
+    try:
+        spec = None if args.no_spec or plain else SpecConfig.parse(flag) or "default"
+    except SpecrtError as e:        # the config's own words, which name its keys
+        raise ArgumentError(f"--speculative-config: {e}") from None
     check_draft_given(spec, args.model, args.draft)
     if isinstance(spec, SpecConfig) and spec.method == "ngram" and args.draft is not None:
         raise ArgumentError("--draft loads a draft model, and method 'ngram' drafts from the "
@@ -159,7 +162,9 @@ def check_flags(args) -> _Request:
     check_draft_flags_used(args, spec, plain_loads_none=True)
     llm, spec = draft_in_config(spec, llm)
     with named_flags(_flag_of):
-        max_new_tokens, stop = check_max_new_tokens(args.max_new_tokens), check_stop(args.stop)
+        max_new_tokens = check_max_new_tokens(args.max_new_tokens)
+    with named_flags(lambda name: "--stop"):     # "every stop string must be ..."
+        stop = check_stop(args.stop)
     return _Request(llm, prompt, max_new_tokens, params, stop, spec)
 
 
@@ -339,8 +344,8 @@ def _run(args) -> int:
         spec = SpecConfig.parse(default_speculative(draft is not None))
     _check_length(req, spec)
     dtype = str(req.llm.dtype).removeprefix("torch.")
-    print(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "
-          f"{req.llm.device})", file=sys.stderr)
+    say(f"loading {model}" + (f" with draft {draft}" if draft else "") + f" ({dtype}, "
+        f"{req.llm.device})")
     llm = LLM(model=model, draft=draft, dtype=req.llm.dtype, device=req.llm.device,
               max_seq_len=req.llm.max_seq_len, cuda_graphs=req.llm.cuda_graphs,
               draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
@@ -360,10 +365,10 @@ def _run(args) -> int:
         for chunk in run.chunks():
             if args.trace:
                 if chunk.step is not None and chunk.step.index > 0:
-                    print(_trace_line(llm, chunk.step), file=sys.stderr)
+                    say(_trace_line(llm, chunk.step))
                 for step in chunk.tail:          # rounds run past a stop string
                     if step.plan:                # (not the cancel that ended them)
-                        print(_trace_line(llm, step, dropped=True), file=sys.stderr)
+                        say(_trace_line(llm, step, dropped=True))
             if args.json:
                 continue
             out = chunk.text
@@ -388,7 +393,7 @@ def _run(args) -> int:
                   + "\n")
     else:
         write_out("\n")               # a closed pipe surfaces here, inside run_command
-    print(summary_line(result.stats, spec), file=sys.stderr)
+    say(summary_line(result.stats, spec))
     return 0
 
 

@@ -140,6 +140,9 @@ def bind(host: str, port: int):
 
     from specrt.errors import ArgumentError
 
+    if not host.strip():       # bind's "" is every interface: an unset "$HOST" must not be
+        raise ArgumentError(f"--host {host!r} is empty; give an address or name of this "
+                            "machine, e.g. 127.0.0.1 (or 0.0.0.0 for every interface)")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
