@@ -171,10 +171,11 @@ def _answer(body, interrupted: str) -> int:
             _exit_now(130)
         return 130
     except BrokenPipeError:
-        _quiet_stdout()
         # a pipe other than stdout's (a library's write to a dead stderr): not a reader
-        # that had enough of the answer
-        return 0 if _stdout_reader_gone() else 1
+        # that had enough of the answer (asked before stdout is pointed at /dev/null)
+        gone = _stdout_reader_gone()
+        _quiet_stdout()
+        return 0 if gone else 1
     except OutputError as e:
         _say(f"error: {e}")
         _quiet_stdout()

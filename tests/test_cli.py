@@ -350,6 +350,22 @@ def test_standard_error_closed_full_or_broken_still_gives_the_answer(tiny_noeos_
                 os.close(fd)
 
 
+def test_a_reader_that_closed_stdout_ends_the_command_quietly(tiny_noeos_dir):
+    """`... | head -c 5`: the answer's reader has had enough; exit 0, nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "specrt.generate", "--model",
+                               str(tiny_noeos_dir), "--prompt-ids", "5,6", "--max-new-tokens",
+                               "4", "--dtype", "float32", "--no-spec"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300, cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("flags, start", [
     (["--stop", ""], "error: --stop: every stop string must be a non-empty string"),
     (["--speculative-config", '{"method": "ngram", "foo": 1}'],
