@@ -224,7 +224,8 @@ def test_the_streaming_read_reads_contiguous_cpu_tensors_and_refuses_views():
     for threads in (0, -1, 2.0, 2**31):
         with pytest.raises(ValueError, match="threads must be an int in 1..4096"):
             bandwidth.read_seconds([t], threads=threads)
-    for not_a_list in ([1, 2], t):      # an AttributeError; a tensor's rows read one by one
+    # an AttributeError; a tensor's rows read one by one; a generator read empty by the check
+    for not_a_list in ([1, 2], t, (x for x in [t]), 5):
         with pytest.raises(ValueError, match="tensors must be a list of tensors"):
             bandwidth.read_seconds(not_a_list)
 

@@ -140,7 +140,8 @@ def bind(host: str, port: int):
 
     from specrt.errors import ArgumentError
 
-    if not host.strip():       # bind's "" is every interface: an unset "$HOST" must not be
+    # bind reads "" as every interface: an unset "$HOST" would open the server to the network
+    if not host.strip():
         raise ArgumentError(f"--host {host!r} is empty; give an address or name of this "
                             "machine, e.g. 127.0.0.1 (or 0.0.0.0 for every interface)")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)

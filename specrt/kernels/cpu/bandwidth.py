@@ -41,8 +41,8 @@ def method() -> str:
 def read_seconds(tensors: list[torch.Tensor], threads: int | None = None) -> float:
     """Wall seconds to read every byte of `tensors` once (CPU, contiguous: a strided view's
     numel * element_size bytes are not all its own, so it is refused)."""
-    if isinstance(tensors, torch.Tensor) or not all(isinstance(t, torch.Tensor)
-                                                     for t in tensors):
+    if not (isinstance(tensors, (list, tuple))
+            and all(isinstance(t, torch.Tensor) for t in tensors)):
         raise ValueError("read_seconds: tensors must be a list of tensors, got "
                          f"a {type(tensors).__name__}")
     bad = [tuple(t.shape) for t in tensors if not (t.is_cpu and t.is_contiguous())]
