@@ -37,17 +37,16 @@ MAX_THREADS = 4096
 def threads(fn: str, value) -> int:
     """A probe's thread count: None (torch's count) or an int in 1..MAX_THREADS (OpenMP aborts
     the whole process on -1; the bindings refuse what a C int does not hold)."""
-    value = torch.get_num_threads() if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
-        raise ValueError(f"{fn}: threads must be an int in 1..{MAX_THREADS} (or None: torch's "
-                         f"count), got {value!r}")
-    return value
+    if value is None:
+        return torch.get_num_threads()
+    return count(fn, "threads", value, MAX_THREADS, " (or None: torch's count)")
 
 
-def count(fn: str, name: str, value, most: int = 2**31 - 1) -> int:
-    """An int in 1..most (a probe's repeats or steps; the bindings take a C int)."""
+def count(fn: str, name: str, value, most: int = 2**31 - 1, also: str = "") -> int:
+    """An int in 1..most (a probe's threads, repeats or steps; the bindings take a C int);
+    `also`: what else the argument may be, for the message."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise ValueError(f"{fn}: {name} must be an int in 1..{most}, got {value!r}")
+        raise ValueError(f"{fn}: {name} must be an int in 1..{most}{also}, got {value!r}")
     return value
 
 
