@@ -14,12 +14,15 @@ tiles multiply faster than this probe, and it is no floor of theirs.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from specrt.kernels.cpu import checks
 from specrt.kernels.cpu.gemv import AVAILABLE, _gemv   # the probe lives in specrt._gemv
-from specrt.model.config import ModelConfig
+
+if TYPE_CHECKING:      # pass_flops reads a config's shapes; the kernels import no model code
+    from specrt.model.config import ModelConfig
 
 STEPS = 2_000_000       # a probe run's steps per thread: ~0.01-0.1 s on an AVX-512 core
 
