@@ -186,7 +186,7 @@ class Transformer:
         # A CUDA tensor's values would be read by a host sync: the engine checks a request's
         # ids where it admits them (engine/request.py), and the static path never syncs.
         if input_ids.device.type == "cpu" and input_ids.numel():
-            lo, hi = int(input_ids.min()), int(input_ids.max())
+            lo, hi = map(int, torch.aminmax(input_ids))
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise ValueError(f"forward: input_ids must be token ids in 0.."
                                  f"{self.cfg.vocab_size - 1}, got {lo if lo < 0 else hi}")
