@@ -148,7 +148,8 @@ ext_modules = [
     # (the ops round where the PyTorch reference rounds), and one source compiled into two
     # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
     extension("specrt._gemv", GEMV + cpu("stream_read.cpp", "dot_peak.cpp", "gemv_bindings.cpp"),
-              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h") + ["csrc/build_id.h"],
+              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h")
+              + ["csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", cpu("ops.cpp", "ops_bindings.cpp"), OPS_HEADERS + CPU_HEADERS,
               CPU_FLAGS, openmp=True, x86_only=True),

@@ -121,11 +121,11 @@ def rejection_sample(
     """Exact speculative sampling (Leviathan et al. / Chen et al.).
 
     Draft x_i is accepted iff `uniforms[b, i] * q_i(x_i) < p_i(x_i)` (q = 1 without
-    draft_probs); padding drafts (-1, or any id outside 0..V-1) are rejected. At the first rejected position i the
-    recovered token is `argmax_v max(0, p_i[v] - q_i[v]) / noise[b, v]` (one-hot drafts:
-    p_i with x_i zeroed; padding: q_i = 0), an exact sample of the normalized residual
-    since noise ~ Exp(1) (exponential race). If the residual scores are all zero, it falls
-    back to `argmax_v p_i[v] / noise[b, v]`. After K acceptances the bonus token is
+    draft_probs); padding drafts (-1, or any id outside 0..V-1) are rejected. At the first
+    rejected position i the recovered token is `argmax_v max(0, p_i[v] - q_i[v]) / noise[b, v]`
+    (one-hot drafts: p_i with x_i zeroed; padding: q_i = 0), an exact sample of the normalized
+    residual since noise ~ Exp(1) (exponential race). If the residual scores are all zero, it
+    falls back to `argmax_v p_i[v] / noise[b, v]`. After K acceptances the bonus token is
     `argmax_v p_K[v] / noise[b, v]`. All comparisons in fp32; ties -> lowest index.
     """
     B, K1, V = target_probs.shape
