@@ -96,9 +96,10 @@ def test_bf16_outputs_are_the_fp32_outputs_rounded_to_nearest_even(m):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# 2, 3, 6: the AVX-512 whole-row path (up to 6 rows; on a Zen 4 up to 2, and 3 and 6 tiled)
-# against the one-row call; 7 on: the tiled driver against it
-@pytest.mark.parametrize("m", [2, 3, 6, 7, 9, 17, 32, 101])
+# 2-6: the AVX-512 whole-row path (up to 6 rows; on a Zen 4 up to 2, the rest tiled), on AVX2
+# 2-3 (two weight rows a tile) and 4 (one) whole, 5-6 tiled, against the one-row call; 7 on:
+# the tiled driver against it
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 6, 7, 9, 17, 32, 101])
 # 1000: a masked tail inside the last k-block; 2100: a decode step over rows too long to take
 # one at a time (gemv.cpp, ROW_AT_A_TIME_K; a verify pass still takes them one at a time), with
 # a masked tail

@@ -13,7 +13,8 @@
 // same order as the tiled driver's, so its bits are the driver's. Measured over the 1.5B
 // target's matrix shapes on the AVX2 development machine (2 threads; benchmarks/RESULTS.md):
 // 14.4 GB/s against 9.7 through the driver, 80% of the streaming read (its short rows, 3 KB,
-// left the driver's 4 interleaved streams at ~55% of it).
+// left the driver's 4 interleaved streams at ~55% of it). Passes of 2-4 rows take whole weight
+// rows too (few_bf16), with the same bits.
 #include "gemv_avx2.h"
 
 #include <immintrin.h>
@@ -35,11 +36,11 @@ namespace specrt {
 // block's weight rows are read from L1 twice, each 16-value vector widened to one half per
 // pass). One half holds NB x MB accumulators, MB vectors of x and the weight vector in use:
 // 3 x 3 fits the 16 vector registers. Every lane sums its products in the same k order as
-// the both-halves kernel below and decode_bf16, so the bits are theirs. The both-halves
-// kernel reads x from L1 in every FMA (one load per FMA, and its 4 x 2 tile spills); this one
-// measured 1.19-1.35x its speed at 9, 17 and 32 rows, 1.03-1.19x at 5, and 0.95-1.0x at 2-4
-// rows, which keep it (benchmarks/kernel_ab.py over the 1.5B's shapes, RESULTS.md; 2x4, 2x5
-// and 4x3 tiles were slower than 3x3).
+// the both-halves step below and decode_bf16, so the bits are theirs. A tiled kernel taking
+// both halves at once (step_pair in 4 x 2 tiles) reads x from L1 in every FMA (one load per
+// FMA, and its tile spills); this one measured 1.19-1.35x its speed at 9, 17 and 32 rows and
+// 1.03-1.19x at 5 (benchmarks/kernel_ab.py over the 1.5B's shapes, RESULTS.md; 2x4, 2x5 and
+// 4x3 tiles were slower than 3x3). 2-4 rows take whole weight rows (few_bf16).
 constexpr int NB2 = 3, MB2 = 3;
 
 // 16 bf16 weights at w (n of them valid, the rest zero) as 32-bit pairs: a half's fp32 values
@@ -106,10 +107,8 @@ SPECRT_AVX2 static void block_bf16(Rows<float> x, const uint16_t* w, int64_t K, 
   half_block<NB, MB, 1>(x.p, x.K, w, K, k0, k1, state, pf);
 }
 
-// Up to 4 rows of x keep both halves' chains in one pass over the block: 4 weight rows x 2
-// rows of x, x read by the FMAs from L1.
-constexpr int NB_PAIR = 4, MB_PAIR = 2, M_PAIR = 4;
-
+// Both halves' chains in one pass over the k-step: NB weight rows, each widened once, against
+// MB rows of x read by the FMAs from L1 or L2 (the whole-row tiles of narrow passes, below).
 template <int NB, int MB, bool FULL>
 SPECRT_AVX2 SPECRT_INLINE void step_pair(const float* x, int64_t XK, const uint16_t* w, int64_t K,
                                          int64_t k, int64_t n, __m256 (&acc)[NB * MB * 2]) {
@@ -125,19 +124,6 @@ SPECRT_AVX2 SPECRT_INLINE void step_pair(const float* x, int64_t XK, const uint1
           _mm256_fmadd_ps(_mm256_loadu_ps(xj + 8), odd, acc[2 * (i * MB + j) + 1]);
     }
   }
-}
-
-template <int NB, int MB>
-SPECRT_AVX2 static void block_bf16_pair(Rows<float> x, const uint16_t* w, int64_t K, int64_t k0,
-                                        int64_t k1, float* state /*[NB * MB][16]*/, Prefetch pf) {
-  __m256 acc[NB * MB * 2];
-#pragma GCC unroll 32
-  for (int a = 0; a < NB * MB * 2; ++a) acc[a] = _mm256_loadu_ps(state + 8 * a);
-  int64_t k = k0;
-  for (; k + 16 <= k1; k += 16) { pf.step(); step_pair<NB, MB, true>(x.p, x.K, w, K, k, 16, acc); }
-  if (k < k1) step_pair<NB, MB, false>(x.p, x.K, w, K, k, k1 - k, acc);
-#pragma GCC unroll 32
-  for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(state + 8 * a, acc[a]);
 }
 
 template <int NB, int MB>
@@ -171,9 +157,6 @@ SPECRT_AVX2 static void block_f32(Rows<float> x, const float* w, int64_t K, int6
 static Block<Rows<float>, uint16_t> block_bf16_table[NB2][MB2] = {
     {SPECRT_ROW3(block_bf16, 1)}, {SPECRT_ROW3(block_bf16, 2)}, {SPECRT_ROW3(block_bf16, 3)}};
 #define SPECRT_ROW2(fn, NB) fn<NB, 1>, fn<NB, 2>
-static Block<Rows<float>, uint16_t> block_bf16_pair_table[NB_PAIR][MB_PAIR] = {
-    {SPECRT_ROW2(block_bf16_pair, 1)}, {SPECRT_ROW2(block_bf16_pair, 2)},
-    {SPECRT_ROW2(block_bf16_pair, 3)}, {SPECRT_ROW2(block_bf16_pair, 4)}};
 // fp32 weights (tiny test models, fp32 runs): 4 x 2 tiles, both halves at once.
 constexpr int NBF = 4, MBF = 2;
 static Block<Rows<float>, float> block_f32_table[NBF][MBF] = {
@@ -227,6 +210,59 @@ static void decode_bf16(const uint16_t* x, const uint16_t* w, int64_t N, int64_t
       [&](int64_t n, float* sums) { decode_tile<1>(x, w + n * K, K, sums); }, store);
 }
 
+// --- narrow verify passes (2 <= M <= MB_FEW) -------------------------------------------------
+// A few rows of x take whole weight rows, as the decode step does (few_rows): NB weight rows a
+// tile, the even and odd lane sums of each (weight row, x row) in registers for the whole of K,
+// the next tile (which follows this one in memory) prefetched as this one is consumed. x is
+// widened once per call (widen_rows) and read by the FMAs from L1 or L2. Each lane sums its
+// products in the same k order as the tiled kernels and decode_tile, and the lanes are reduced
+// by the same reduce16_pairwise, so the bits are theirs. 2 and 3 rows of x take 2 weight rows
+// a tile (12 accumulators at 3 rows), 4 rows one (8; two would spill). On the AVX2 development
+// machine (Zen 3, 2 threads; benchmarks/kernel_ab.py over the 1.5B's shapes, bits identical)
+// against the tiled driver (its 4 x 2 tiles, both halves at once): 2, 3 and 4 rows of x 1.08x,
+// 1.27x and 1.19x, with the streaming read at 34-38 GB/s; one weight row a tile read 3 rows at
+// 0.80x of two; 5 and 6 rows whole read 0.96-1.01x and 0.85-0.86x of the 3 x 3 tiles below,
+// which keep them (benchmarks/RESULTS.md, "AVX2 again: narrow verify passes over whole rows").
+constexpr int MB_FEW = 4;
+
+// x rows [MB][K16] (fp32, each 16 values as 8 even then 8 odd) against NB whole weight rows
+// w [NB, K]: the lane sums of each (weight row i, x row j) into sums [NB][MB][16].
+template <int NB, int MB>
+SPECRT_AVX2 static void rows_tile(const float* x, int64_t K16, const uint16_t* w, int64_t K,
+                                  float* sums) {
+  __m256 acc[NB * MB * 2];
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB * 2; ++a) acc[a] = _mm256_setzero_ps();
+  const char* next = reinterpret_cast<const char*>(w + NB * K);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    // the next tile's bytes at this tile's pace (one weight row: each line asked for twice)
+#pragma GCC unroll 8
+    for (int j = 0; j < (NB + 1) / 2; ++j) __builtin_prefetch(next + k * NB * 2 + j * 64, 0, 2);
+    step_pair<NB, MB, true>(x, K16, w, K, k, 16, acc);
+  }
+  if (k < K) step_pair<NB, MB, false>(x, K16, w, K, k, K - k, acc);   // zeros past K
+#pragma GCC unroll 32
+  for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(sums + 8 * a, acc[a]);
+}
+
+using RowsTile = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*);
+static const RowsTile rows_two[MB_FEW] = {rows_tile<2, 1>, rows_tile<2, 2>, rows_tile<2, 3>,
+                                          nullptr};
+static const RowsTile rows_one[MB_FEW] = {rows_tile<1, 1>, rows_tile<1, 2>, rows_tile<1, 3>,
+                                          rows_tile<1, 4>};
+
+// x [M, K] (widened, rows K16 apart) @ w [N, K].T for 2 <= M <= MB_FEW (few_rows: tiles split
+// evenly over the threads).
+static void few_bf16(const float* x, int64_t K16, const uint16_t* w, int64_t M, int64_t N,
+                     int64_t K, int threads, Bf16Store store) {
+  const auto one = [&](int64_t n, float* sums) { rows_one[M - 1](x, K16, w + n * K, K, sums); };
+  if (M == 4) return few_rows<1, MB_FEW, reduce16_pairwise>(M, N, threads, one, one, store);
+  few_rows<2, MB_FEW, reduce16_pairwise>(
+      M, N, threads,
+      [&](int64_t n0, float* sums) { rows_two[M - 1](x, K16, w + n0 * K, K, sums); }, one, store);
+}
+
 // x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then
 // their 8 odd ones (zeros past K).
 static std::vector<float> widen_rows(const uint16_t* x, int64_t M, int64_t K, int64_t K16) {
@@ -249,13 +285,10 @@ void gemv_bf16_avx2(const uint16_t* x, const uint16_t* w, const uint16_t* bias, 
   if (M == 1) return decode_bf16(x, w, N, K, threads, Bf16Store{bias, out, out_f32, N});
   const int64_t K16 = (K + 15) / 16 * 16;
   std::vector<float> xf = widen_rows(x, M, K, K16);
-  const Rows<float> xr{xf.data(), K16};
   const Bf16Store store{bias, out, out_f32, N};
-  if (M <= M_PAIR)
-    return gemv_tiled<NB_PAIR, MB_PAIR, 512, 1, Ahead::next_tile>(
-        xr, w, M, N, K, threads, block_bf16_pair_table, store, reduce16_pairwise);
-  gemv_tiled<NB2, MB2, 512, 1, Ahead::next_tile>(xr, w, M, N, K, threads, block_bf16_table, store,
-                                                reduce16_pairwise);
+  if (M <= MB_FEW) return few_bf16(xf.data(), K16, w, M, N, K, threads, store);
+  gemv_tiled<NB2, MB2, 512, 1, Ahead::next_tile>(Rows<float>{xf.data(), K16}, w, M, N, K, threads,
+                                                block_bf16_table, store, reduce16_pairwise);
 }
 
 void gemv_f32_avx2(const float* x, const float* w, const float* bias, float* out, int64_t M,
