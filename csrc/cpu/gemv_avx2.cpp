@@ -246,21 +246,20 @@ SPECRT_AVX2 static void rows_tile(const float* x, int64_t K16, const uint16_t* w
   for (int a = 0; a < NB * MB * 2; ++a) _mm256_storeu_ps(sums + 8 * a, acc[a]);
 }
 
+// indexed by M - 2 (M = 1 is the decode step's)
 using RowsTile = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*);
-static const RowsTile rows_two[MB_FEW] = {rows_tile<2, 1>, rows_tile<2, 2>, rows_tile<2, 3>,
-                                          nullptr};
-static const RowsTile rows_one[MB_FEW] = {rows_tile<1, 1>, rows_tile<1, 2>, rows_tile<1, 3>,
-                                          rows_tile<1, 4>};
+static const RowsTile rows_two[2] = {rows_tile<2, 2>, rows_tile<2, 3>};
+static const RowsTile rows_one[MB_FEW - 1] = {rows_tile<1, 2>, rows_tile<1, 3>, rows_tile<1, 4>};
 
 // x [M, K] (widened, rows K16 apart) @ w [N, K].T for 2 <= M <= MB_FEW (few_rows: tiles split
 // evenly over the threads).
 static void few_bf16(const float* x, int64_t K16, const uint16_t* w, int64_t M, int64_t N,
                      int64_t K, int threads, Bf16Store store) {
-  const auto one = [&](int64_t n, float* sums) { rows_one[M - 1](x, K16, w + n * K, K, sums); };
+  const auto one = [&](int64_t n, float* sums) { rows_one[M - 2](x, K16, w + n * K, K, sums); };
   if (M == 4) return few_rows<1, MB_FEW, reduce16_pairwise>(M, N, threads, one, one, store);
   few_rows<2, MB_FEW, reduce16_pairwise>(
       M, N, threads,
-      [&](int64_t n0, float* sums) { rows_two[M - 1](x, K16, w + n0 * K, K, sums); }, one, store);
+      [&](int64_t n0, float* sums) { rows_two[M - 2](x, K16, w + n0 * K, K, sums); }, one, store);
 }
 
 // x [M, K] bf16 -> [M, K16] fp32 in the blocks' order: each 16 values as their 8 even, then
