@@ -320,12 +320,4 @@ class OneLineParser(argparse.ArgumentParser):
         (argparse wrote into a full disk and exited 0), a reader that closed it early 0."""
         if file is not None:
             return super().print_help(file)
-        try:
-            write_out(self.format_help())
-        except OutputError as e:
-            _say(f"error: {e}")
-            _quiet_stdout()
-            sys.exit(1)
-        except BrokenPipeError:
-            _quiet_stdout()
-            sys.exit(0)
+        sys.exit(_answer(lambda: write_out(self.format_help()) or 0, ""))
