@@ -4,6 +4,7 @@ source imports benchmarks/."""
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import json
 import shutil
@@ -14,6 +15,13 @@ from pathlib import Path
 from specrt.errors import SpecrtError
 from specrt.spec.config import SpecConfig
 from specrt.spec.costs import CostModel
+
+# The test session's scratch folder (the calibration of its tiny models, copies of model
+# folders made outside a fixture's tmp_path), removed when the session ends: a copy that a
+# failed check left behind, or one a hypothesis example made, must not pile up in /tmp run
+# after run.
+SCRATCH = Path(tempfile.mkdtemp(prefix="specrt-test-"))
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
 
 # Fixed costs where drafting pays: a memory-bound verify pass (T tokens cost a little more than
 # one) and a draft 20x cheaper than its target. The tiny draft is as big as its target, so on
@@ -61,9 +69,9 @@ def pin_costs(llm, spec: dict, monkeypatch) -> None:
 
 
 def copy_model(src: Path, dst: Path | None = None) -> Path:
-    """A copy of the model directory `src` at `dst` (default: `m` in a new temporary
-    directory, which the caller may remove with its parent)."""
-    dst = Path(tempfile.mkdtemp(prefix="specrt-test-")) / "m" if dst is None else Path(dst)
+    """A copy of the model directory `src` at `dst` (default: `m` in a new folder under
+    SCRATCH, which the caller may remove with its parent)."""
+    dst = Path(tempfile.mkdtemp(dir=SCRATCH)) / "m" if dst is None else Path(dst)
     shutil.copytree(src, dst)
     return dst
 

@@ -19,8 +19,9 @@ if not torch.cuda.is_available():
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Calibrations of throw-away tiny models must not pile up in the user's SPECRT_CACHE.
-os.environ["SPECRT_CALIBRATION"] = os.path.join(
-    __import__("tempfile").mkdtemp(prefix="specrt-test-"), "calibration.json")
+from tests.helpers import SCRATCH  # noqa: E402
+
+os.environ["SPECRT_CALIBRATION"] = str(SCRATCH / "calibration.json")
 
 import pytest  # noqa: E402
 
