@@ -139,7 +139,7 @@ GEMV = cpu("gemv.cpp", "gemv_avx2.cpp", "gemv_bf16_amx.cpp", "gemv_int8.cpp",
 GEMV_HEADERS = cpu("gemv.h", "gemv_avx2.h", "gemv_bf16_amx.h", "gemv_int8.h", "gemv_int8_amx.h",
                    "gemv_int8_avx2.h", "gemv_int4.h", "gemv_quant.h", "gemv_tiled.h")
 OPS_HEADERS = cpu("ops.h", "ops_impl.h")
-CPU_HEADERS = cpu("simd.h", "cpu_features.h") + ["csrc/build_id.h"]
+CPU_HEADERS = cpu("simd.h", "cpu_features.h", "threads.h") + ["csrc/build_id.h"]
 
 ext_modules = [
     extension("specrt._ngram", ["csrc/ngram/ngram.cpp", "csrc/ngram/ngram_bindings.cpp"],
@@ -148,7 +148,7 @@ ext_modules = [
     # (the ops round where the PyTorch reference rounds), and one source compiled into two
     # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
     extension("specrt._gemv", GEMV + cpu("stream_read.cpp", "dot_peak.cpp", "gemv_bindings.cpp"),
-              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h")
+              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h", "threads.h")
               + ["csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", cpu("ops.cpp", "ops_bindings.cpp"), OPS_HEADERS + CPU_HEADERS,

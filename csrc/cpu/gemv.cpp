@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "threads.h"
 #include "gemv_avx2.h"
 #include "gemv_tiled.h"
 
@@ -192,6 +193,7 @@ static void few_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t N,
 
 void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void* out, bool out_f32,
                int64_t M, int64_t N, int64_t K, int threads) {
+  threads = threads_for(M * N * K, threads);
   if (!cpu_avx512()) return gemv_bf16_avx2(x, w, bias, out, out_f32, M, N, K, threads);
   const Vector512<Bf16Store> store{{bias, out, out_f32, N}};
   if (M <= (cpu_avx512_halves() ? MB_FEW_HALVES : MB_FEW))
@@ -202,6 +204,7 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, void*
 
 void gemv_f32(const float* x, const float* w, const float* bias, float* out, int64_t M, int64_t N,
               int64_t K, int threads) {
+  threads = threads_for(M * N * K, threads);
   if (!cpu_avx512()) return gemv_f32_avx2(x, w, bias, out, M, N, K, threads);
   gemv_tiled<NB_MAX, MB_MAX, 256>(Rows<float>{x, K}, w, M, N, K, threads, block_f32_table,
                                    F32Store{bias, out, N});

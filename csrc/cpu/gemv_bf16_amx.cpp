@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "cpu_features.h"
+#include "threads.h"
 #include "gemv_tiled.h"
 
 namespace specrt {
@@ -106,6 +107,7 @@ SPECRT_AMX_BF16 static void unit(const uint16_t* x, int64_t K, const uint8_t* w,
 SPECRT_AMX_BF16 void gemv_bf16_amx(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
                                    void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                                    int threads) {
+  threads = threads_for(M * N * K, threads);
   const Vector512<Bf16Store> store{{bias, out, out_f32, N}};
   const int64_t groups = N / TILE, units = (groups + 1) / 2, unit_bytes = 2 * TILE * K * 2;
   const uint8_t* base = reinterpret_cast<const uint8_t*>(w);

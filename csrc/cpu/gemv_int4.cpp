@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "cpu_features.h"
+#include "threads.h"
 #include "gemv_quant.h"
 #include "gemv_tiled.h"
 
@@ -95,6 +96,7 @@ Block<QRows4, uint8_t> block_i4_table[NB_I4][MB_I4] = {
 void gemv_int4(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
+  threads = threads_for(M * N * K, threads);
   const QuantizedX qx(x, x_f32, M, K, 8);
   const Vector512<QuantStore> store{{nullptr, bias, x_f32, out, out_f32, N}};  // scales: in the blocks
   // Blocks of 2048 values: 1 KiB of each weight row, as int8's 1024.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "threads.h"
 #include "gemv_quant.h"
 #include "gemv_tiled.h"
 
@@ -238,6 +239,7 @@ int int8_amx_rows() { return cpu_amx_int8() ? int(AMX_MIN_ROWS) : 0; }
 void gemv_int8(const void* x, bool x_f32, const uint8_t* w, const float* w_scale,
                const void* bias, void* out, bool out_f32, int64_t M, int64_t N, int64_t K,
                int threads) {
+  threads = threads_for(M * N * K, threads);
   if (!cpu_avx512_vnni())
     return gemv_int8_avx2(x, x_f32, w, w_scale, bias, out, out_f32, M, N, K, threads);
   gemv_int8_packed(x, x_f32, w, QuantStore{w_scale, bias, x_f32, out, out_f32, N}, M, N, K,

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "threads.h"
 #include "simd.h"
 
 namespace specrt {
@@ -64,6 +65,12 @@ template <typename T>
 void rope_attention(const T* qkv, T* k_cache, T* v_cache, const T* cos, const T* sin,
                     const int64_t* starts, const int64_t* offsets, T* out, AttentionShape shape,
                     int threads) {
+  int64_t keys = 0;                   // keys each query reads, summed over the queries
+  for (int64_t b = 0; b < shape.B; ++b) {
+    const int64_t n = offsets[b + 1] - offsets[b];
+    keys += n * starts[b] + n * (n + 1) / 2;
+  }
+  threads = threads_for(2 * keys * shape.Hq * shape.D, threads);
   if (cpu_avx512())
     avx512::rope_attention_k(qkv, k_cache, v_cache, cos, sin, starts, offsets, out, shape, threads);
   else
@@ -72,6 +79,7 @@ void rope_attention(const T* qkv, T* k_cache, T* v_cache, const T* cos, const T*
 
 void argmax_rows(const float* x, int64_t R, int64_t V, int64_t row_stride, int64_t* out,
                  int threads) {
+  threads = threads_for(R * V, threads);
   if (cpu_avx512()) avx512::argmax_rows_k(x, R, V, row_stride, out, threads);
   else avx2::argmax_rows_k(x, R, V, row_stride, out, threads);
 }
