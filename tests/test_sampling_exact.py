@@ -1,5 +1,6 @@
 """Speculative sampling reproduces the (warped) target distribution exactly: statistical tests
 with fixed seeds, batched over tensors."""
+import dataclasses
 import itertools
 
 import numpy as np
@@ -8,13 +9,17 @@ import torch
 from scipy import stats
 
 import specrt
-from specrt.spec.config import DRAFT_STOP
+from specrt.engine import engine as engine_module
+from specrt.engine.engine import Engine
+from specrt.engine.request import Request
+from specrt.spec.config import DRAFT_STOP, SpecConfig
+from specrt.spec.costs import CostModel
 from specrt.spec.sampling import SamplingParams
 from specrt.kernels import rejection_sample
 from specrt.kernels.reference import draw_randomness
 from specrt.model import Transformer
-from specrt.spec.sampling import (NUCLEUS_FIRST, NUCLEUS_GROWTH, param_row, sample, top_p_cut,
-                                  top_p_cut_sorted, warp, warp_rows)
+from specrt.spec.sampling import (NUCLEUS_FIRST, NUCLEUS_GROWTH, make_generator, param_row,
+                                  sample, top_p_cut, top_p_cut_sorted, warp, warp_rows)
 from tests.tiny import make_model
 
 # The seed study's five-word example: the target prefers "the", the draft prefers "a".
@@ -250,33 +255,66 @@ def _samples(llm, params, spec, seed) -> tuple[np.ndarray, int, int, np.ndarray,
     each among the requests that drafted, the guesses those rounds had room for), all but the
     first over the rounds that decided those 3 tokens. Only a round's first two guesses can
     decide them; a speculative request's budget is 4 (K >= 2), so that its first round has
-    room for both (`DraftContext.room`: with 2 tokens left after the prompt's, one)."""
+    room for both (`DraftContext.room`: with 2 tokens left after the prompt's, one).
+
+    llm: an LLM, whose requests go through its scheduler with a seed each; or an Engine, which
+    runs the requests from this thread in batches as slots free up, unseeded (see
+    `_engine_runs`)."""
+    k = spec["num_speculative_tokens"] if spec is not None else 0
+    budget = 2 + min(k, 2) if k else 3
+    runs = (_engine_runs(llm, params, spec, seed, budget) if isinstance(llm, Engine)
+            else _llm_runs(llm, params, spec, seed, budget))
     counts = np.zeros((VOCAB,) * 3)
     drafting = np.zeros((VOCAB,) * 3)
     drafted = rounds = asked = 0
-    k = spec["num_speculative_tokens"] if spec is not None else 0
-    budget = 2 + min(k, 2) if k else 3
+    for steps_of_run in runs:
+        got, deciding, tokens = 0, [], []
+        for step in steps_of_run:
+            tokens += step.new_tokens
+            if got >= 3:
+                continue
+            if step.draft_tokens:
+                asked += min(k, budget - got - 1)
+            deciding.append(step)
+            got += len(step.new_tokens)
+        first = tuple(tokens[:3])
+        counts[first] += 1
+        drafted += sum(len(step.draft_tokens) for step in deciding)
+        rounds += sum(bool(step.draft_tokens) for step in deciding)
+        drafting[first] += any(step.draft_tokens for step in deciding)
+    return counts, drafted, rounds, drafting, asked
+
+
+def _llm_runs(llm, params, spec, seed, budget):
+    """Each request's steps, BATCH requests submitted at a time, each with its own seed."""
     for r in range(ROUNDS):
-        # one seed per request: each request's randomness is its own
         runs = [llm.submit(PROMPT, max_new_tokens=budget, temperature=params.temperature,
                            top_k=params.top_k, top_p=params.top_p, seed=seed + r * BATCH + i,
                            speculative=spec) for i in range(BATCH)]
-        steps = [[chunk.step for chunk in run.chunks()] for run in runs]
-        for run, steps_of_run in zip(runs, steps):
-            first = tuple(run.result().token_ids[:3])
-            got, deciding = 0, []
-            for step in steps_of_run:
-                if got >= 3:
-                    break
-                if step.draft_tokens:
-                    asked += min(k, budget - got - 1)
-                deciding.append(step)
-                got += len(step.new_tokens)
-            counts[first] += 1
-            drafted += sum(len(step.draft_tokens) for step in deciding)
-            rounds += sum(bool(step.draft_tokens) for step in deciding)
-            drafting[first] += any(step.draft_tokens for step in deciding)
-    return counts, drafted, rounds, drafting, asked
+        yield from [[chunk.step for chunk in run.chunks()] for run in runs]
+
+
+def _engine_runs(engine, params, spec, seed, budget):
+    """Each request's steps, the engine driven from this thread (`Engine.run`): requests
+    admitted in order as slots free up, so every round's batch is the same from run to run.
+    A seeded sampled `auto` request runs alone (`runs_alone`: its plans, and so its draws,
+    would depend on its companions); these are unseeded, and each gets the generator a seed
+    would give it (seed + its index, in admission order), so the test is as reproducible as a
+    seeded one and its requests share rounds as a service's do."""
+    params = dataclasses.replace(params, seed=None)
+    requests = [Request(tuple(PROMPT), budget, params, SpecConfig(**spec))
+                for _ in range(BATCH * ROUNDS)]
+    index = {r.request_id: i for i, r in enumerate(requests)}
+    admitted = itertools.count(seed)
+    steps = [[] for _ in requests]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "make_generator",
+                      lambda given, device: make_generator(next(admitted), device))
+        for batch in engine.run(requests):
+            for step in batch:
+                assert step.error is None, step.error
+                steps[index[step.request_id]].append(step)
+    return steps
 
 
 def _lookup_matches() -> np.ndarray:
@@ -307,6 +345,12 @@ def _llm(pair, **kwargs):
                       max_batch_size=1000, **kwargs)
 
 
+def _engine(pair, draft_stop):
+    """An Engine of the pair, as `_llm`'s, for `_engine_runs`."""
+    target, draft = (Transformer.from_dir(d, "float32", "cpu", 16) for d in pair)
+    return Engine(target, draft, 1000, 16, draft_stop=draft_stop)
+
+
 @pytest.fixture(scope="module")
 def plain_counts(small_pair):
     """Plain sampling's counts, drawn once for all, on seeds none of the speculative runs use
@@ -322,17 +366,17 @@ def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts,
     """stop: the draft model's draft_stop; at the default it stops some rounds early (the
     small draft is sure of some guesses and not of others), at 0 every round drafts K."""
     target, _ = small_pair
-    llm = _llm(small_pair, draft_stop=stop)
     if method == "auto":
-        # auto plans for the whole batch of 1000 and, with its measured costs, would (rightly)
-        # neither widen such a pass 5x nor catch a draft model up on the prompt for 3-token
-        # answers. Costs where a pass's tokens are nearly free and drafting is free make it
-        # speculate, which is what is tested.
-        from specrt.spec.config import SpecConfig
-        from specrt.spec.costs import CostModel
-
-        planner = llm.engine.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
+        # auto plans for the whole batch of up to 1000 and, with its measured costs, would
+        # (rightly) neither widen such a pass 5x nor catch a draft model up on the prompt for
+        # 3-token answers. Costs where a pass's tokens are nearly free and drafting is free make
+        # it speculate, which is what is tested; in batches (`_engine_runs`), where its plan
+        # for a round weighs every row's past.
+        llm = _engine(small_pair, stop)
+        planner = llm.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
         planner.costs = CostModel(verify=[1.0 + 1e-5 * t for t in range(40)], draft=[0.0] * 40)
+    else:
+        llm = _llm(small_pair, draft_stop=stop)
     spec_counts, drafted, rounds, drafting, asked = _samples(
         llm, SAMPLING, {"method": method, "num_speculative_tokens": k}, SPEC_SEED)
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
