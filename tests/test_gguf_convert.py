@@ -499,6 +499,25 @@ def test_non_finite_weights_are_refused_and_nothing_is_left(tiny_qwen, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
 
 
+def test_an_exception_while_the_weights_are_written_leaves_nothing(tiny_qwen, tmp_path,
+                                                                   monkeypatch):
+    gguf = write_gguf(tiny_qwen, tmp_path / "m.gguf")
+    calls = []
+
+    def fails_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ZeroDivisionError("division by zero")
+        return real(*args, **kwargs)
+
+    real = gguf_convert.dequantize_bf16
+    monkeypatch.setattr(gguf_convert, "dequantize_bf16", fails_third)
+    with pytest.raises(ZeroDivisionError):
+        gguf_convert.convert_gguf(gguf, tmp_path / "out", progress=False)
+    assert len(calls) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
 def test_the_library_refuses_a_gguf_path_that_is_not_a_regular_file(kind, tmp_path):
     """specrt.models.convert_gguf on a FIFO blocked forever in open()."""
