@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
 from setuptools.errors import CCompilerError, CompileError, LinkError, PlatformError
 
@@ -158,5 +158,11 @@ ext_modules = [
               cpu("layers.h") + GEMV_HEADERS + OPS_HEADERS + CPU_HEADERS,
               CPU_FLAGS, openmp=True, x86_only=True),
 ]
+
+# Each extension's sources compile in parallel, one job a CPU (SPECRT_BUILD_JOBS=n to choose).
+# build_ext compiles an extension only when it is out of date or its build id changed
+# (`build_fresh`), and then every object must be rebuilt: an edited header leaves its .o files
+# older than nothing they know of, and pybind11's default would keep any that exist.
+ParallelCompile("SPECRT_BUILD_JOBS", needs_recompile=lambda obj, src: True).install()
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
