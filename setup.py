@@ -148,8 +148,8 @@ ext_modules = [
     # (the ops round where the PyTorch reference rounds), and one source compiled into two
     # extensions gives the same bits in both (_cpu_layers runs the kernels of the other two).
     extension("specrt._gemv", GEMV + cpu("stream_read.cpp", "dot_peak.cpp", "gemv_bindings.cpp"),
-              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h", "threads.h")
-              + ["csrc/build_id.h"],
+              GEMV_HEADERS + cpu("simd.h", "stream_read.h", "dot_peak.h", "cpu_features.h",
+                                 "threads.h") + ["csrc/build_id.h"],
               CPU_FLAGS, openmp=True, x86_only=True),
     extension("specrt._cpu_ops", cpu("ops.cpp", "ops_bindings.cpp"), OPS_HEADERS + CPU_HEADERS,
               CPU_FLAGS, openmp=True, x86_only=True),
@@ -161,8 +161,8 @@ ext_modules = [
 
 # Each extension's sources compile in parallel, one job a CPU (SPECRT_BUILD_JOBS=n to choose).
 # build_ext compiles an extension only when it is out of date or its build id changed
-# (`build_fresh`), and then every object must be rebuilt: an edited header leaves its .o files
-# older than nothing they know of, and pybind11's default would keep any that exist.
+# (`build_fresh`), and then every object must be rebuilt: pybind11's default keeps each object
+# file that exists, so an edited header would have been linked in with objects built before it.
 ParallelCompile("SPECRT_BUILD_JOBS", needs_recompile=lambda obj, src: True).install()
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
