@@ -250,20 +250,20 @@ def _exact_joint(model_dir, params) -> np.ndarray:
     return joint
 
 
-def _samples(llm, params, spec, seed) -> tuple[np.ndarray, int, int, np.ndarray, int]:
+def _samples(runner, params, spec, seed) -> tuple[np.ndarray, int, int, np.ndarray, int]:
     """(counts of each output's first 3 tokens, draft tokens, rounds that drafted, counts of
     each among the requests that drafted, the guesses those rounds had room for), all but the
     first over the rounds that decided those 3 tokens. Only a round's first two guesses can
     decide them; a speculative request's budget is 4 (K >= 2), so that its first round has
     room for both (`DraftContext.room`: with 2 tokens left after the prompt's, one).
 
-    llm: an LLM, whose requests go through its scheduler with a seed each; or an Engine, which
-    runs the requests from this thread in batches as slots free up, unseeded (see
+    runner: an LLM, whose requests go through its scheduler with a seed each; or an Engine,
+    which runs the requests from this thread in batches as slots free up, unseeded (see
     `_engine_runs`)."""
     k = spec["num_speculative_tokens"] if spec is not None else 0
     budget = 2 + min(k, 2) if k else 3
-    runs = (_engine_runs(llm, params, spec, seed, budget) if isinstance(llm, Engine)
-            else _llm_runs(llm, params, spec, seed, budget))
+    runs = (_engine_runs(runner, params, spec, seed, budget) if isinstance(runner, Engine)
+            else _llm_runs(runner, params, spec, seed, budget))
     counts = np.zeros((VOCAB,) * 3)
     drafting = np.zeros((VOCAB,) * 3)
     drafted = rounds = asked = 0
@@ -304,17 +304,16 @@ def _engine_runs(engine, params, spec, seed, budget):
     params = dataclasses.replace(params, seed=None)
     requests = [Request(tuple(PROMPT), budget, params, SpecConfig(**spec))
                 for _ in range(BATCH * ROUNDS)]
-    index = {r.request_id: i for i, r in enumerate(requests)}
     admitted = itertools.count(seed)
-    steps = [[] for _ in requests]
+    steps = {r.request_id: [] for r in requests}      # in the requests' order
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine_module, "make_generator",
                       lambda given, device: make_generator(next(admitted), device))
         for batch in engine.run(requests):
             for step in batch:
                 assert step.error is None, step.error
-                steps[index[step.request_id]].append(step)
-    return steps
+                steps[step.request_id].append(step)
+    return list(steps.values())
 
 
 def _lookup_matches() -> np.ndarray:
@@ -372,13 +371,13 @@ def test_first_three_tokens_distribution_matches_plain(small_pair, plain_counts,
         # 3-token answers. Costs where a pass's tokens are nearly free and drafting is free make
         # it speculate, which is what is tested; in batches (`_engine_runs`), where its plan
         # for a round weighs every row's past.
-        llm = _engine(small_pair, stop)
-        planner = llm.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
+        runner = _engine(small_pair, stop)
+        planner = runner.planner_for(SpecConfig(method=method, num_speculative_tokens=k))
         planner.costs = CostModel(verify=[1.0 + 1e-5 * t for t in range(40)], draft=[0.0] * 40)
     else:
-        llm = _llm(small_pair, draft_stop=stop)
+        runner = _llm(small_pair, draft_stop=stop)
     spec_counts, drafted, rounds, drafting, asked = _samples(
-        llm, SAMPLING, {"method": method, "num_speculative_tokens": k}, SPEC_SEED)
+        runner, SAMPLING, {"method": method, "num_speculative_tokens": k}, SPEC_SEED)
     assert drafted > 0.1 * BATCH * ROUNDS      # speculation really ran (and was rejected)
     if method == "ngram":
         # Prompt lookup drafts where the text repeats: here ~64% of the requests, all of them.
