@@ -145,15 +145,19 @@ def verify_and_accept(target: Transformer, cache: StaticKVCache, last_tokens: li
     if k:
         drafts = proposal.tokens.to(device)                                 # [B, K]
         ids = torch.cat([ids, drafts.clamp(min=0)], dim=1)                  # [B, K + 1]
+    # the rows whose plain step's confidence is reported: they read the whole head
+    plain = [b for b in range(B) if generating[b] and counts[b] == 0 and ctx.params[b].greedy
+             ] if sure else []
     # Each row scores its last token and its own drafts: a row with fewer (or none) costs
-    # only those, and their logits are all acceptance reads.
+    # only those, and their logits are all acceptance reads; where every row is greedy only
+    # their argmax is read (`argmax_only`: the head screened where the backend can).
+    greedy = all(ctx.params[b].greedy for b in range(B) if generating[b]) and not plain
     logits = target.forward(ids, cache, num_valid=[(1 + c) * g
-                                                   for c, g in zip(counts, generating)])
+                                                   for c, g in zip(counts, generating)],
+                            argmax_only=greedy)
     num_acc, out = _accept(logits, proposal, counts, k_plan, generating, ctx)
     target_sure = None
     if sure:
-        plain = [b for b in range(B)
-                 if generating[b] and counts[b] == 0 and ctx.params[b].greedy]
         if plain:
             target_sure = [None] * B
             for b, s in zip(plain, confidence(_rows(logits, plain)[:, 0]).tolist()):

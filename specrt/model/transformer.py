@@ -81,6 +81,8 @@ class Transformer:
         if (head is self.embed and isinstance(kept, torch.Tensor) and kept.shape == head.shape
                 and kept.dtype == head.dtype):
             self.embed = kept      # tied: one copy, wherever the backend keeps the head's weight
+        # greedy passes' argmax without the whole head (None: they read it all)
+        self.head_screen = self.backend.screened_head(self.lm_head) if head_rows is None else None
         self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
         self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
         # Memory hook: refuse a max_seq_len whose one-row KV cache cannot fit before the rope
@@ -141,8 +143,8 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticKVCache,
                 num_valid: list[int] | None = None, last_only: bool = False,
-                also_score: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
-                ) -> torch.Tensor:
+                also_score: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+                argmax_only: bool = False) -> torch.Tensor:
         """Run T new tokens per row through the model and append their K/V to `cache`.
 
         input_ids: [B, T] token ids; row b's tokens sit at positions lengths[b] + t.
@@ -151,6 +153,10 @@ class Transformer:
         last_only: return only the logits of each row's last valid token, [B, 1, V].
         also_score: [B] more ids each row scores, outside `head_rows` (a shortlisted model
             only): `also_scoring(ids)` of each row, or None (`_score_also`).
+        argmax_only: the caller reads only each position's argmax (greedy rows): where the
+            backend screens the head (`head_screen`) the logits are exact at the ids that
+            may be the argmax and -inf elsewhere, so their argmax, ties included, is the full
+            head's; nothing else about them is.
         Returns fp32 logits [B, T, V] (or [B, 1, V]), zeros at the padding (which the backend
         need not compute); cache lengths advance by num_valid.
         """
@@ -163,7 +169,7 @@ class Transformer:
                                 f"max_seq_len is {cache.max_seq_len}; raise max_seq_len")
         h = self.backend.hidden(self, input_ids, cache, rows, last_only)    # [N | B, H]
         cache.advance(rows.valid)
-        logits = self._logits(h)            # only real tokens are scored: [N | B, V]
+        logits = self._logits(h, argmax_only)     # only real tokens are scored: [N | B, V]
         unpack = (lambda x: x.view(B, 1, -1)) if last_only else rows.unpack
         logits = unpack(logits)                                              # [B, T, V]
         if also_score is not None and any(also_score):
@@ -229,8 +235,12 @@ class Transformer:
                 cols, w = row                                        # [X_b], [X_b, H]
                 logits[b].index_copy_(-1, cols, h[b].float() @ w.T)                 # [T, X_b]
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [..., V] of the final hidden states h [..., H]."""
+    def _logits(self, h: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        """fp32 logits [..., V] of the final hidden states h [..., H] (argmax_only: `forward`)."""
+        if argmax_only and self.head_screen is not None:
+            screened = self.head_screen(h.reshape(-1, h.shape[-1]))                # [N, V]
+            if screened is not None:
+                return screened.view(*h.shape[:-1], -1)
         logits = self.lm_head(h, torch.float32)                  # [B, T, V] or [B, T, N]
         if self.head_rows is None:
             return logits

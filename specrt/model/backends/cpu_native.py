@@ -26,7 +26,10 @@ import torch
 
 from specrt.kernels.cpu import gemv, gemv_amx, huge_pages, ops
 from specrt.kernels.cpu import layers as layer_stack
+from specrt.kernels.cpu.extension import switched_off
+from specrt.model.backends import head_screen
 from specrt.model.backends.base import Pass, chunks
+from specrt.model.backends.head_screen import ScreenedHead
 from specrt.model.backends.quantized import Int4Linear, Int8Linear, QuantLinear
 from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
@@ -46,6 +49,11 @@ def available(dtype: torch.dtype) -> bool:
 # draft's prompt"; int4 by the same reasoning, not timed). A bf16 prompt keeps the reference,
 # whose products are oneDNN's.
 QUANT_PROMPT_ROWS = 256
+
+# From how many ids a head is screened for greedy passes (`screened_head`): a vocabulary of
+# tens of thousands (151,936 for Qwen2) saves milliseconds a step; a tiny test model's few
+# hundred would save microseconds (the tests set it to 0).
+SCREEN_MIN_ROWS = 16384
 
 
 class GemvLinear(TorchLinear):
@@ -109,6 +117,16 @@ class CpuNative(TorchReference):
         if self.amx and gemv_amx.serves(weight):
             return AmxLinear(self._place(gemv_amx.pack(weight)), *weight.shape, bias)
         return GemvLinear(self._place(weight), bias)
+
+    def screened_head(self, head) -> ScreenedHead | None:
+        """An int8 copy of a large bf16 or fp32 head for greedy passes (`head_screen`), where
+        its full product is the C++ kernel's (not AMX tiles, whose rows a gathered product
+        would not reproduce) and SPECRT_HEAD_SCREEN is not 0."""
+        if not (isinstance(head, GemvLinear) and head.weight.shape[0] >= SCREEN_MIN_ROWS
+                and head_screen.serves(head.weight, head.bias)
+                and not switched_off(head_screen.ENV_VAR)):
+            return None
+        return ScreenedHead(head.weight, self._place)
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         """Where a weight every decode step streams is kept: a copy in huge pages, or t."""

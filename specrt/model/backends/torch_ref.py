@@ -98,6 +98,11 @@ class TorchReference:
             return quantized_linear(quant, weight, bias)
         return TorchLinear(weight, bias)
 
+    def screened_head(self, head: Linear) -> None:
+        """None: F.linear's rows may depend on the matrix they sit in, so no gathered product
+        is sure to give the full head's bits."""
+        return None
+
     def plan_passes(self, max_rows: int) -> None:
         """Nothing to do: this backend makes no row-count promise (`batch_invariant_tokens`)."""
 

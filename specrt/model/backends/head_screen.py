@@ -1,0 +1,109 @@
+"""Each row's argmax over the vocabulary, exactly, without reading the whole output head.
+
+A greedy pass needs only the id of each row's largest logit, and the output head is the largest
+matrix a step reads (the 1.5B target's 151,936 x 1536, 467 MB in bf16: 15% of its step; the
+0.5B's 24%). `ScreenedHead` keeps an int8 copy of the head (per-row scales,
+`specrt.kernels.cpu.gemv_int8`, half the bytes) and, per row of hidden state x:
+
+1. a = the int8 product, every id's approximate logit;
+2. an interval a_n +- b_n that holds the exact logit L_n, the bits the full head's kernel gives:
+       L_n - a_n = (x - x~) . W_n + x~ . (W_n - W~_n)
+   where x~ is x as the int8 kernel quantizes it (per block of 64) and W~_n the row's int8
+   values times its scale, so by Cauchy-Schwarz
+       |L_n - a_n| <= ||x - x~|| ||W_n|| + ||x~|| ||W_n - W~_n||  (+ both products' fp32
+   rounding, at most SLACK_ULPS * K units of 2^-24 of (||x|| + ||x~||)(||W_n|| + ||W_n - W~_n||));
+   the row norms are computed once, at load (a 151,936-row head: ~2.5 s with its int8 copy);
+3. the candidates: every id whose upper end a_n + b_n reaches the largest lower end
+   max_j (a_j - b_j). The argmax is among them, and so is every id tied with it (its L equals
+   the max, so its upper end is at least every lower end);
+4. the candidates' exact logits, from their rows of the head gathered and multiplied by the
+   same kernel as the full head (a product's rows never depend on the other rows: the bits are
+   the full head's), and -inf for every other id.
+
+So the argmax of the screened logits is the argmax of the full ones, ties included (the first
+maximal id); nothing else about them is: sampling, `confidence` and prompt passes read the full
+head (`Transformer.forward(argmax_only=False)`, the default). Rows whose hidden state is not
+finite take the full head too (their logits are what plain decoding would see).
+
+On the 1.5B target's decode steps (120 steps of three chat answers, AVX2): the bound was ~2.2
+logits where the int8 logits were off by at most 0.19, a median of 3 candidates a step (48 at
+most), and the int8 head read in 8.2 ms what the bf16 one read in 17.1 (benchmarks/RESULTS.md,
+"A screened output head").
+"""
+from __future__ import annotations
+
+import torch
+
+from specrt.kernels.cpu import gemv, gemv_int8
+
+ENV_VAR = "SPECRT_HEAD_SCREEN"    # 0, false, off or no: every pass reads the full head
+# Both products' fp32 rounding, in units of 2^-24 per input value (each sum of K products is
+# within K units of the sum of their magnitudes; 4 covers both products and the bound's own
+# arithmetic with room to spare).
+SLACK_ULPS = 4
+# Rows of the head quantized and normed at a time at load (bounded fp32 temporaries).
+_LOAD_ROWS = 4096
+
+
+def serves(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether a head of this weight can be screened here: the int8 kernel runs, the full head
+    is `gemv`'s kernel (whose rows' bits the gathered product reproduces), no bias, and K a
+    multiple of the int8 kernel's block."""
+    return (gemv_int8.AVAILABLE and gemv.usable(weight) and bias is None
+            and weight.dim() == 2 and weight.shape[1] % gemv_int8.BLOCK == 0)
+
+
+class ScreenedHead:
+    """The argmax-exact logits of a head W [V, H] (see the module docstring)."""
+
+    def __init__(self, weight: torch.Tensor,   # [V, H] bf16 or fp32, as the full head reads it
+                 place=lambda t: t):               # where the int8 copy is kept (huge pages)
+        if not serves(weight, None):
+            raise ValueError("ScreenedHead: needs a contiguous bf16 or fp32 CPU weight [V, H] "
+                             f"with H a multiple of {gemv_int8.BLOCK} and the int8 kernel built")
+        self.weight = weight
+        q = gemv_int8.quantize(weight)
+        self.int8 = gemv_int8.Int8Weight(place(q.data), q.scale, q.packed_rows)
+        V = weight.shape[0]
+        self.norm = torch.empty(V)            # [V] ||W_n||
+        self.error = torch.empty(V)           # [V] ||W_n - W~_n||
+        rows = self.int8.rows()
+        for n0 in range(0, V, _LOAD_ROWS):
+            part = slice(n0, n0 + _LOAD_ROWS)
+            w = weight[part].float()             # [n, H] (fp32 weights: a view, left alone)
+            self.norm[part] = w.norm(dim=1)
+            q = (rows[part].float() - 128).mul_(self.int8.scale[part, None])        # [n, H]
+            self.error[part] = q.sub_(w).norm(dim=1)
+        # fp32 norms are within ~H units of 2^-24 of the true ones: taken 0.1% over
+        self.norm *= 1.001
+        self.error *= 1.001
+        self.slack = SLACK_ULPS * weight.shape[1] * 2.0 ** -24
+
+    @property
+    def nbytes(self) -> int:
+        """What a screened pass reads besides the candidates' rows: the int8 head, its norms."""
+        return self.int8.nbytes + 4 * (self.norm.numel() + self.error.numel())
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor | None:
+        """fp32 logits [N, V] of the hidden states h [N, H]: exact at each row's candidates,
+        -inf elsewhere; None where a row is not finite (the caller takes the full head)."""
+        if not bool(torch.isfinite(h).all()):
+            return None
+        a, b = self.interval(h)                                                  # [N, V] each
+        floor = (a - b).amax(dim=1, keepdim=True)                                # [N, 1]
+        ids = ((a + b) >= floor).any(dim=0).nonzero()[:, 0]                      # [C]
+        exact = gemv.linear(h, self.weight.index_select(0, ids), None, torch.float32)  # [N, C]
+        out = torch.full_like(a, float("-inf"))
+        return out.index_copy_(1, ids, exact)
+
+    def interval(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b), fp32 [N, V] each: every exact logit of finite h [N, H] is within a +- b."""
+        a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
+        x = h.float()                                                            # [N, H]
+        xq = gemv_int8.dequantized_rows(x)                                       # [N, H]
+        nx, nq, dx = x.norm(dim=1), xq.norm(dim=1), (x - xq).norm(dim=1)         # [N]
+        slack = self.slack * (nx + nq)                                           # [N]
+        # b = (dx + slack) ||W|| + (nq + slack) ||W - W~||, a little over (fp32 arithmetic)
+        alpha = ((dx + slack) * 1.001)[:, None]                             # [N, 1]
+        beta = ((nq + slack) * 1.001)[:, None]                              # [N, 1]
+        return a, torch.addcmul(self.norm * alpha, self.error, beta)

@@ -1,0 +1,122 @@
+"""The screened output head: each row's argmax from an int8 copy of the head plus the exact
+logits of the ids that may be it (specrt.model.backends.head_screen), against the full head,
+and greedy generation with it against generation without it."""
+import pytest
+import torch
+
+import specrt
+from specrt.kernels.cpu import gemv, gemv_int8
+from specrt.model.backends import cpu_native
+from specrt.model.backends.head_screen import ScreenedHead, serves
+
+needs_kernels = pytest.mark.skipif(not (gemv.AVAILABLE and gemv_int8.AVAILABLE),
+                                   reason="the screen needs the bf16 and int8 C++ kernels")
+
+
+def _head(V=3000, H=128, dtype=torch.bfloat16, seed=0):
+    """A head whose rows differ in scale by 100x (the int8 error is per row), with row 2999 a
+    copy of row 7 (a tie that the argmax must break to the first id)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(V, H, generator=g) * torch.logspace(-2, 0, V)[torch.randperm(V, generator=g)][:, None]
+    w[7] = torch.randn(H, generator=g)      # the largest row, and a copy of it last
+    w[V - 1] = w[7]
+    return w.to(dtype)
+
+
+def _hidden(H=128, dtype=torch.bfloat16, seed=1):
+    """Rows of hidden states as a model's final norm gives them, some with outliers, and one
+    pointing at row 7 (and its copy) so the tie is the argmax."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(40, H, generator=g)
+    x[::5, :3] *= 50                                    # outlier dimensions
+    x[3] *= 1e-3                                        # nearly flat logits: many candidates
+    x[4] *= 1e3
+    return x.to(dtype)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_screened_argmax_and_candidate_bits_are_the_full_heads(dtype):
+    w = _head(dtype=dtype)
+    x = _hidden(dtype=dtype)
+    x[5] = w[7]                                         # row 7 and row 2999 tie at the top
+    before = w.clone()
+    screen = ScreenedHead(w)
+    assert torch.equal(w, before)                        # an fp32 head is read, not rewritten
+    full = gemv.linear(x, w, None, torch.float32)                       # [40, V]
+    got = screen(x)                                                     # [40, V]
+    kept = torch.isfinite(got)
+    assert torch.equal(got.argmax(dim=1), full.argmax(dim=1))
+    assert full[5, 7] == full[5, 2999] and got.argmax(dim=1)[5] == 7
+    assert torch.equal(got[kept], full[kept])                          # the kernel's own bits
+    assert (got[~kept] == float("-inf")).all()
+    # it screens: a row alone keeps a few of the 3000 ids
+    alone = torch.isfinite(screen(x[:1])).sum()
+    assert 1 <= alone < 300
+
+
+@needs_kernels
+def test_interval_holds_every_exact_logit():
+    w = _head()
+    screen = ScreenedHead(w)
+    for seed in range(3):
+        x = _hidden(seed=seed)
+        a, b = screen.interval(x)
+        full = gemv.linear(x, w, None, torch.float32)
+        assert ((full - a).abs() <= b).all()
+        assert (b > 0).all() and torch.isfinite(b).all()
+
+
+@needs_kernels
+def test_a_row_that_is_not_finite_asks_for_the_full_head():
+    screen = ScreenedHead(_head())
+    x = _hidden()
+    x[2, 0] = float("nan")
+    assert screen(x) is None
+
+
+def test_serves_only_what_it_can_reproduce():
+    w = torch.randn(100, 128).bfloat16()
+    assert serves(w, None) == (gemv.AVAILABLE and gemv_int8.AVAILABLE)
+    assert not serves(w, torch.zeros(100).bfloat16())           # a biased head
+    assert not serves(torch.randn(100, 100).bfloat16(), None)    # K not a multiple of 64
+    assert not serves(w.half(), None)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        ScreenedHead(torch.randn(100, 100).bfloat16())
+
+
+@needs_kernels
+@pytest.mark.skipif(not cpu_native.available(torch.bfloat16), reason="the CPU-native backend")
+def test_greedy_generation_with_the_screen_equals_it_without(tiny_noeos_dir, tiny_draft_dir,
+                                                              monkeypatch):
+    monkeypatch.setattr(cpu_native, "SCREEN_MIN_ROWS", 0)      # the tiny model's 320 ids
+    kw = dict(draft=tiny_draft_dir, dtype="bfloat16", max_seq_len=128, draft_dtype="bfloat16")
+    with_screen = specrt.LLM(tiny_noeos_dir, **kw)
+    monkeypatch.setenv("SPECRT_HEAD_SCREEN", "0")
+    without = specrt.LLM(tiny_noeos_dir, **kw)
+    try:
+        screen = with_screen.engine.target.head_screen
+        assert screen is not None and without.engine.target.head_screen is None
+        calls = []
+        real = screen.__call__
+        with_screen.engine.target.head_screen = lambda h: calls.append(h.shape[0]) or real(h)
+        prompts = ["hello world", "the cat sat on", "a b c d e f"]
+        for spec in (None, {"method": "draft_model", "num_speculative_tokens": 3},
+                     {"method": "ngram", "num_speculative_tokens": 4}):
+            for p in prompts:
+                a = with_screen.generate(p, max_new_tokens=24, speculative=spec)
+                b = without.generate(p, max_new_tokens=24, speculative=spec)
+                assert a.token_ids == b.token_ids, (spec, p)
+            # a batch of greedy requests shares passes
+            many = with_screen.generate(prompts, max_new_tokens=24, speculative=spec)
+            assert [r.token_ids for r in many] == [without.generate(p, max_new_tokens=24,
+                                                                    speculative=spec).token_ids
+                                                   for p in prompts]
+        assert len(calls) > 50 and max(calls) > 1     # decode steps and verify passes screened
+        # a sampled request reads the full head
+        calls.clear()
+        with_screen.generate("hello", max_new_tokens=8, temperature=0.8, seed=3)
+        assert calls == []
+    finally:
+        with_screen.close()
+        without.close()
