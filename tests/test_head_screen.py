@@ -7,7 +7,7 @@ import torch
 import specrt
 from specrt.kernels.cpu import gemv, gemv_int8
 from specrt.model.backends import cpu_native
-from specrt.model.backends.head_screen import ScreenedHead, serves
+from specrt.model.backends.head_screen import MAX_ROWS, ScreenedHead, serves
 
 needs_kernels = pytest.mark.skipif(not (gemv.AVAILABLE and gemv_int8.AVAILABLE),
                                    reason="the screen needs the bf16 and int8 C++ kernels")
@@ -44,7 +44,9 @@ def test_screened_argmax_and_candidate_bits_are_the_full_heads(dtype):
     screen = ScreenedHead(w)
     assert torch.equal(w, before)                        # an fp32 head is read, not rewritten
     full = gemv.linear(x, w, None, torch.float32)                       # [40, V]
-    got = screen(x)                                                     # [40, V]
+    # the screen serves passes of up to MAX_ROWS rows: the 40 rows in such passes
+    got = torch.cat([screen(x[i:i + MAX_ROWS]) for i in range(0, 40, MAX_ROWS)])   # [40, V]
+    assert screen(x[:MAX_ROWS + 1]) is None
     kept = torch.isfinite(got)
     assert torch.equal(got.argmax(dim=1), full.argmax(dim=1))
     assert full[5, 7] == full[5, 2999] and got.argmax(dim=1)[5] == 7
@@ -70,8 +72,8 @@ def test_interval_holds_every_exact_logit():
 @needs_kernels
 def test_a_row_that_is_not_finite_asks_for_the_full_head():
     screen = ScreenedHead(_head())
-    x = _hidden()
-    x[2, 0] = float("nan")
+    x = _hidden()[:2]
+    x[1, 0] = float("nan")
     assert screen(x) is None
 
 
@@ -97,9 +99,14 @@ def test_greedy_generation_with_the_screen_equals_it_without(tiny_noeos_dir, tin
     try:
         screen = with_screen.engine.target.head_screen
         assert screen is not None and without.engine.target.head_screen is None
-        calls = []
-        real = screen.__call__
-        with_screen.engine.target.head_screen = lambda h: calls.append(h.shape[0]) or real(h)
+        calls = []       # the rows of each pass the screen served
+
+        def counted(h):
+            out = screen(h)
+            if out is not None:
+                calls.append(h.shape[0])
+            return out
+        with_screen.engine.target.head_screen = counted
         prompts = ["hello world", "the cat sat on", "a b c d e f"]
         for spec in (None, {"method": "draft_model", "num_speculative_tokens": 3},
                      {"method": "ngram", "num_speculative_tokens": 4}):
@@ -112,7 +119,8 @@ def test_greedy_generation_with_the_screen_equals_it_without(tiny_noeos_dir, tin
             assert [r.token_ids for r in many] == [without.generate(p, max_new_tokens=24,
                                                                     speculative=spec).token_ids
                                                    for p in prompts]
-        assert len(calls) > 50 and max(calls) > 1     # decode steps and verify passes screened
+        # decode steps, and verify passes of 2 tokens, screened; wider passes read the head
+        assert len(calls) > 50 and max(calls) == MAX_ROWS
         # a sampled request reads the full head
         calls.clear()
         with_screen.generate("hello", max_new_tokens=8, temperature=0.8, seed=3)

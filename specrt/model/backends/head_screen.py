@@ -41,6 +41,12 @@ ENV_VAR = "SPECRT_HEAD_SCREEN"    # 0, false, off or no: every pass reads the fu
 # within K units of the sum of their magnitudes; 4 covers both products and the bound's own
 # arithmetic with room to spare).
 SLACK_ULPS = 4
+# The most rows (tokens of a pass) screened: the int8 product's cost grows faster with the rows
+# than the bf16 one's on AVX2 (no VNNI: bytes widened to 16 bits, vpmaddwd). The 1.5B's head,
+# real hidden states, one process alternating (AVX2 Zen 3; benchmarks/RESULTS.md): full /
+# screened 1.72-1.76x at 1 row, 1.34-1.53x at 2, 0.95-0.99x at 3, 0.85-1.1x at 4, 0.9-1.2x at
+# 5-8, 0.95-1.06x at 17. Not measured on AVX-512 VNNI, whose int8 product is faster.
+MAX_ROWS = 2
 # Rows of the head quantized and normed at a time at load (bounded fp32 temporaries).
 _LOAD_ROWS = 4096
 
@@ -77,6 +83,7 @@ class ScreenedHead:
         # fp32 norms are within ~H units of 2^-24 of the true ones: taken 0.1% over
         self.norm *= 1.001
         self.error *= 1.001
+        self.norm_max, self.error_max = float(self.norm.max()), float(self.error.max())
         self.slack = SLACK_ULPS * weight.shape[1] * 2.0 ** -24
 
     @property
@@ -86,24 +93,35 @@ class ScreenedHead:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor | None:
         """fp32 logits [N, V] of the hidden states h [N, H]: exact at each row's candidates,
-        -inf elsewhere; None where a row is not finite (the caller takes the full head)."""
-        if not bool(torch.isfinite(h).all()):
+        -inf elsewhere; None for more than MAX_ROWS rows or a row that is not finite (the
+        caller takes the full head)."""
+        if h.shape[0] > MAX_ROWS or not bool(torch.isfinite(h).all()):
             return None
-        a, b = self.interval(h)                                                  # [N, V] each
-        floor = (a - b).amax(dim=1, keepdim=True)                                # [N, 1]
-        ids = ((a + b) >= floor).any(dim=0).nonzero()[:, 0]                      # [C]
+        a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
+        alpha, beta = self._scales(h)                                            # [N, 1] each
+        # Two passes over the vocabulary, not six: with bmax each row's largest b, the best
+        # lower end is at least max(a) - bmax, so every candidate (a + b reaching it) has
+        # a >= max(a) - 2 bmax; the intervals are then computed for those ids alone.
+        bmax = alpha * self.norm_max + beta * self.error_max                     # [N, 1]
+        near = (a >= a.amax(dim=1, keepdim=True) - 2 * bmax).any(dim=0).nonzero()[:, 0]
+        a_near = a[:, near]                                                      # [N, C0]
+        b_near = alpha * self.norm[near] + beta * self.error[near]               # [N, C0]
+        floor = (a_near - b_near).amax(dim=1, keepdim=True)                      # [N, 1]
+        ids = near[((a_near + b_near) >= floor).any(dim=0)]                      # [C]
         exact = gemv.linear(h, self.weight.index_select(0, ids), None, torch.float32)  # [N, C]
-        out = torch.full_like(a, float("-inf"))
-        return out.index_copy_(1, ids, exact)
+        return torch.full_like(a, float("-inf")).index_copy_(1, ids, exact)
 
     def interval(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, b), fp32 [N, V] each: every exact logit of finite h [N, H] is within a +- b."""
         a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
+        alpha, beta = self._scales(h)
+        return a, alpha * self.norm + beta * self.error
+
+    def _scales(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(alpha, beta) [N, 1] each, with b = alpha ||W|| + beta ||W - W~|| a little over the
+        bound (fp32 arithmetic): alpha = ||x - x~|| + slack, beta = ||x~|| + slack."""
         x = h.float()                                                            # [N, H]
         xq = gemv_int8.dequantized_rows(x)                                       # [N, H]
         nx, nq, dx = x.norm(dim=1), xq.norm(dim=1), (x - xq).norm(dim=1)         # [N]
         slack = self.slack * (nx + nq)                                           # [N]
-        # b = (dx + slack) ||W|| + (nq + slack) ||W - W~||, a little over (fp32 arithmetic)
-        alpha = ((dx + slack) * 1.001)[:, None]                             # [N, 1]
-        beta = ((nq + slack) * 1.001)[:, None]                              # [N, 1]
-        return a, torch.addcmul(self.norm * alpha, self.error, beta)
+        return ((dx + slack) * 1.001)[:, None], ((nq + slack) * 1.001)[:, None]
