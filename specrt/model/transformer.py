@@ -133,8 +133,10 @@ class Transformer:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights one decode step reads (embedding rows excluded, lm_head included)."""
-        n = self.lm_head.nbytes + self.norm.numel() * self.norm.element_size()
+        """Bytes of weights one greedy decode step reads (embedding rows excluded; the head, or
+        where it is screened its int8 copy: a sampled step reads the full head instead)."""
+        head = self.head_screen if self.head_screen is not None else self.lm_head
+        n = head.nbytes + self.norm.numel() * self.norm.element_size()
         for layer in self.layers:
             n += sum(lin.nbytes for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
             n += 2 * layer.input_norm.numel() * layer.input_norm.element_size()
