@@ -127,7 +127,8 @@ def end_to_end(args, target_dir, draft_dir) -> tuple[str, dict]:
                                   for on in (False, True)), "yes" if equal else "NO"))
     _switch(target, screen, True)
     llm.close()
-    head = tuple(f"{m} {'screened' if on else 'full'} tok/s" for m in METHODS for on in (False, True))
+    head = tuple(f"{m} {'screened' if on else 'full'} tok/s"
+                 for m in METHODS for on in (False, True))
     geo = {m: statistics.geometric_mean(a / b for a, b in zip(speeds[(m, True)],
                                                               speeds[(m, False)]))
            for m in METHODS}

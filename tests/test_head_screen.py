@@ -17,7 +17,8 @@ def _head(V=3000, H=128, dtype=torch.bfloat16, seed=0):
     """A head whose rows differ in scale by 100x (the int8 error is per row), with row 2999 a
     copy of row 7 (a tie that the argmax must break to the first id)."""
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(V, H, generator=g) * torch.logspace(-2, 0, V)[torch.randperm(V, generator=g)][:, None]
+    scale = torch.logspace(-2, 0, V)[torch.randperm(V, generator=g)]                  # [V]
+    w = torch.randn(V, H, generator=g) * scale[:, None]
     w[7] = torch.randn(H, generator=g)      # the largest row, and a copy of it last
     w[V - 1] = w[7]
     return w.to(dtype)
@@ -70,11 +71,14 @@ def test_interval_holds_every_exact_logit():
 
 
 @needs_kernels
-def test_a_row_that_is_not_finite_asks_for_the_full_head():
+def test_a_row_or_a_head_that_is_not_finite_asks_for_the_full_head():
     screen = ScreenedHead(_head())
     x = _hidden()[:2]
     x[1, 0] = float("nan")
     assert screen(x) is None
+    w = _head()
+    w[3, 5] = float("inf")                      # a damaged head: its logits are the full head's
+    assert ScreenedHead(w)(_hidden()[:1]) is None
 
 
 def test_serves_only_what_it_can_reproduce():

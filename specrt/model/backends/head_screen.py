@@ -12,7 +12,8 @@ matrix a step reads (the 1.5B target's 151,936 x 1536, 467 MB in bf16: 15% of it
    values times its scale, so by Cauchy-Schwarz
        |L_n - a_n| <= ||x - x~|| ||W_n|| + ||x~|| ||W_n - W~_n||  (+ both products' fp32
    rounding, at most SLACK_ULPS * K units of 2^-24 of (||x|| + ||x~||)(||W_n|| + ||W_n - W~_n||));
-   the row norms are computed once, at load (a 151,936-row head: ~2.5 s with its int8 copy);
+   the row norms are computed once, at load (the 1.5B's 151,936-row head: ~1.4 s with its
+   int8 copy);
 3. the candidates: every id whose upper end a_n + b_n reaches the largest lower end
    max_j (a_j - b_j). The argmax is among them, and so is every id tied with it (its L equals
    the max, so its upper end is at least every lower end);
@@ -23,7 +24,7 @@ matrix a step reads (the 1.5B target's 151,936 x 1536, 467 MB in bf16: 15% of it
 So the argmax of the screened logits is the argmax of the full ones, ties included (the first
 maximal id); nothing else about them is: sampling, `confidence` and prompt passes read the full
 head (`Transformer.forward(argmax_only=False)`, the default). Rows whose hidden state is not
-finite take the full head too (their logits are what plain decoding would see).
+finite, a head that is not, and passes of more than MAX_ROWS rows take the full head too.
 
 On the 1.5B target's decode steps (120 steps of three chat answers, AVX2): the bound was ~2.2
 logits where the int8 logits were off by at most 0.19, a median of 3 candidates a step (48 at
@@ -31,6 +32,8 @@ most), and the int8 head read in 8.2 ms what the bf16 one read in 17.1 (benchmar
 "A screened output head").
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -84,6 +87,9 @@ class ScreenedHead:
         self.norm *= 1.001
         self.error *= 1.001
         self.norm_max, self.error_max = float(self.norm.max()), float(self.error.max())
+        # a head holding inf or NaN bounds nothing: its passes read the full head (whose
+        # logits the engine checks)
+        self.finite = math.isfinite(self.norm_max) and math.isfinite(self.error_max)
         self.slack = SLACK_ULPS * weight.shape[1] * 2.0 ** -24
 
     @property
@@ -93,9 +99,9 @@ class ScreenedHead:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor | None:
         """fp32 logits [N, V] of the hidden states h [N, H]: exact at each row's candidates,
-        -inf elsewhere; None for more than MAX_ROWS rows or a row that is not finite (the
-        caller takes the full head)."""
-        if h.shape[0] > MAX_ROWS or not bool(torch.isfinite(h).all()):
+        -inf elsewhere; None for more than MAX_ROWS rows, a row that is not finite or a head
+        that is not (the caller takes the full head)."""
+        if not self.finite or h.shape[0] > MAX_ROWS or not bool(torch.isfinite(h).all()):
             return None
         a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
         alpha, beta = self._scales(h)                                            # [N, 1] each
@@ -108,6 +114,8 @@ class ScreenedHead:
         b_near = alpha * self.norm[near] + beta * self.error[near]               # [N, C0]
         floor = (a_near - b_near).amax(dim=1, keepdim=True)                      # [N, 1]
         ids = near[((a_near + b_near) >= floor).any(dim=0)]                      # [C]
+        if not ids.numel():              # only where the int8 logits overflowed to inf
+            return None
         exact = gemv.linear(h, self.weight.index_select(0, ids), None, torch.float32)  # [N, C]
         return torch.full_like(a, float("-inf")).index_copy_(1, ids, exact)
 
