@@ -103,6 +103,9 @@ def test_greedy_generation_with_the_screen_equals_it_without(tiny_noeos_dir, tin
     try:
         screen = with_screen.engine.target.head_screen
         assert screen is not None and without.engine.target.head_screen is None
+        # the draft (the whole vocabulary here) never asks for argmax alone: no copy kept
+        assert with_screen.engine.draft.head_rows is None
+        assert with_screen.engine.draft.head_screen is None
         # a greedy step reads the int8 copy instead of the head
         assert with_screen.engine.target.weight_bytes < without.engine.target.weight_bytes
         calls = []       # the rows of each pass the screen served

@@ -135,7 +135,8 @@ class LLM:
         draft_model = Transformer.from_dir(
             draft_dir, self.dtype, self.device, self.max_seq_len, quant=quant,
             head_rows=draft_head_rows(cfg, self.tokenizer, self.draft_vocab,
-                                      reads_ids=not self.cuda_graphs))
+                                      reads_ids=not self.cuda_graphs),
+            screen=False)       # a draft's passes read its confidence too, never argmax alone
         draft_tok = Tokenizer(draft_dir) if Tokenizer.available(draft_dir) else None
         check_compatible(self.tokenizer, draft_tok, target.cfg.vocab_size,
                          draft_model.cfg.vocab_size, str(self.model_dir), str(draft_dir))

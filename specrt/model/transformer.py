@@ -40,13 +40,15 @@ class Layer:
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_seq_len: int,
                  backend: Backend | str | None = None, quant: str | None = None,
-                 head_rows: list[int] | None = None):
+                 head_rows: list[int] | None = None, screen: bool = True):
         """Takes ownership of `weights` (popped). backend: a Backend, a backend name, or None
         for the device's default (see specrt.model.backends). quant: store the projections and
         the output head quantized ("int8", for a draft model), None: in the weights' dtype.
         head_rows: score only these token ids (a draft model's shortlist: its output head
         shrinks to them, every other logit is -inf, except the ids a pass names in
-        `also_score`); None: the whole vocabulary."""
+        `also_score`); None: the whole vocabulary.
+        screen: keep what gives greedy passes their argmax without reading the whole head where
+        the backend has it (`forward(argmax_only=True)`; a draft never asks, and skips it)."""
         self.cfg = cfg
         # Every pass clamps a position into the rotary tables of max_seq_len rows: none would
         # leave a table of nothing to clamp into (the C++ layer loop read row -1 of it).
@@ -82,7 +84,8 @@ class Transformer:
                 and kept.dtype == head.dtype):
             self.embed = kept      # tied: one copy, wherever the backend keeps the head's weight
         # greedy passes' argmax without the whole head (None: they read it all)
-        self.head_screen = self.backend.screened_head(self.lm_head) if head_rows is None else None
+        self.head_screen = (self.backend.screened_head(self.lm_head)
+                            if screen and head_rows is None else None)
         self.layers = [self._layer(w, f"model.layers.{n}.", linear) for n in range(cfg.num_layers)]
         self.source = f"<in-memory {id(self):x}>"   # where the weights came from (from_dir)
         # Memory hook: refuse a max_seq_len whose one-row KV cache cannot fit before the rope
@@ -109,11 +112,12 @@ class Transformer:
     @classmethod
     def from_dir(cls, model_dir: str | Path, dtype="float32", device="cpu",
                  max_seq_len: int = 4096, backend: str | None = None,
-                 quant: str | None = None, head_rows: list[int] | None = None) -> "Transformer":
+                 quant: str | None = None, head_rows: list[int] | None = None,
+                 screen: bool = True) -> "Transformer":
         device = check_device(device)
         cfg = ModelConfig.from_dir(model_dir)
         weights = load_state_dict(model_dir, cfg, parse_dtype(dtype), device)
-        model = cls(cfg, weights, max_seq_len, backend, quant, head_rows)
+        model = cls(cfg, weights, max_seq_len, backend, quant, head_rows, screen)
         model.source = str(Path(model_dir).resolve())
         return model
 
