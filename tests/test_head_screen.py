@@ -8,6 +8,7 @@ import specrt
 from specrt.kernels.cpu import gemv, gemv_int8
 from specrt.model.backends import cpu_native
 from specrt.model.backends.head_screen import MAX_ROWS, ScreenedHead, serves
+from tests.helpers import pin_costs
 
 needs_kernels = pytest.mark.skipif(not (gemv.AVAILABLE and gemv_int8.AVAILABLE),
                                    reason="the screen needs the bf16 and int8 C++ kernels")
@@ -46,16 +47,22 @@ def test_screened_argmax_and_candidate_bits_are_the_full_heads(dtype):
     assert torch.equal(w, before)                        # an fp32 head is read, not rewritten
     full = gemv.linear(x, w, None, torch.float32)                       # [40, V]
     # the screen serves passes of up to MAX_ROWS rows: the 40 rows in such passes
-    got = torch.cat([screen(x[i:i + MAX_ROWS]) for i in range(0, 40, MAX_ROWS)])   # [40, V]
+    for i in range(0, 40, MAX_ROWS):
+        rows = slice(i, i + MAX_ROWS)
+        got = screen(x[rows])                                                # [2, V]
+        ids = screen.candidates(x[rows])                                     # [C]
+        assert torch.equal(got.argmax(dim=1), full[rows].argmax(dim=1))
+        assert torch.equal(got[:, ids], full[rows, ids])               # the kernel's own bits
+        others = torch.ones(got.shape[1], dtype=torch.bool)
+        others[ids] = False
+        _, b = screen.interval(x[rows])
+        # elsewhere the int8 logits: within the interval, and below the row's max
+        assert ((got - full[rows]).abs() <= b)[:, others].all()
+        assert (got[:, others] < full[rows].amax(dim=1, keepdim=True)).all()
     assert screen(x[:MAX_ROWS + 1]) is None
-    kept = torch.isfinite(got)
-    assert torch.equal(got.argmax(dim=1), full.argmax(dim=1))
-    assert full[5, 7] == full[5, 2999] and got.argmax(dim=1)[5] == 7
-    assert torch.equal(got[kept], full[kept])                          # the kernel's own bits
-    assert (got[~kept] == float("-inf")).all()
-    # it screens: a row alone keeps a few of the 3000 ids
-    alone = torch.isfinite(screen(x[:1])).sum()
-    assert 1 <= alone < 300
+    assert full[5, 7] == full[5, 2999] and screen(x[4:6]).argmax(dim=1)[1] == 7
+    # it screens: a row alone computes a few of the 3000 ids exactly
+    assert 1 <= screen.candidates(x[:1]).numel() < 300
 
 
 @needs_kernels
@@ -117,8 +124,11 @@ def test_greedy_generation_with_the_screen_equals_it_without(tiny_noeos_dir, tin
             return out
         with_screen.engine.target.head_screen = counted
         prompts = ["hello world", "the cat sat on", "a b c d e f"]
+        auto = {"method": "auto", "num_speculative_tokens": 4}     # hears plain steps' confidence
+        for llm in (with_screen, without):
+            pin_costs(llm, auto, monkeypatch)
         for spec in (None, {"method": "draft_model", "num_speculative_tokens": 3},
-                     {"method": "ngram", "num_speculative_tokens": 4}):
+                     {"method": "ngram", "num_speculative_tokens": 4}, auto):
             for p in prompts:
                 a = with_screen.generate(p, max_new_tokens=24, speculative=spec)
                 b = without.generate(p, max_new_tokens=24, speculative=spec)

@@ -159,10 +159,10 @@ class Transformer:
         last_only: return only the logits of each row's last valid token, [B, 1, V].
         also_score: [B] more ids each row scores, outside `head_rows` (a shortlisted model
             only): `also_scoring(ids)` of each row, or None (`_score_also`).
-        argmax_only: the caller reads only each position's argmax (greedy rows): where the
-            backend screens the head (`head_screen`) the logits are exact at the ids that
-            may be the argmax and -inf elsewhere, so their argmax, ties included, is the full
-            head's; nothing else about them is.
+        argmax_only: the caller reads each position's argmax (greedy rows; `confidence` too,
+            approximately): where the backend screens the head (`head_screen`) the logits are
+            exact at the ids that may be the argmax and the int8 head's elsewhere, so their
+            argmax, ties included, is the full head's and their softmax close to it.
         Returns fp32 logits [B, T, V] (or [B, 1, V]), zeros at the padding (which the backend
         need not compute); cache lengths advance by num_valid.
         """
