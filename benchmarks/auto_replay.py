@@ -229,11 +229,11 @@ class PricedForwards:
     def __enter__(self):
         for model, price in self.models:
             def forward(input_ids, cache, num_valid=None, last_only=False, also_score=None,
-                        _model=model, _price=price):
+                        argmax_only=False, _model=model, _price=price):
                 B, T = input_ids.shape
                 self.log.append((_price, list(num_valid) if num_valid is not None else [T] * B))
                 return type(_model).forward(_model, input_ids, cache, num_valid, last_only,
-                                            also_score)
+                                            also_score, argmax_only)
             model.forward = forward                  # the instance's, over the class's
         return self
 
