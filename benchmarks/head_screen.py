@@ -12,8 +12,9 @@ and off on the same loaded models (`Transformer.head_screen`), the order alterna
    `argmax_only=True`, for the target and for the draft model loaded as a target (bf16, whole
    vocabulary: the 0.5B as a user decoding it alone runs it);
 2. end to end: the default pair as `LLM` loads it, greedy, chat template, the first prompt of
-   each task of benchmarks/prompts.json, plain and `auto` (K = 16); decode-only tokens/s
-   (after the prompt's pass) and whether the tokens with the screen equal those without.
+   each task of benchmarks/prompts.json, plain and `auto` (K = 16), --repeats runs of each
+   with the setting alternating; the median decode-only tokens/s (after the prompt's pass) and
+   whether every run gave plain's tokens, with the screen and without.
 
 Writes the section "A screened output head" of benchmarks/RESULTS.md (--no-record to skip);
 JSON on the last line.
@@ -40,6 +41,8 @@ def build_parser():
     p.add_argument("--rounds", type=cli.count, default=5,
                    help="interleaved rounds of part 1 (median)")
     p.add_argument("--max-new-tokens", type=cli.count, default=64, help="part 2's answer length")
+    p.add_argument("--repeats", type=cli.count, default=3,
+                   help="part 2's runs of each prompt, method and setting (median)")
     p.add_argument("--skip-e2e", action="store_true", help="part 1 only")
     return p
 
@@ -110,18 +113,21 @@ def end_to_end(args, target_dir, draft_dir) -> tuple[str, dict]:
     screen = target.head_screen
     if screen is None:
         cli.fail("the target has no screened head here")
-    speeds = {(m, on): [] for m in METHODS for on in (False, True)}
+    speeds = {(m, on): [] for m in METHODS for on in (False, True)}   # a median per prompt
     same, rows = True, []
-    for i, item in enumerate(cli.progress(items, desc="prompts", disable=args.no_progress)):
+    for item in cli.progress(items, desc="prompts", disable=args.no_progress):
         ids = llm.encode(item.text, chat=True)
-        got = {}
-        for on in ((False, True) if i % 2 == 0 else (True, False)):
-            _switch(target, screen, on)
-            for name, spec in METHODS.items():
-                res = llm.generate(ids, max_new_tokens=args.max_new_tokens, speculative=spec)
-                speeds[(name, on)].append(timing.decode_speed(res))
-                got[(name, on)] = res.token_ids
-        equal = all(got[(m, True)] == got[(m, False)] == got[("plain", False)] for m in METHODS)
+        got, runs = set(), {k: [] for k in speeds}
+        for r in range(args.repeats):
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                _switch(target, screen, on)
+                for name, spec in METHODS.items():
+                    res = llm.generate(ids, max_new_tokens=args.max_new_tokens, speculative=spec)
+                    runs[(name, on)].append(timing.decode_speed(res))
+                    got.add(tuple(res.token_ids))
+        for k, v in runs.items():
+            speeds[k].append(statistics.median(v))
+        equal = len(got) == 1             # every method, repeat and setting: plain's tokens
         same &= equal
         rows.append((item.task, *(f"{speeds[(m, on)][-1]:.2f}" for m in METHODS
                                   for on in (False, True)), "yes" if equal else "NO"))
@@ -153,7 +159,8 @@ def main(argv=None) -> int:
     if args.record:
         report.record_section(SECTION, report.results_preamble(info, args.note)
                               + f"\nPart 1: median ms of {args.rounds} interleaved rounds; "
-                              f"part 2: {args.max_new_tokens} new tokens.\n\n" + text + "\n",
+                              f"part 2: {args.max_new_tokens} new tokens, medians of "
+                              f"{args.repeats} repeats.\n\n" + text + "\n",
                               Path(args.results_md))
     report.emit_json(out)
     return 0 if out.get("e2e", {}).get("same_tokens", True) else 1
