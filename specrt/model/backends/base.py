@@ -104,11 +104,12 @@ class Backend(Protocol):
         """Wrap a [out, in] weight (and [out] bias) for this backend's matmuls; quant: store
         it quantized (specrt.model.backends.quantized), None: as it is."""
 
-    def screened_head(self, head: Linear) -> "Callable[[torch.Tensor], torch.Tensor | None] | None":
+    def screened_head(self, head: Linear
+                      ) -> "Callable[[torch.Tensor], torch.Tensor | None] | None":
         """For a model's output head, what gives each row's argmax without reading all of it
         (`head_screen.ScreenedHead`: h [N, H] -> fp32 logits [N, V], exact at the candidates
-        for the argmax and -inf elsewhere, None for a row that is not finite), or None where
-        this backend has none (every pass reads the full head)."""
+        for the argmax and below their max elsewhere, or None where the full head must be
+        read), or None where this backend has none (every pass reads the full head)."""
 
     def hidden(self, model: "Transformer", input_ids: torch.Tensor, cache: "StaticKVCache",
                rows: Pass, last_only: bool = False) -> torch.Tensor:
