@@ -29,7 +29,6 @@ from specrt.kernels.cpu import layers as layer_stack
 from specrt.kernels.cpu.extension import switched_off
 from specrt.model.backends import head_screen
 from specrt.model.backends.base import Pass, chunks
-from specrt.model.backends.head_screen import ScreenedHead
 from specrt.model.backends.quantized import Int4Linear, Int8Linear, QuantLinear
 from specrt.model.backends.torch_ref import TorchLinear, TorchReference
 
@@ -118,7 +117,7 @@ class CpuNative(TorchReference):
             return AmxLinear(self._place(gemv_amx.pack(weight)), *weight.shape, bias)
         return GemvLinear(self._place(weight), bias)
 
-    def screened_head(self, head) -> ScreenedHead | None:
+    def screened_head(self, head) -> head_screen.ScreenedHead | None:
         """An int8 copy of a large bf16 or fp32 head for greedy passes (`head_screen`), where
         its full product is the C++ kernel's (not AMX tiles, whose rows a gathered product
         would not reproduce) and SPECRT_HEAD_SCREEN is not 0."""
@@ -126,7 +125,7 @@ class CpuNative(TorchReference):
                 and head_screen.serves(head.weight, head.bias)
                 and not switched_off(head_screen.ENV_VAR)):
             return None
-        return ScreenedHead(head.weight, self._place)
+        return head_screen.ScreenedHead(head.weight, self._place)
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         """Where a weight every decode step streams is kept: a copy in huge pages, or t."""

@@ -107,8 +107,8 @@ class ScreenedHead:
         that is not finite or a head that is not (the caller takes the full head)."""
         if not self.finite or h.shape[0] > MAX_ROWS or not bool(torch.isfinite(h).all()):
             return None
-        a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
-        ids = self._candidates(a, *self._scales(h))                              # [C]
+        a, alpha, beta = self._approx(h)                            # [N, V], [N, 1], [N, 1]
+        ids = self._candidates(a, alpha, beta)                                   # [C]
         if not ids.numel():              # only where the int8 logits overflowed to inf
             return None
         exact = gemv.linear(h, self.weight.index_select(0, ids), None, torch.float32)  # [N, C]
@@ -116,8 +116,7 @@ class ScreenedHead:
 
     def candidates(self, h: torch.Tensor) -> torch.Tensor:
         """The ids [C] whose exact logits a pass of finite h [N, H] computes (ascending)."""
-        a = gemv_int8.linear(h, self.int8, None, torch.float32)
-        return self._candidates(a, *self._scales(h))
+        return self._candidates(*self._approx(h))
 
     def _candidates(self, a: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor
                     ) -> torch.Tensor:
@@ -134,15 +133,16 @@ class ScreenedHead:
 
     def interval(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, b), fp32 [N, V] each: every exact logit of finite h [N, H] is within a +- b."""
-        a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
-        alpha, beta = self._scales(h)
+        a, alpha, beta = self._approx(h)
         return a, alpha * self.norm + beta * self.error
 
-    def _scales(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(alpha, beta) [N, 1] each, with b = alpha ||W|| + beta ||W - W~|| a little over the
-        bound (fp32 arithmetic): alpha = ||x - x~|| + slack, beta = ||x~|| + slack."""
+    def _approx(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(a, alpha, beta): the int8 logits [N, V] of h [N, H], and [N, 1] each the scales of
+        the bound b = alpha ||W|| + beta ||W - W~||, a little over it (fp32 arithmetic):
+        alpha = ||x - x~|| + slack, beta = ||x~|| + slack."""
+        a = gemv_int8.linear(h, self.int8, None, torch.float32)                 # [N, V]
         x = h.float()                                                            # [N, H]
         xq = gemv_int8.dequantized_rows(x)                                       # [N, H]
         nx, nq, dx = x.norm(dim=1), xq.norm(dim=1), (x - xq).norm(dim=1)         # [N]
         slack = self.slack * (nx + nq)                                           # [N]
-        return ((dx + slack) * 1.001)[:, None], ((nq + slack) * 1.001)[:, None]
+        return a, ((dx + slack) * 1.001)[:, None], ((nq + slack) * 1.001)[:, None]
